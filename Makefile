@@ -1,0 +1,40 @@
+# pgflow-upgrade — `make` lists the targets.
+GO       ?= go
+PKGS     ?= ./...
+FUZZTIME ?= 20s
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: setup
+setup: ## install what a fresh machine lacks (PostgreSQL 15, PgBouncer, a cluster user)
+	@bash scripts/setup.sh
+
+.PHONY: build
+build: ## build bin/pgflow-upgrade
+	$(GO) build -o bin/pgflow-upgrade ./cmd/pgflow-upgrade
+
+.PHONY: test
+test: setup ## run the whole suite (ephemeral local cluster, or PGFLOW_UPGRADE_TEST_DSN)
+	$(GO) vet $(PKGS)
+	$(GO) test -race -count=1 -timeout 40m $(PKGS)
+
+.PHONY: lint
+lint: ## gofmt check and go vet
+	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+.PHONY: demo
+demo: setup ## the main job on the embedded default: load the in-flight 0.16.0 state into an ephemeral cluster
+	$(GO) run ./cmd/pgflow-upgrade fixtures load inflight
+
+.PHONY: bench
+bench: setup ## run the benchmarks (see BENCHMARKS.md)
+	@echo "no benchmarks yet"
+
+.PHONY: atlas-sum
+atlas-sum: ## recompute migrations/atlas.sum (only after the migration was reviewed)
+	$(GO) run ./internal/tools/atlassum migrations

@@ -1,0 +1,159 @@
+// Package cli is the pgflow-upgrade command line: global flags, exit codes,
+// output formats and one file per command (cmd_<name>.go). cmd/pgflow-upgrade
+// only wires the process into App, so tests run every command in-process and
+// read what it printed.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	ucli "github.com/urfave/cli/v2"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+)
+
+// Version is the tool version, set at build time with
+// -ldflags "-X github.com/pgflow-upgrade/pgflow-upgrade/internal/cli.Version=v1.2.3".
+var Version = "dev"
+
+// App is one invocation of the tool.
+type App struct {
+	Stdout io.Writer
+	Stderr io.Writer
+	Stdin  io.Reader
+	// Getenv reads the environment (os.Getenv by default); tests replace it.
+	Getenv func(string) string
+	// Interactive says stdin/stdout are a terminal (prompts, progress).
+	Interactive bool
+}
+
+// Run executes args (args[0] is the program name) and returns the exit code.
+func (a *App) Run(ctx context.Context, args []string) int {
+	if a.Getenv == nil {
+		a.Getenv = os.Getenv
+	}
+	if a.Stdin == nil {
+		a.Stdin = strings.NewReader("")
+	}
+	app := a.build()
+	err := app.RunContext(ctx, args)
+	if err == nil {
+		return ExitOK
+	}
+	code := exitCode(err)
+	if code != ExitOK && !isReported(err) {
+		fmt.Fprintf(a.Stderr, "pgflow-upgrade: %s\n", a.redact(err.Error()))
+	}
+	return code
+}
+
+// reportedError marks an error whose details the command already printed.
+type reportedError struct{ error }
+
+func isReported(err error) bool {
+	var r reportedError
+	return errors.As(err, &r)
+}
+
+// redact removes any password the user gave us from text.
+func (a *App) redact(text string) string {
+	for _, d := range []string{a.Getenv("PGFLOW_UPGRADE_DSN"), a.Getenv("DATABASE_URL"), lastDSN} {
+		if d != "" {
+			text = dsn.RedactText(text, d)
+		}
+	}
+	if pw := a.Getenv("PGPASSWORD"); pw != "" {
+		text = strings.ReplaceAll(text, pw, "xxxxx")
+	}
+	return text
+}
+
+// lastDSN remembers the --dsn value of this process so errors can be redacted.
+var lastDSN string
+
+func (a *App) build() *ucli.App {
+	app := &ucli.App{
+		Name:  "pgflow-upgrade",
+		Usage: "take a pgflow 0.16.0 database through the queue-persistence upgrade safely",
+		Description: "Exit codes: 0 success, 1 findings or refusal, 2 usage error, 3 connection or environment error,\n" +
+			"4 inconclusive (a bounded check ran out of time), 130 interrupted.",
+		Version:              Version,
+		Writer:               a.Stdout,
+		ErrWriter:            a.Stderr,
+		Reader:               a.Stdin,
+		HideVersion:          true,
+		EnableBashCompletion: false,
+		Flags: []ucli.Flag{
+			&ucli.StringFlag{Name: "dsn", Usage: "PostgreSQL connection string (URL or key=value); default PGFLOW_UPGRADE_DSN, then DATABASE_URL, then libpq PG* variables"},
+			&ucli.StringFlag{Name: "format", Value: "table", Usage: "output format: table or json"},
+		},
+		Before: func(c *ucli.Context) error {
+			lastDSN = c.String("dsn")
+			switch f := c.String("format"); f {
+			case "table", "json":
+			default:
+				return usageErrorf("--format %q: must be table or json", f)
+			}
+			return nil
+		},
+		OnUsageError: func(c *ucli.Context, err error, _ bool) error {
+			return usageErrorf("%v (see --help)", err)
+		},
+		CommandNotFound: func(c *ucli.Context, name string) {
+			fmt.Fprintf(a.Stderr, "pgflow-upgrade: unknown command %q (see --help)\n", name)
+		},
+		ExitErrHandler: func(*ucli.Context, error) {}, // never os.Exit from inside: Run returns the code
+		Commands: []*ucli.Command{
+			a.versionCommand(),
+			a.fixturesCommand(),
+		},
+	}
+	return app
+}
+
+// target is a resolved database target.
+type target struct {
+	resolved dsn.Resolved
+	config   *pgx.ConnConfig
+}
+
+// resolveTarget reads --dsn and the environment. With allowNone false, a
+// missing DSN is a usage error that says how to give one.
+func (a *App) resolveTarget(c *ucli.Context, command string, allowNone bool) (*target, error) {
+	r := dsn.Resolve(c.String("dsn"), a.Getenv)
+	if r.Source == dsn.SourceNone {
+		if allowNone {
+			return &target{resolved: r}, nil
+		}
+		return nil, usageErrorf("no database given: pass --dsn, or set PGFLOW_UPGRADE_DSN, DATABASE_URL or the libpq PG* variables")
+	}
+	cfg, err := dsn.ParseConfig(r.DSN)
+	if err != nil {
+		return nil, withCode(ExitUsage, fmt.Errorf("%s from %s: %w", "connection string", r.Source, err))
+	}
+	if _, set := cfg.RuntimeParams["application_name"]; !set {
+		cfg.RuntimeParams["application_name"] = "pgflow-upgrade " + command
+	}
+	return &target{resolved: r, config: cfg}, nil
+}
+
+// connect opens one connection to the target.
+func (a *App) connect(ctx context.Context, t *target) (*pgx.Conn, error) {
+	conn, err := pgx.ConnectConfig(ctx, t.config)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, withCode(ExitEnvironment, fmt.Errorf("connecting to %s (%s): %s", dsn.Describe(t.config), t.resolved.Source, a.redact(err.Error())))
+	}
+	return conn, nil
+}
+
+// jsonOutput says whether --format json was chosen.
+func jsonOutput(c *ucli.Context) bool { return c.String("format") == "json" }

@@ -1,0 +1,79 @@
+package cli_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
+)
+
+func TestVersionPrintsMigrationsHash(t *testing.T) {
+	r := run(t, nil, "version")
+	if r.code != cli.ExitOK {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	if !strings.Contains(r.stdout, migrations.Hash()) || len(migrations.Hash()) < 40 {
+		t.Fatalf("version output lacks the atlas.sum hash %q:\n%s", migrations.Hash(), r.stdout)
+	}
+	r = run(t, nil, "--format", "json", "version")
+	var v map[string]string
+	if err := json.Unmarshal([]byte(r.stdout), &v); err != nil || v["migrations_hash"] != migrations.Hash() {
+		t.Fatalf("json version: %v %q", err, r.stdout)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	cases := [][]string{
+		{"--format", "yaml", "version"},
+		{"--no-such-flag", "version"},
+		{"fixtures", "load"},
+		{"fixtures", "load", "no-such-state"},
+	}
+	for _, args := range cases {
+		r := run(t, nil, args...)
+		if r.code != cli.ExitUsage {
+			t.Errorf("%v: exit %d, want %d (stderr %q)", args, r.code, cli.ExitUsage, r.stderr)
+		}
+		if r.stderr == "" {
+			t.Errorf("%v: no explanation on stderr", args)
+		}
+	}
+}
+
+func TestFixturesListAndLoad(t *testing.T) {
+	r := run(t, nil, "fixtures", "list")
+	if r.code != 0 || !strings.Contains(r.stdout, "baseline") {
+		t.Fatalf("fixtures list: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	db := testdb.Empty(t)
+	r = run(t, map[string]string{"PGFLOW_UPGRADE_DSN": db.DSN}, "fixtures", "load", "baseline")
+	if r.code != 0 {
+		t.Fatalf("fixtures load baseline: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	var n int
+	if err := db.Pool.QueryRow(t.Context(), "select count(*) from pg_catalog.pg_proc p join pg_catalog.pg_namespace n on n.oid = p.pronamespace where n.nspname = 'pgflow' and p.proname = 'start_tasks'").Scan(&n); err != nil || n != 1 {
+		t.Fatalf("baseline not loaded: start_tasks count %d (%v)", n, err)
+	}
+	// A second load refuses: the database is not empty any more.
+	r = run(t, nil, "--dsn", db.DSN, "fixtures", "load", "baseline")
+	if r.code != cli.ExitFindings || !strings.Contains(r.stderr, "already has a pgflow schema") {
+		t.Fatalf("second load: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+func TestConnectionErrorsNeverPrintThePassword(t *testing.T) {
+	r := run(t, nil, "--dsn", "postgres://alice:hunter2secret@127.0.0.1:1/db?connect_timeout=2", "fixtures", "load", "baseline")
+	if r.code != cli.ExitEnvironment {
+		t.Fatalf("exit %d, want %d: %s", r.code, cli.ExitEnvironment, r.stderr)
+	}
+	if strings.Contains(r.stdout+r.stderr, "hunter2secret") {
+		t.Fatalf("password printed: %s %s", r.stdout, r.stderr)
+	}
+	r = run(t, nil, "--dsn", "postgres://alice:hunter2secret@127.0.0.1:notaport/db", "fixtures", "load", "baseline")
+	if r.code != cli.ExitUsage || strings.Contains(r.stdout+r.stderr, "hunter2secret") {
+		t.Fatalf("malformed DSN: exit %d, output %q", r.code, r.stderr)
+	}
+}

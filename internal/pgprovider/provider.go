@@ -1,0 +1,221 @@
+// Package pgprovider is where throwaway PostgreSQL databases come from, for
+// the test suite, the fixtures and `fixtures replay` alike (SPEC §6).
+//
+// Providers are tried in a fixed order:
+//
+//  1. a DSN: an existing server; throwaway databases are created on it and
+//     dropped afterwards;
+//  2. a Docker engine that answers: a container from an image that has pgmq
+//     (through dockertest);
+//  3. the PostgreSQL binaries on this machine: an ephemeral cluster in a
+//     temporary directory on a free loopback port, run as an unprivileged user
+//     when the process is root. This is the embedded default.
+package pgprovider
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+)
+
+// Kind names a provider.
+type Kind string
+
+const (
+	KindDSN    Kind = "dsn"
+	KindDocker Kind = "docker"
+	KindLocal  Kind = "local"
+)
+
+// Options choose and configure the provider.
+type Options struct {
+	// DSN of an existing server with a role that may CREATE DATABASE. When
+	// set, no other provider is tried.
+	DSN string
+	// DockerImage is the image used when a Docker engine answers. It must
+	// offer the pgmq extension. Default DefaultDockerImage.
+	DockerImage string
+	// SkipDocker skips the Docker provider (PGFLOW_UPGRADE_NO_DOCKER=1).
+	SkipDocker bool
+	// Logf receives one line per provider decision; nil discards them.
+	Logf func(format string, args ...any)
+	// Settings are extra server settings for a local cluster (name → value).
+	Settings map[string]string
+}
+
+// DefaultDockerImage has PostgreSQL 15 with the pgmq extension available.
+const DefaultDockerImage = "ghcr.io/pgmq/pg15-pgmq:v1.5.1"
+
+// Server is a running PostgreSQL server on which throwaway databases can be
+// created. Close stops what the provider started.
+type Server struct {
+	Kind    Kind
+	Version string // server_version
+	// adminURL connects to the maintenance database with a role that may
+	// create and drop databases.
+	adminURL *url.URL
+	stop     func() error
+	detail   string
+	dir      string // local cluster directory, removed by Close
+}
+
+// Open returns the first provider that works, in the order of the package doc.
+func Open(ctx context.Context, opts Options) (*Server, error) {
+	logf := opts.Logf
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	if opts.DSN != "" {
+		s, err := openDSN(ctx, opts.DSN)
+		if err != nil {
+			return nil, err
+		}
+		return s, nil
+	}
+	if !opts.SkipDocker {
+		s, err := openDocker(ctx, opts.DockerImage)
+		if err == nil {
+			return s, nil
+		}
+		logf("pgprovider: Docker not used: %v", err)
+	}
+	return openLocal(ctx, opts.Settings, logf)
+}
+
+func openDSN(ctx context.Context, raw string) (*Server, error) {
+	cfg, err := dsn.ParseConfig(raw)
+	if err != nil {
+		return nil, err
+	}
+	u := &url.URL{Scheme: "postgres", Host: fmt.Sprintf("%s:%d", cfg.Host, cfg.Port), Path: "/" + cfg.Database}
+	if cfg.Password != "" {
+		u.User = url.UserPassword(cfg.User, cfg.Password)
+	} else {
+		u.User = url.User(cfg.User)
+	}
+	q := u.Query()
+	if cfg.TLSConfig == nil {
+		q.Set("sslmode", "disable")
+	}
+	if strings.HasPrefix(cfg.Host, "/") {
+		q.Set("host", cfg.Host)
+		u.Host = ""
+		q.Set("port", fmt.Sprint(cfg.Port))
+	}
+	u.RawQuery = q.Encode()
+	s := &Server{Kind: KindDSN, adminURL: u, stop: func() error { return nil }, detail: dsn.Describe(cfg)}
+	if err := s.ping(ctx); err != nil {
+		return nil, fmt.Errorf("connecting to the server given by the DSN (%s): %w", dsn.Describe(cfg), err)
+	}
+	return s, nil
+}
+
+// ping connects once and reads the server version.
+func (s *Server) ping(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, s.AdminDSN())
+	if err != nil {
+		return errors.New(dsn.RedactText(err.Error(), s.AdminDSN()))
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return conn.QueryRow(ctx, "show server_version").Scan(&s.Version)
+}
+
+// AdminDSN connects to the maintenance database of the server.
+func (s *Server) AdminDSN() string { return s.adminURL.String() }
+
+// DSNFor returns a connection string for database name on this server.
+func (s *Server) DSNFor(name string) string {
+	u := *s.adminURL
+	u.Path = "/" + name
+	return u.String()
+}
+
+// Describe says which provider this is and where, without a password.
+func (s *Server) Describe() string {
+	return fmt.Sprintf("%s (PostgreSQL %s, %s)", s.Kind, s.Version, s.detail)
+}
+
+// Close stops the server if the provider started it. Safe to call twice.
+func (s *Server) Close() error {
+	if s == nil || s.stop == nil {
+		return nil
+	}
+	stop := s.stop
+	s.stop = nil
+	return stop()
+}
+
+// RandomName returns prefix_ followed by 12 random hex digits: a database name
+// that cannot collide with another test run on the same server.
+func RandomName(prefix string) string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return prefix + "_" + hex.EncodeToString(b)
+}
+
+// CreateDatabase creates database name, cloned from template when template is
+// not empty. Names are quoted with pgx.Identifier, never interpolated raw.
+func (s *Server) CreateDatabase(ctx context.Context, name, template string) error {
+	stmt := "create database " + pgx.Identifier{name}.Sanitize()
+	if template != "" {
+		stmt += " template " + pgx.Identifier{template}.Sanitize()
+	}
+	return s.adminExec(ctx, fmt.Sprintf("creating database %q", name), stmt)
+}
+
+// DropDatabase drops database name, terminating its sessions first (WITH
+// (FORCE), PostgreSQL 13+). A missing database is not an error.
+func (s *Server) DropDatabase(ctx context.Context, name string) error {
+	stmt := "drop database if exists " + pgx.Identifier{name}.Sanitize() + " with (force)"
+	return s.adminExec(ctx, fmt.Sprintf("dropping database %q", name), stmt)
+}
+
+// MarkTemplate flags a database as a template so that cloning it is allowed
+// while nobody is connected, and refuses new connections to it.
+func (s *Server) MarkTemplate(ctx context.Context, name string) error {
+	stmt := "alter database " + pgx.Identifier{name}.Sanitize() + " with is_template true allow_connections false"
+	return s.adminExec(ctx, fmt.Sprintf("marking %q as template", name), stmt)
+}
+
+// DropTemplate undoes MarkTemplate and drops the database.
+func (s *Server) DropTemplate(ctx context.Context, name string) error {
+	stmt := "alter database " + pgx.Identifier{name}.Sanitize() + " with is_template false allow_connections true"
+	if err := s.adminExec(ctx, fmt.Sprintf("unmarking template %q", name), stmt); err != nil {
+		return err
+	}
+	return s.DropDatabase(ctx, name)
+}
+
+func (s *Server) adminExec(ctx context.Context, what, stmt string) error {
+	conn, err := pgx.Connect(ctx, s.AdminDSN())
+	if err != nil {
+		return fmt.Errorf("%s: connecting: %s", what, dsn.RedactText(err.Error(), s.AdminDSN()))
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	// CREATE DATABASE from a template fails while another clone of the same
+	// template is being made; retry that briefly instead of failing a test.
+	for attempt := 0; ; attempt++ {
+		_, err = conn.Exec(ctx, stmt)
+		if err == nil || attempt >= 50 || !strings.Contains(err.Error(), "is being accessed by other users") {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %w", what, ctx.Err())
+		case <-time.After(time.Duration(20+attempt*10) * time.Millisecond):
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return nil
+}
