@@ -262,12 +262,14 @@ $$;
 --      run/step/index -> 'wrong_work'. Any fatal message: return only the
 --      fatal rows, claim nothing, make the valid messages visible again; the
 --      fatal ones stay invisible for visibility_timeout.
---   3. lock parents first: runs by run_id, step states by (run_id, step_index),
---      then tasks by (run_id, step_index, task_index). SKIP LOCKED, because we
---      already hold the batch's message rows (read locked them): waiting here
---      while complete_task/fail_task hold a run and wait for one of those
---      messages would deadlock. A message whose rows are busy is released
---      (vt 0) and claimed by a later call.
+--   3. lock parents first: runs by run_id, step states by (run_id, step_index)
+--      (FOR SHARE: claiming changes neither, they only must not change under
+--      us, and concurrent claimers of one run share them), then tasks by
+--      (run_id, step_index, task_index) FOR UPDATE. All SKIP LOCKED, because
+--      we already hold the batch's message rows (read locked them): waiting
+--      here while complete_task/fail_task hold a run and wait for one of
+--      those messages would deadlock. A message whose rows are busy is
+--      released (vt 0) and claimed by a later call.
 --   4. under those locks: messages of terminal tasks (completed, failed,
 --      permanently stalled, or of a finished run or step) are archived;
 --      queued tasks, and started ones whose lease expired (their message was
@@ -326,7 +328,7 @@ begin
     select r.run_id from pgflow.runs r
     where r.run_id in (select b.run_id from unnest(v_batch) b)
     order by r.run_id
-    for no key update skip locked);
+    for share skip locked);
 
   select coalesce(array_agg(l.run_id), '{}'), coalesce(array_agg(l.step_slug), '{}')
   into v_state_runs, v_state_steps
@@ -336,7 +338,7 @@ begin
         where (ss.run_id, ss.step_slug) in (select b.run_id, b.step_slug from unnest(v_batch) b
                                             where b.run_id = any(v_runs))
         order by ss.run_id, s.step_index
-        for no key update of ss skip locked) l;
+        for share of ss skip locked) l;
 
   v_locked := array(
     select t.message_id
@@ -346,7 +348,7 @@ begin
       and t.message_id in (select b.message_id from unnest(v_batch) b)
       and (t.run_id, t.step_slug) in (select * from unnest(v_state_runs, v_state_steps))
     order by t.run_id, s.step_index, t.task_index
-    for no key update of t skip locked);
+    for update of t skip locked);
 
   -- Busy messages go back to the queue now rather than after their vt.
   perform pgmq.set_vt(claim_tasks.queue_name, b.message_id, 0)
@@ -401,10 +403,10 @@ declare
   v_msg   bigint;
 begin
   -- Parents first: run, step state, then the task (by the UPDATE).
-  perform 1 from pgflow.runs r where r.run_id = release_task.run_id for no key update;
+  perform 1 from pgflow.runs r where r.run_id = release_task.run_id for share;
   perform 1 from pgflow.step_states ss
   where ss.run_id = release_task.run_id and ss.step_slug = release_task.step_slug
-  for no key update;
+  for share;
 
   update pgflow.step_tasks t
   set status = 'queued', attempts_count = greatest(t.attempts_count - 1, 0)
