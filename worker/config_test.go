@@ -1,0 +1,139 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func noop(context.Context, *Task) (any, error) { return nil, nil }
+
+func validConfig() Config {
+	return Config{
+		Flow:     Flow{Slug: "greet", Steps: []Step{{Slug: "hello"}, {Slug: "bye", DependsOn: []string{"hello"}}}},
+		Handlers: map[string]HandlerFunc{"hello": noop, "bye": noop},
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	c := validConfig().withDefaults()
+	if err := c.validate(); err != nil {
+		t.Fatalf("valid config rejected: %v", err)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"BatchSize", c.BatchSize, DefaultBatchSize},
+		{"Concurrency", c.Concurrency, DefaultConcurrency},
+		{"VisibilityTimeout", c.VisibilityTimeout, DefaultVisibilityTimeout},
+		{"PollInterval", c.PollInterval, DefaultPollInterval},
+		{"MaxPollSeconds", c.MaxPollSeconds, DefaultMaxPollSeconds},
+		{"HeartbeatInterval", c.HeartbeatInterval, DefaultHeartbeatInterval},
+		{"ShutdownTimeout", c.ShutdownTimeout, DefaultShutdownTimeout},
+		{"WriteTimeout", c.WriteTimeout, DefaultWriteTimeout},
+		{"FunctionName", c.FunctionName, "go:greet"},
+	}
+	for _, ch := range checks {
+		if ch.got != ch.want {
+			t.Errorf("%s = %v, want %v", ch.name, ch.got, ch.want)
+		}
+	}
+	if !uuidRE.MatchString(c.WorkerID) || c.WorkerID[14] != '4' {
+		t.Errorf("generated WorkerID %q is not a v4 uuid", c.WorkerID)
+	}
+	if c.Logger == nil {
+		t.Error("Logger not defaulted")
+	}
+	if other := validConfig().withDefaults(); other.WorkerID == c.WorkerID {
+		t.Error("two workers got the same generated id")
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	cases := []struct {
+		name  string
+		edit  func(*Config)
+		field string
+	}{
+		{"missing handler", func(c *Config) { delete(c.Handlers, "bye") }, "Handlers"},
+		{"handler for unknown step", func(c *Config) { c.Handlers["nope"] = noop }, "Handlers"},
+		{"bad flow slug", func(c *Config) { c.Flow.Slug = "1abc" }, "Flow.Slug"},
+		{"slug run", func(c *Config) { c.Flow.Slug = "run" }, "Flow.Slug"},
+		{"slug too long for a queue", func(c *Config) { c.Flow.Slug = strings.Repeat("a", 48) }, "Flow.Slug"},
+		{"no steps", func(c *Config) { c.Flow.Steps = nil; c.Handlers = nil }, "Flow.Steps"},
+		{"dependency on a later step", func(c *Config) { c.Flow.Steps[0].DependsOn = []string{"bye"} }, "Flow.Steps[0].DependsOn"},
+		{"duplicate step", func(c *Config) { c.Flow.Steps[1].Slug = "hello"; c.Flow.Steps[1].DependsOn = nil }, "Flow.Steps[1].Slug"},
+		{"map with two deps", func(c *Config) {
+			c.Flow.Steps = append(c.Flow.Steps, Step{Slug: "m", Type: StepMap, DependsOn: []string{"hello", "bye"}})
+			c.Handlers["m"] = noop
+		}, "Flow.Steps[2].DependsOn"},
+		{"bad step type", func(c *Config) { c.Flow.Steps[0].Type = "fanout" }, "Flow.Steps[0].Type"},
+		{"bad policy", func(c *Config) { c.Flow.Steps[0].WhenExhausted = "ignore" }, "Flow.Steps[0].WhenExhausted"},
+		{"pattern not an object", func(c *Config) { c.Flow.Steps[0].RequiredInputPattern = json.RawMessage(`[1]`) }, "Flow.Steps[0].RequiredInputPattern"},
+		{"negative base delay", func(c *Config) { c.Flow.Options.BaseDelay = Int(-1) }, "Flow.Options"},
+		{"zero timeout", func(c *Config) { c.Flow.Steps[1].Options.Timeout = Int(0) }, "Flow.Steps[1].Options.Timeout"},
+		{"bad worker id", func(c *Config) { c.WorkerID = "worker-1" }, "WorkerID"},
+		{"bad queue", func(c *Config) { c.Queue = "a;b" }, "Queue"},
+		{"batch too big", func(c *Config) { c.BatchSize = 1001 }, "BatchSize"},
+		{"negative concurrency", func(c *Config) { c.Concurrency = -1 }, "Concurrency"},
+		{"sub-second visibility", func(c *Config) { c.VisibilityTimeout = 500 * time.Millisecond }, "VisibilityTimeout"},
+		{"max poll too long", func(c *Config) { c.MaxPollSeconds = 61 }, "MaxPollSeconds"},
+		{"max poll below -1", func(c *Config) { c.MaxPollSeconds = -2 }, "MaxPollSeconds"},
+		{"heartbeat too often", func(c *Config) { c.HeartbeatInterval = time.Millisecond }, "HeartbeatInterval"},
+		{"negative shutdown timeout", func(c *Config) { c.ShutdownTimeout = -time.Second }, "ShutdownTimeout"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := validConfig()
+			tc.edit(&c)
+			err := c.withDefaults().validate()
+			var ce *ConfigError
+			if !errors.As(err, &ce) || !errors.Is(err, ErrInvalidConfig) {
+				t.Fatalf("got %v, want a *ConfigError", err)
+			}
+			if ce.Field != tc.field {
+				t.Errorf("field %q, want %q (%v)", ce.Field, tc.field, err)
+			}
+		})
+	}
+}
+
+func TestNewRejectsNilPoolAndBadConfig(t *testing.T) {
+	if _, err := New(nil, validConfig()); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("nil pool: got %v", err)
+	}
+}
+
+func TestSecondsRoundsUp(t *testing.T) {
+	for d, want := range map[time.Duration]int{time.Second: 1, 1500 * time.Millisecond: 2, 30 * time.Second: 30} {
+		if got := seconds(d); got != want {
+			t.Errorf("seconds(%s) = %d, want %d", d, got, want)
+		}
+	}
+}
+
+func TestMarshalOutput(t *testing.T) {
+	cases := []struct {
+		in   any
+		want string
+		err  bool
+	}{
+		{nil, "null", false},
+		{json.RawMessage(`{"a":1}`), `{"a":1}`, false},
+		{json.RawMessage(`{"a":`), "", true},
+		{map[string]int{"n": 2}, `{"n":2}`, false},
+		{0, "0", false},     // falsy outputs are stored as they are, not as null
+		{"", `""`, false},
+		{make(chan int), "", true},
+	}
+	for _, tc := range cases {
+		got, err := marshalOutput(tc.in)
+		if (err != nil) != tc.err || got != tc.want {
+			t.Errorf("marshalOutput(%#v) = %q, %v; want %q, err %v", tc.in, got, err, tc.want, tc.err)
+		}
+	}
+}

@@ -1,0 +1,353 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"regexp"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Querier is what the package-level helpers need: a *pgxpool.Pool, a
+// *pgx.Conn or a pgx.Tx.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// StepType is a step's kind: one task (single) or one task per element of its
+// input array (map).
+type StepType string
+
+const (
+	StepSingle StepType = "single"
+	StepMap    StepType = "map"
+)
+
+// Condition policies for Step.WhenUnmet and Step.WhenExhausted.
+const (
+	PolicyFail        = "fail"
+	PolicySkip        = "skip"
+	PolicySkipCascade = "skip-cascade"
+)
+
+// Int returns a pointer to v, for the optional fields of FlowOptions and
+// StepOptions (where 0 is a meaningful value, e.g. BaseDelay: Int(0)).
+func Int(v int) *int { return &v }
+
+// FlowOptions are the flow-level defaults; nil means the engine's default
+// (max attempts 3, base delay 5 s, timeout 60 s).
+type FlowOptions struct {
+	MaxAttempts *int `json:"maxAttempts,omitempty"`
+	BaseDelay   *int `json:"baseDelay,omitempty"` // seconds; retry n waits floor(BaseDelay * 2^n)
+	Timeout     *int `json:"timeout,omitempty"`   // seconds
+}
+
+// StepOptions override the flow options for one step; nil inherits.
+type StepOptions struct {
+	MaxAttempts *int `json:"maxAttempts,omitempty"`
+	BaseDelay   *int `json:"baseDelay,omitempty"`
+	Timeout     *int `json:"timeout,omitempty"`
+	StartDelay  *int `json:"startDelay,omitempty"`
+}
+
+func (o FlowOptions) empty() bool {
+	return o.MaxAttempts == nil && o.BaseDelay == nil && o.Timeout == nil
+}
+func (o StepOptions) empty() bool {
+	return o.MaxAttempts == nil && o.BaseDelay == nil && o.Timeout == nil && o.StartDelay == nil
+}
+
+// Step is one step of a flow definition.
+type Step struct {
+	Slug string
+	// Type defaults to StepSingle.
+	Type StepType
+	// DependsOn lists the slugs of earlier steps this one waits for. A map
+	// step has at most one; a root map step maps over the flow input.
+	DependsOn []string
+	// WhenUnmet and WhenExhausted are PolicyFail, PolicySkip or
+	// PolicySkipCascade; empty means the engine's default (skip / fail).
+	WhenUnmet     string
+	WhenExhausted string
+	// RequiredInputPattern and ForbiddenInputPattern are JSON objects; nil
+	// means "not defined".
+	RequiredInputPattern  json.RawMessage
+	ForbiddenInputPattern json.RawMessage
+	Options               StepOptions
+}
+
+// Flow is a flow definition: what ensure_flow_compiled creates (or checks)
+// in the database.
+type Flow struct {
+	Slug    string
+	Options FlowOptions
+	Steps   []Step
+}
+
+// slugRE is pgflow.is_valid_slug's pattern.
+var slugRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// maxQueueName is pgmq's limit on queue names; a flow's queue is named as its
+// slug, so it bounds flow slugs too.
+const maxQueueName = 47
+
+func validSlug(s string) bool {
+	return len(s) >= 1 && len(s) <= 128 && slugRE.MatchString(s) && s != "run"
+}
+
+// Validate checks the definition the way the engine would, so mistakes are
+// reported before anything is written.
+func (f Flow) Validate() error {
+	if !validSlug(f.Slug) {
+		return &ConfigError{Field: "Flow.Slug", Reason: fmt.Sprintf("%q is not a valid slug (1-128 chars of [A-Za-z0-9_], not starting with a digit, not \"run\")", f.Slug)}
+	}
+	if len(f.Slug) > maxQueueName {
+		return &ConfigError{Field: "Flow.Slug", Reason: fmt.Sprintf("%q is longer than %d characters, pgmq's limit for the flow's queue name", f.Slug, maxQueueName)}
+	}
+	if len(f.Steps) == 0 {
+		return &ConfigError{Field: "Flow.Steps", Reason: "a flow needs at least one step"}
+	}
+	if err := nonNegative("Flow.Options", f.Options.MaxAttempts, f.Options.BaseDelay); err != nil {
+		return err
+	}
+	if f.Options.Timeout != nil && *f.Options.Timeout <= 0 {
+		return &ConfigError{Field: "Flow.Options.Timeout", Reason: "must be positive"}
+	}
+	seen := map[string]bool{}
+	for i, s := range f.Steps {
+		field := fmt.Sprintf("Flow.Steps[%d]", i)
+		if !validSlug(s.Slug) {
+			return &ConfigError{Field: field + ".Slug", Reason: fmt.Sprintf("%q is not a valid slug", s.Slug)}
+		}
+		if seen[s.Slug] {
+			return &ConfigError{Field: field + ".Slug", Reason: fmt.Sprintf("duplicate step %q", s.Slug)}
+		}
+		switch s.Type {
+		case "", StepSingle, StepMap:
+		default:
+			return &ConfigError{Field: field + ".Type", Reason: fmt.Sprintf("%q is neither %q nor %q", s.Type, StepSingle, StepMap)}
+		}
+		if s.Type == StepMap && len(s.DependsOn) > 1 {
+			return &ConfigError{Field: field + ".DependsOn", Reason: "a map step has at most one dependency"}
+		}
+		deps := map[string]bool{}
+		for _, d := range s.DependsOn {
+			// add_step needs its parents to exist, so they come first.
+			if !seen[d] {
+				return &ConfigError{Field: field + ".DependsOn", Reason: fmt.Sprintf("%q is not an earlier step", d)}
+			}
+			if deps[d] {
+				return &ConfigError{Field: field + ".DependsOn", Reason: fmt.Sprintf("%q listed twice", d)}
+			}
+			deps[d] = true
+		}
+		for name, p := range map[string]string{"WhenUnmet": s.WhenUnmet, "WhenExhausted": s.WhenExhausted} {
+			switch p {
+			case "", PolicyFail, PolicySkip, PolicySkipCascade:
+			default:
+				return &ConfigError{Field: field + "." + name, Reason: fmt.Sprintf("%q is not fail, skip or skip-cascade", p)}
+			}
+		}
+		for name, p := range map[string]json.RawMessage{"RequiredInputPattern": s.RequiredInputPattern, "ForbiddenInputPattern": s.ForbiddenInputPattern} {
+			if p == nil {
+				continue
+			}
+			var obj map[string]json.RawMessage
+			if err := json.Unmarshal(p, &obj); err != nil || obj == nil {
+				return &ConfigError{Field: field + "." + name, Reason: "must be a JSON object"}
+			}
+		}
+		if err := nonNegative(field+".Options", s.Options.MaxAttempts, s.Options.BaseDelay, s.Options.StartDelay); err != nil {
+			return err
+		}
+		if s.Options.Timeout != nil && *s.Options.Timeout <= 0 {
+			return &ConfigError{Field: field + ".Options.Timeout", Reason: "must be positive"}
+		}
+		seen[s.Slug] = true
+	}
+	return nil
+}
+
+func nonNegative(field string, vs ...*int) error {
+	for _, v := range vs {
+		if v != nil && *v < 0 {
+			return &ConfigError{Field: field, Reason: "options must not be negative"}
+		}
+	}
+	return nil
+}
+
+// The shape document of facts/pgflow-schema.md §2 (what the TypeScript DSL
+// compiles a flow to).
+type shapeDoc struct {
+	Steps   []shapeStep  `json:"steps"`
+	Options *FlowOptions `json:"options,omitempty"`
+}
+
+type shapeStep struct {
+	Slug                  string       `json:"slug"`
+	StepType              StepType     `json:"stepType"`
+	Dependencies          []string     `json:"dependencies"`
+	WhenUnmet             string       `json:"whenUnmet"`
+	WhenExhausted         string       `json:"whenExhausted"`
+	RequiredInputPattern  shapePattern `json:"requiredInputPattern"`
+	ForbiddenInputPattern shapePattern `json:"forbiddenInputPattern"`
+	Options               *StepOptions `json:"options,omitempty"`
+}
+
+type shapePattern struct {
+	Defined bool            `json:"defined"`
+	Value   json.RawMessage `json:"value,omitempty"`
+}
+
+// Shape returns the flow's shape as the jsonb document ensure_flow_compiled
+// takes: {"steps":[{"slug","stepType","dependencies","whenUnmet",
+// "whenExhausted","requiredInputPattern","forbiddenInputPattern","options"?}],
+// "options"?}. Defaults are written out, so the document is explicit.
+func (f Flow) Shape() (json.RawMessage, error) {
+	if err := f.Validate(); err != nil {
+		return nil, err
+	}
+	doc := shapeDoc{Steps: make([]shapeStep, 0, len(f.Steps))}
+	if !f.Options.empty() {
+		o := f.Options
+		doc.Options = &o
+	}
+	for _, s := range f.Steps {
+		st := shapeStep{
+			Slug:          s.Slug,
+			StepType:      s.Type,
+			Dependencies:  append([]string{}, s.DependsOn...),
+			WhenUnmet:     s.WhenUnmet,
+			WhenExhausted: s.WhenExhausted,
+		}
+		if st.StepType == "" {
+			st.StepType = StepSingle
+		}
+		if st.WhenUnmet == "" {
+			st.WhenUnmet = PolicySkip
+		}
+		if st.WhenExhausted == "" {
+			st.WhenExhausted = PolicyFail
+		}
+		if s.RequiredInputPattern != nil {
+			st.RequiredInputPattern = shapePattern{Defined: true, Value: compact(s.RequiredInputPattern)}
+		}
+		if s.ForbiddenInputPattern != nil {
+			st.ForbiddenInputPattern = shapePattern{Defined: true, Value: compact(s.ForbiddenInputPattern)}
+		}
+		if !s.Options.empty() {
+			o := s.Options
+			st.Options = &o
+		}
+		doc.Steps = append(doc.Steps, st)
+	}
+	b, err := json.Marshal(doc)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the shape of flow %q: %w", f.Slug, err)
+	}
+	return b, nil
+}
+
+func compact(raw json.RawMessage) json.RawMessage {
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, raw); err != nil {
+		return raw // Validate has checked it parses
+	}
+	return buf.Bytes()
+}
+
+// Compile statuses reported by ensure_flow_compiled.
+const (
+	StatusCompiled   = "compiled"   // the flow was created
+	StatusVerified   = "verified"   // it existed with the same shape
+	StatusRecompiled = "recompiled" // it was rebuilt (only with allow_data_loss or on a local dev database)
+	StatusMismatch   = "mismatch"   // it exists with a different shape
+)
+
+// CompileResult is what ensure_flow_compiled returned.
+type CompileResult struct {
+	Status      string   `json:"status"`
+	Differences []string `json:"differences"`
+}
+
+// EnsureFlow creates the flow (with its queue) or checks that the existing
+// one has the same shape, through pgflow.ensure_flow_compiled(slug, shape,
+// false). It never drops data: a different shape is a *FlowMismatchError.
+// On a database without the new protocol it returns a *ProtocolMismatchError.
+func EnsureFlow(ctx context.Context, db Querier, f Flow) (CompileResult, error) {
+	shape, err := f.Shape()
+	if err != nil {
+		return CompileResult{}, err
+	}
+	var raw []byte
+	err = db.QueryRow(ctx, `select pgflow.ensure_flow_compiled($1::text, $2::jsonb, false)`, f.Slug, string(shape)).Scan(&raw)
+	if err != nil {
+		if isUndefined(err) {
+			return CompileResult{}, &ProtocolMismatchError{Want: ProtocolVersion, Missing: []string{"pgflow.ensure_flow_compiled(text, jsonb, boolean)"}, Err: err}
+		}
+		return CompileResult{}, fmt.Errorf("compiling flow %q: %w", f.Slug, err)
+	}
+	var res CompileResult
+	if err := json.Unmarshal(raw, &res); err != nil {
+		return CompileResult{}, fmt.Errorf("compiling flow %q: unexpected result %s: %w", f.Slug, raw, err)
+	}
+	switch res.Status {
+	case StatusCompiled, StatusVerified, StatusRecompiled:
+		return res, nil
+	case StatusMismatch:
+		return res, &FlowMismatchError{FlowSlug: f.Slug, Differences: res.Differences}
+	}
+	return res, fmt.Errorf("compiling flow %q: unknown status %q", f.Slug, res.Status)
+}
+
+// ProtocolVersion is the queue protocol version this package speaks
+// (pgflow.queue_protocol_version()).
+const ProtocolVersion = 2
+
+// protocolFunctions are the functions the worker calls, as regprocedure
+// signatures; the fence checks that all exist before anything is written.
+var protocolFunctions = []string{
+	"pgflow.ensure_flow_compiled(text,jsonb,boolean)",
+	"pgflow.claim_tasks(text,uuid,integer,integer,integer,integer)",
+	"pgflow.complete_task(uuid,text,integer,jsonb)",
+	"pgflow.fail_task(uuid,text,integer,text)",
+	"pgflow.release_task(uuid,text,integer,uuid)",
+	"pgflow.mark_worker_stopped(uuid)",
+}
+
+// CheckProtocol is the startup fence: it only reads, and returns a
+// *ProtocolMismatchError unless the database speaks ProtocolVersion and has
+// every function the worker calls.
+func CheckProtocol(ctx context.Context, db Querier) error {
+	var got int
+	err := db.QueryRow(ctx, `select pgflow.queue_protocol_version()`).Scan(&got)
+	if err != nil {
+		if isUndefined(err) {
+			return &ProtocolMismatchError{Want: ProtocolVersion, Missing: []string{"pgflow.queue_protocol_version()"}, Err: err}
+		}
+		return fmt.Errorf("checking the pgflow queue protocol version: %w", err)
+	}
+	if got != ProtocolVersion {
+		return &ProtocolMismatchError{Want: ProtocolVersion, Got: got}
+	}
+	rows, err := db.Query(ctx,
+		`select f from pg_catalog.unnest($1::text[]) with ordinality as u(f, i)
+		 where pg_catalog.to_regprocedure(f) is null order by i`, protocolFunctions)
+	if err != nil {
+		return fmt.Errorf("checking the pgflow queue protocol functions: %w", err)
+	}
+	missing, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("checking the pgflow queue protocol functions: %w", err)
+	}
+	if len(missing) > 0 {
+		return &ProtocolMismatchError{Want: ProtocolVersion, Got: got, Missing: missing}
+	}
+	return nil
+}
