@@ -1,0 +1,382 @@
+package audit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Status of one check's run.
+type Status string
+
+const (
+	StatusOK           Status = "ok"           // ran, found nothing
+	StatusFindings     Status = "findings"     // ran, found something
+	StatusInconclusive Status = "inconclusive" // ran out of time (statement or lock timeout, or its budget)
+	StatusError        Status = "error"        // failed for another reason (e.g. permission denied)
+	StatusSkipped      Status = "skipped"      // what it needs is absent (no pgflow tables, no pgmq)
+)
+
+// CheckResult is the outcome of one check.
+type CheckResult struct {
+	ID         string    `json:"id"`
+	Title      string    `json:"title"`
+	Severity   Severity  `json:"severity"`
+	Status     Status    `json:"status"`
+	Findings   []Finding `json:"findings"`
+	DurationMS int64     `json:"duration_ms"`
+	// Error says why the check is inconclusive, errored or skipped. It keeps
+	// the SQLSTATE when there is one. Err is the Go error (not in JSON).
+	Error string `json:"error,omitempty"`
+	Err   error  `json:"-"`
+}
+
+// Report is the result of an audit.
+type Report struct {
+	ServerVersion string        `json:"server_version"`
+	Database      string        `json:"database"`
+	PGMQ          PGMQInfo      `json:"pgmq"`
+	Schema        SchemaInfo    `json:"schema"`
+	Mode          string        `json:"mode"`
+	Sample        int           `json:"sample"`
+	Bound         int64         `json:"bound"`
+	Checks        []CheckResult `json:"checks"`
+	Started       time.Time     `json:"started_at"`
+	DurationMS    int64         `json:"duration_ms"`
+}
+
+// Counts of a report.
+func (r *Report) Blockers() int     { return countSeverity(r.Checks, Blocker) }
+func (r *Report) Inconclusive() int { return countStatus(r.Checks, StatusInconclusive) }
+func (r *Report) Errors() int       { return countStatus(r.Checks, StatusError) }
+
+// Blockers counts blocker findings in results (apply refuses when > 0).
+func Blockers(results []CheckResult) int { return countSeverity(results, Blocker) }
+
+func countSeverity(results []CheckResult, s Severity) int {
+	n := 0
+	for _, r := range results {
+		for _, f := range r.Findings {
+			if f.Severity == s {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func countStatus(results []CheckResult, s Status) int {
+	n := 0
+	for _, r := range results {
+		if r.Status == s {
+			n++
+		}
+	}
+	return n
+}
+
+// Options of a run. Zero values take the defaults.
+type Options struct {
+	Sample int      // sample rows per finding (default 5; negative: none)
+	Checks []string // check IDs to run (default: all; Run) / all Preflight checks (RunPreflight)
+	// Bound: the most rows a counting query looks at in ModeAudit (default 10000).
+	Bound        int64
+	CheckTimeout time.Duration // per check (default 5s)
+	TotalTimeout time.Duration // whole audit (default 60s); ignored by RunPreflight
+	LockTimeout  time.Duration // lock_timeout of each check (default 1s)
+	// ApplicationName for SET LOCAL application_name (default "pgflow-upgrade audit").
+	ApplicationName string
+	// Extra checks appended to the selection (tests, extensions).
+	Extra []Check
+}
+
+const (
+	defaultSample       = 5
+	defaultBound        = 10000
+	defaultCheckTimeout = 5 * time.Second
+	defaultTotalTimeout = 60 * time.Second
+	defaultLockTimeout  = time.Second
+	// idle_in_transaction_session_timeout: the runner never idles in a
+	// transaction; this only bounds a client that hangs between statements.
+	idleTimeout = 30 * time.Second
+)
+
+func (o Options) withDefaults() Options {
+	if o.Sample == 0 {
+		o.Sample = defaultSample
+	}
+	if o.Sample < 0 {
+		o.Sample = 0
+	}
+	if o.Bound <= 0 {
+		o.Bound = defaultBound
+	}
+	if o.CheckTimeout <= 0 {
+		o.CheckTimeout = defaultCheckTimeout
+	}
+	if o.TotalTimeout <= 0 {
+		o.TotalTimeout = defaultTotalTimeout
+	}
+	if o.LockTimeout <= 0 {
+		o.LockTimeout = defaultLockTimeout
+	}
+	if o.ApplicationName == "" {
+		o.ApplicationName = "pgflow-upgrade audit"
+	}
+	return o
+}
+
+// selection resolves opts.Checks (unknown IDs are an error) plus Extra.
+func selection(opts Options, preflightOnly bool) ([]Check, error) {
+	var out []Check
+	if len(opts.Checks) == 0 {
+		for _, c := range catalog {
+			if !preflightOnly || c.Preflight {
+				out = append(out, c)
+			}
+		}
+	} else {
+		seen := map[string]bool{}
+		for _, id := range opts.Checks {
+			c, err := Lookup(id)
+			if err != nil {
+				return nil, err
+			}
+			if !seen[id] {
+				seen[id] = true
+				out = append(out, c)
+			}
+		}
+	}
+	return append(out, opts.Extra...), nil
+}
+
+// ms formats a duration as a Postgres setting in milliseconds (at least 1:
+// 0 would mean "no timeout").
+func ms(d time.Duration) string {
+	v := d.Milliseconds()
+	if v < 1 {
+		v = 1
+	}
+	return strconv.FormatInt(v, 10) + "ms"
+}
+
+// BeginReadOnly opens one of the audit's transactions on conn: READ ONLY,
+// REPEATABLE READ (one snapshot per check), with statement_timeout,
+// lock_timeout, idle_in_transaction_session_timeout and application_name set
+// LOCAL, so they hold through a transaction-mode pooler and vanish with the
+// transaction.
+func BeginReadOnly(ctx context.Context, conn *pgx.Conn, statementTimeout, lockTimeout time.Duration, appName string) (pgx.Tx, error) {
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly, IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		return nil, fmt.Errorf("beginning a read-only transaction: %w", err)
+	}
+	// set_config(.., true) is SET LOCAL with parameters.
+	_, err = tx.Exec(ctx, `select pg_catalog.set_config('statement_timeout', $1, true),
+	                              pg_catalog.set_config('lock_timeout', $2, true),
+	                              pg_catalog.set_config('idle_in_transaction_session_timeout', $3, true),
+	                              pg_catalog.set_config('application_name', $4, true)`,
+		ms(statementTimeout), ms(lockTimeout), ms(idleTimeout), appName)
+	if err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("setting the audit's timeouts: %w", err)
+	}
+	return tx, nil
+}
+
+// Run audits the database behind conn: each selected check in its own READ
+// ONLY transaction with its own budget, within a total budget. The error is
+// for what stops the whole audit (a bad check ID, a broken connection before
+// anything ran); a failing check is reported in its CheckResult.
+func Run(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, error) {
+	opts = opts.withDefaults()
+	checks, err := selection(opts, false)
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{Mode: ModeAudit.String(), Sample: opts.Sample, Bound: opts.Bound, Started: time.Now().UTC()}
+	start := time.Now()
+	total := start.Add(opts.TotalTimeout)
+
+	// The server, pgmq and schema facts every check may depend on: catalog
+	// queries only, in one read-only transaction of their own.
+	env := Env{Mode: ModeAudit, Sample: opts.Sample, Bound: opts.Bound}
+	if err := func() error {
+		tx, err := BeginReadOnly(ctx, conn, opts.CheckTimeout, opts.LockTimeout, opts.ApplicationName)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(context.WithoutCancel(ctx))
+		if err := tx.QueryRow(ctx, `select pg_catalog.current_setting('server_version'), pg_catalog.current_database()`).
+			Scan(&rep.ServerVersion, &rep.Database); err != nil {
+			return fmt.Errorf("reading the server version: %w", err)
+		}
+		if env.PGMQ, err = DetectPGMQ(ctx, tx); err != nil {
+			return err
+		}
+		if env.Schema, err = DetectSchema(ctx, tx); err != nil {
+			return err
+		}
+		return nil
+	}(); err != nil {
+		return nil, err
+	}
+	rep.PGMQ, rep.Schema = env.PGMQ, env.Schema
+
+	for _, c := range checks {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		remaining := time.Until(total)
+		if remaining <= 0 {
+			rep.Checks = append(rep.Checks, CheckResult{ID: c.ID, Title: c.Title, Severity: c.Severity, Findings: []Finding{},
+				Status: StatusInconclusive, Error: "not run: the audit's total budget (--timeout) was used up"})
+			continue
+		}
+		budget := min(opts.CheckTimeout, remaining)
+		rep.Checks = append(rep.Checks, runAudit(ctx, conn, c, env, budget, opts))
+		if conn.IsClosed() {
+			return nil, fmt.Errorf("the connection was lost during check %s", c.ID)
+		}
+	}
+	rep.DurationMS = time.Since(start).Milliseconds()
+	return rep, nil
+}
+
+func runAudit(ctx context.Context, conn *pgx.Conn, c Check, env Env, budget time.Duration, opts Options) CheckResult {
+	res := CheckResult{ID: c.ID, Title: c.Title, Severity: c.Severity}
+	if why := unmet(c.Needs, env); why != "" {
+		res.Status, res.Error, res.Findings = StatusSkipped, why, []Finding{}
+		return res
+	}
+	start := time.Now()
+	env.Deadline = start.Add(budget)
+	// Lock waits never exceed the budget either.
+	tx, err := BeginReadOnly(ctx, conn, budget, min(opts.LockTimeout, budget), opts.ApplicationName)
+	if err == nil {
+		var findings []Finding
+		findings, err = c.Run(ctx, tx, env)
+		_ = tx.Rollback(context.WithoutCancel(ctx)) // read-only: nothing to keep
+		res.Findings = findings
+	}
+	res.DurationMS = time.Since(start).Milliseconds()
+	classify(&res, err)
+	return res
+}
+
+// RunPreflight runs the Preflight checks (or opts.Checks) exactly inside the
+// caller's transaction tx (apply's, under its locks). Each check runs in a
+// savepoint with statement_timeout = opts.CheckTimeout; the savepoint is
+// always rolled back, so the caller's settings, locks and transaction are as
+// before, whatever the check did. Bound is not applied: counts are exact.
+// The error is for what stops the whole preflight (a bad check ID, a broken
+// transaction).
+func RunPreflight(ctx context.Context, tx pgx.Tx, opts Options) ([]CheckResult, error) {
+	opts = opts.withDefaults()
+	checks, err := selection(opts, true)
+	if err != nil {
+		return nil, err
+	}
+	env := Env{Mode: ModePreflight, Sample: opts.Sample}
+	if env.PGMQ, err = DetectPGMQ(ctx, tx); err != nil {
+		return nil, err
+	}
+	if env.Schema, err = DetectSchema(ctx, tx); err != nil {
+		return nil, err
+	}
+	var out []CheckResult
+	for _, c := range checks {
+		res := CheckResult{ID: c.ID, Title: c.Title, Severity: c.Severity}
+		if why := unmet(c.Needs, env); why != "" {
+			res.Status, res.Error, res.Findings = StatusSkipped, why, []Finding{}
+			out = append(out, res)
+			continue
+		}
+		start := time.Now()
+		env.Deadline = start.Add(opts.CheckTimeout)
+		sp, err := tx.Begin(ctx) // SAVEPOINT
+		if err != nil {
+			return out, fmt.Errorf("preflight check %s: opening a savepoint: %w", c.ID, err)
+		}
+		var findings []Finding
+		_, err = sp.Exec(ctx, `select pg_catalog.set_config('statement_timeout', $1, true)`, ms(opts.CheckTimeout))
+		if err == nil {
+			findings, err = c.Run(ctx, sp, env)
+		}
+		// Always roll back: restores statement_timeout, releases the check's
+		// locks, and clears an aborted subtransaction.
+		if rbErr := sp.Rollback(context.WithoutCancel(ctx)); rbErr != nil {
+			return out, fmt.Errorf("preflight check %s: rolling back its savepoint: %w", c.ID, rbErr)
+		}
+		res.Findings = findings
+		res.DurationMS = time.Since(start).Milliseconds()
+		classify(&res, err)
+		out = append(out, res)
+	}
+	return out, nil
+}
+
+// errBudget: a check that loops over queues ran past its Deadline.
+var errBudget = errors.New("the check's time budget (--check-timeout) ran out")
+
+// classify sets the status of res from the check's error.
+func classify(res *CheckResult, err error) {
+	if res.Findings == nil {
+		res.Findings = []Finding{} // JSON: always an array
+	}
+	switch {
+	case err == nil && len(res.Findings) == 0:
+		res.Status = StatusOK
+	case err == nil:
+		res.Status = StatusFindings
+	case isTimeout(err):
+		res.Status, res.Err, res.Error = StatusInconclusive, err, err.Error()
+	default:
+		res.Status, res.Err, res.Error = StatusError, err, err.Error()
+	}
+}
+
+// isTimeout: statement timeout / cancel (57014), lock timeout (55P03), or the
+// check's own budget.
+func isTimeout(err error) bool {
+	if errors.Is(err, errBudget) || errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code == "57014" || pgErr.Code == "55P03"
+	}
+	return false
+}
+
+// unmet says why a check cannot run in env ("" when it can).
+func unmet(n Requirement, env Env) string {
+	if n&NeedsPgflow != 0 && !env.Schema.HasTables {
+		return "no pgflow tables (schema state " + string(env.Schema.State) + ")"
+	}
+	if n&NeedsPGMQ != 0 && !env.PGMQ.Installed {
+		return "pgmq is not installed"
+	}
+	return ""
+}
+
+// tighten lowers statement_timeout to what is left of the check's budget,
+// before one more query of a loop; errBudget once it is gone.
+func tighten(ctx context.Context, q Querier, env Env) error {
+	if env.Deadline.IsZero() {
+		return nil
+	}
+	left := time.Until(env.Deadline)
+	if left <= 0 {
+		return errBudget
+	}
+	if _, err := q.Exec(ctx, `select pg_catalog.set_config('statement_timeout', $1, true)`, ms(left)); err != nil {
+		return fmt.Errorf("setting statement_timeout: %w", err)
+	}
+	return nil
+}
