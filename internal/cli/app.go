@@ -112,6 +112,7 @@ func (a *App) build() *ucli.App {
 		Commands: []*ucli.Command{
 			a.versionCommand(),
 			a.fixturesCommand(),
+			a.auditCommand(),
 		},
 	}
 	return app

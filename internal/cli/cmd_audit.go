@@ -1,0 +1,269 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	ucli "github.com/urfave/cli/v2"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+)
+
+func (a *App) auditCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:  "audit",
+		Usage: "bounded, read-only pre-upgrade audit (safe on production)",
+		Description: "Runs the check catalog, each check in its own READ ONLY transaction with its own time budget.\n" +
+			"Exit codes: 0 no blockers, 1 blockers found, 4 inconclusive (a check timed out or failed; no blockers), 3 connection error.\n" +
+			"Checks: " + strings.Join(audit.IDs(), ", "),
+		Flags: []ucli.Flag{
+			&ucli.IntFlag{Name: "sample", Value: 5, Usage: "sample rows per finding (0: none)"},
+			&ucli.StringSliceFlag{Name: "check", Usage: "run only this check `ID` (repeatable)"},
+			&ucli.Int64Flag{Name: "bound", Value: 10000, Usage: "the most rows a counting query looks at; beyond it counts read \"at least N\""},
+			&ucli.DurationFlag{Name: "check-timeout", Value: 5 * time.Second, Usage: "time budget of each check (statement_timeout)"},
+			&ucli.DurationFlag{Name: "timeout", Value: 60 * time.Second, Usage: "time budget of the whole audit"},
+			&ucli.DurationFlag{Name: "lock-timeout", Value: time.Second, Usage: "lock_timeout: the longest a check waits for a lock"},
+		},
+		Action: a.auditAction,
+	}
+}
+
+func (a *App) auditAction(c *ucli.Context) error {
+	if c.NArg() > 0 {
+		return usageErrorf("audit takes no arguments (got %q); use --check ID to select checks", c.Args().Slice())
+	}
+	ids := c.StringSlice("check")
+	for _, id := range ids {
+		if _, err := audit.Lookup(id); err != nil {
+			return withCode(ExitUsage, err)
+		}
+	}
+	sample := c.Int("sample")
+	if sample < 0 {
+		return usageErrorf("--sample %d: must be 0 or more", sample)
+	}
+	if sample == 0 {
+		sample = -1 // audit.Options: negative means none, 0 the default
+	}
+	if c.Int64("bound") < 1 {
+		return usageErrorf("--bound %d: must be at least 1", c.Int64("bound"))
+	}
+	for _, f := range []string{"check-timeout", "timeout", "lock-timeout"} {
+		if c.Duration(f) <= 0 {
+			return usageErrorf("--%s %s: must be positive", f, c.Duration(f))
+		}
+	}
+	t, err := a.resolveTarget(c, "audit", false)
+	if err != nil {
+		return err
+	}
+	ctx := c.Context
+	conn, err := a.connect(ctx, t)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+
+	rep, err := audit.Run(ctx, conn, audit.Options{
+		Sample:          sample,
+		Checks:          ids,
+		Bound:           c.Int64("bound"),
+		CheckTimeout:    c.Duration("check-timeout"),
+		TotalTimeout:    c.Duration("timeout"),
+		LockTimeout:     c.Duration("lock-timeout"),
+		ApplicationName: "pgflow-upgrade audit",
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return withCode(ExitEnvironment, fmt.Errorf("audit of %s: %w", dsn.Describe(t.config), err))
+	}
+	code := auditExitCode(rep)
+
+	var buf bytes.Buffer
+	if jsonOutput(c) {
+		err = writeJSON(&buf, auditJSON{Target: dsn.Describe(t.config), Report: rep, Summary: summarize(rep, code)})
+	} else {
+		err = writeAuditTable(&buf, dsn.Describe(t.config), rep, code)
+	}
+	if err != nil {
+		return err
+	}
+	// Nothing we print comes from the DSN's password, but make sure.
+	if _, err := a.Stdout.Write([]byte(a.redact(buf.String()))); err != nil {
+		return err
+	}
+	switch code {
+	case ExitFindings:
+		return withCode(code, reportedError{errors.New("blockers found")})
+	case ExitInconclusive:
+		return withCode(code, reportedError{errors.New("inconclusive")})
+	}
+	return nil
+}
+
+// auditExitCode: blockers 1, else inconclusive/errored checks 4, else 0.
+func auditExitCode(rep *audit.Report) int {
+	switch {
+	case rep.Blockers() > 0:
+		return ExitFindings
+	case rep.Inconclusive() > 0 || rep.Errors() > 0:
+		return ExitInconclusive
+	}
+	return ExitOK
+}
+
+// auditJSON is the --format json document (docs/audit.md).
+type auditJSON struct {
+	Target  string       `json:"target"`
+	Summary auditSummary `json:"summary"`
+	*audit.Report
+}
+
+type auditSummary struct {
+	Blockers     int `json:"blockers"`
+	Warnings     int `json:"warnings"`
+	Info         int `json:"info"`
+	Inconclusive int `json:"inconclusive"`
+	Errors       int `json:"errors"`
+	Skipped      int `json:"skipped"`
+	ExitCode     int `json:"exit_code"`
+}
+
+func summarize(rep *audit.Report, code int) auditSummary {
+	s := auditSummary{ExitCode: code}
+	for _, r := range rep.Checks {
+		switch r.Status {
+		case audit.StatusInconclusive:
+			s.Inconclusive++
+		case audit.StatusError:
+			s.Errors++
+		case audit.StatusSkipped:
+			s.Skipped++
+		}
+		for _, f := range r.Findings {
+			switch f.Severity {
+			case audit.Blocker:
+				s.Blockers++
+			case audit.Warning:
+				s.Warnings++
+			default:
+				s.Info++
+			}
+		}
+	}
+	return s
+}
+
+func severityRank(s audit.Severity) int {
+	switch s {
+	case audit.Blocker:
+		return 0
+	case audit.Warning:
+		return 1
+	}
+	return 2
+}
+
+func countCell(f audit.Finding) string {
+	if f.AtLeast {
+		return fmt.Sprintf("at least %d", f.Count)
+	}
+	return fmt.Sprint(f.Count)
+}
+
+// writeAuditTable prints the summary grouped by severity, the samples under
+// it, then how each check ran.
+func writeAuditTable(w *bytes.Buffer, target string, rep *audit.Report, code int) error {
+	fmt.Fprintf(w, "pgflow-upgrade audit of %s: PostgreSQL %s, pgmq %s, schema %s (%d ms)\n\n",
+		target, rep.ServerVersion, rep.PGMQ, rep.Schema.State, rep.DurationMS)
+
+	var findings []audit.Finding
+	for _, r := range rep.Checks {
+		findings = append(findings, r.Findings...)
+	}
+	// Stable: by severity, then catalog order (the order of rep.Checks).
+	sort.SliceStable(findings, func(i, j int) bool {
+		return severityRank(findings[i].Severity) < severityRank(findings[j].Severity)
+	})
+	if len(findings) == 0 {
+		fmt.Fprintln(w, "no findings")
+	} else {
+		var rows [][]string
+		for _, f := range findings {
+			rows = append(rows, []string{string(f.Severity), f.CheckID, countCell(f), f.Message, f.Remedy})
+		}
+		if err := writeTable(w, []string{"severity", "check", "count", "finding", "remedy"}, rows); err != nil {
+			return err
+		}
+	}
+
+	for _, f := range findings {
+		if len(f.Samples) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\n%s %s: %s (samples)\n", f.Severity, f.CheckID, f.Message)
+		cols := sampleColumns(f.Samples)
+		var rows [][]string
+		for _, s := range f.Samples {
+			row := make([]string, len(cols))
+			for i, c := range cols {
+				row[i] = cell(s[c])
+			}
+			rows = append(rows, row)
+		}
+		if err := writeTable(w, cols, rows); err != nil {
+			return err
+		}
+	}
+
+	fmt.Fprintln(w)
+	var rows [][]string
+	for _, r := range rep.Checks {
+		rows = append(rows, []string{r.ID, string(r.Status), fmt.Sprint(len(r.Findings)), fmt.Sprint(r.DurationMS), r.Error})
+	}
+	if err := writeTable(w, []string{"check", "status", "findings", "ms", "note"}, rows); err != nil {
+		return err
+	}
+	s := summarize(rep, code)
+	fmt.Fprintf(w, "\n%d blocker(s), %d warning(s), %d inconclusive, %d error(s): exit %d\n",
+		s.Blockers, s.Warnings, s.Inconclusive, s.Errors, code)
+	return nil
+}
+
+// sampleColumns: the union of the samples' keys, sorted.
+func sampleColumns(samples []map[string]any) []string {
+	seen := map[string]bool{}
+	var cols []string
+	for _, s := range samples {
+		for k := range s {
+			if !seen[k] {
+				seen[k] = true
+				cols = append(cols, k)
+			}
+		}
+	}
+	sort.Strings(cols)
+	return cols
+}
+
+func cell(v any) string {
+	switch x := v.(type) {
+	case nil:
+		return ""
+	case string:
+		return x
+	case map[string]any, []any:
+		b, _ := json.Marshal(x)
+		return string(b)
+	}
+	return fmt.Sprint(v)
+}
