@@ -136,6 +136,17 @@ func tryClaim(db q, queue, workerID string, batch int) ([]claim, error) {
 	return out, rows.Err()
 }
 
+func tryClaimPoll(db q, queue, workerID string) ([]claim, error) {
+	rows, err := db.Query(context.Background(), `
+		select kind, queue_name, message_id, flow_slug, run_id::text, step_slug, task_index, attempt,
+		       input::text, flow_input::text, reason
+		from pgflow.claim_tasks($1, $2::uuid, 10, 30, max_poll_seconds => 5, poll_interval_ms => 50)`, queue, workerID)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowToStructByPos[claim])
+}
+
 func qtable(prefix, queue string) string {
 	return "pgmq." + pgx.Identifier{prefix + "_" + strings.ToLower(queue)}.Sanitize()
 }
@@ -626,6 +637,12 @@ func TestEndToEndThroughClaimTasks(t *testing.T) {
 		"b": func(c claim) string { return *c.Input + "1" }, // 10 -> 101
 		"c": func(c claim) string { return *c.Input },
 	}
+	// The first claim polls (read_with_poll); messages are there, so it returns at once.
+	first, err := tryClaimPoll(db.Pool, "e2e", w)
+	if err != nil || len(first) != 1 || *first[0].Step != "a" {
+		t.Fatalf("polling claim = %+v, %v; want step a", first, err)
+	}
+	exec(t, db.Pool, `select pgflow.release_task($1::uuid, 'a', 0, $2::uuid)`, run, w)
 	var inputs []string
 	for i := 0; i < 10; i++ {
 		got := claimTasks(t, db.Pool, "e2e", w, 10)
@@ -651,5 +668,42 @@ func TestEndToEndThroughClaimTasks(t *testing.T) {
 	}
 	if n := scalar[int](t, db.Pool, `select count(*)::int from pgmq.q_e2e`); n != 0 {
 		t.Errorf("%d messages left in the queue", n)
+	}
+}
+
+// prune_data_older_than deletes an old finished run's messages from the
+// task's own queue (never archiving them) and skips queues pgmq does not
+// list; delete_flow_and_data works when the queue is already gone.
+func TestPruneAndDeleteUseListedQueues(t *testing.T) {
+	db := testdb.Baseline(t)
+	applyMigration(t, db.Pool)
+	exec(t, db.Pool, `select pgflow.ensure_flow_compiled('p', '{"steps": [{"slug": "items", "stepType": "map"}]}'::jsonb, false)`)
+	oldRun := startFlow(t, db.Pool, "p", `[1, 2]`)
+	newRun := startFlow(t, db.Pool, "p", `[3]`)
+	// An old run that failed while its messages were still queued.
+	exec(t, db.Pool, `update pgflow.runs set status = 'failed', failed_at = now() - interval '2 days' where run_id = $1::uuid`, oldRun)
+	rows, _ := db.Pool.Query(context.Background(), `select message_id from pgflow.step_tasks where run_id = $1::uuid`, oldRun)
+	oldMsgs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil || len(oldMsgs) != 2 {
+		t.Fatalf("old run messages %v: %v", oldMsgs, err)
+	}
+	// A task pointing at a queue pgmq does not list must not stop the prune.
+	exec(t, db.Pool, `update pgflow.step_tasks set queue_name = 'nowhere' where run_id = $1::uuid and task_index = 1`, oldRun)
+
+	exec(t, db.Pool, `select pgflow.prune_data_older_than(interval '1 day')`)
+	if !scalar[bool](t, db.Pool, `select not exists (select 1 from pgmq.q_p where msg_id = $1) and not exists (select 1 from pgmq.a_p where msg_id = $1)`, oldMsgs[0]) {
+		t.Errorf("old run's message %d was not deleted from queue p", oldMsgs[0])
+	}
+	if n := scalar[int](t, db.Pool, `select count(*)::int from pgflow.step_tasks where run_id = $1::uuid`, oldRun); n != 0 {
+		t.Errorf("prune left %d tasks of the old run", n)
+	}
+	if n := scalar[int](t, db.Pool, `select count(*)::int from pgflow.step_tasks where run_id = $1::uuid`, newRun); n != 1 {
+		t.Errorf("prune touched the new run: %d tasks left, want 1", n)
+	}
+
+	exec(t, db.Pool, `select pgmq.drop_queue('p')`)
+	exec(t, db.Pool, `select pgflow.delete_flow_and_data('p')`)
+	if n := scalar[int](t, db.Pool, `select count(*)::int from pgflow.runs`); n != 0 {
+		t.Errorf("delete_flow_and_data left %d runs", n)
 	}
 }
