@@ -204,6 +204,9 @@ as $$ select 2 $$;
 -- ---------------------------------------------------------------------------
 drop function pgflow.ensure_flow_compiled(text, jsonb);
 drop function pgflow.start_tasks(text, bigint[], uuid);
+-- The three-argument ensure_flow_compiled (no default) is created in part 9;
+-- claim_tasks replaces start_tasks in part 8.
+
 -- ---------------------------------------------------------------------------
 -- 8. Claiming: pgflow.claim_tasks, the one claim path of the new protocol.
 -- ---------------------------------------------------------------------------
@@ -232,7 +235,7 @@ stable
 set search_path = ''
 as $$
   with parents as (
-    select d.dep_slug, ds.output
+    select d.dep_slug, ds.output, ds.status
     from pgflow.runs r
     join pgflow.deps d on d.flow_slug = r.flow_slug and d.step_slug = p_step_slug
     join pgflow.step_states ds on ds.run_id = r.run_id and ds.step_slug = d.dep_slug
@@ -242,7 +245,9 @@ as $$
     when s.step_type = 'map' then
       (case when exists (select 1 from parents) then (select p.output from parents p limit 1)
             else p_flow_input end) -> p_task_index
-    when exists (select 1 from parents) then (select pg_catalog.jsonb_object_agg(p.dep_slug, p.output) from parents p)
+    when exists (select 1 from parents) then  -- completed parents only, as 0.16.0's start_tasks
+      (select coalesce(pg_catalog.jsonb_object_agg(p.dep_slug, p.output), '{}'::jsonb)
+       from parents p where p.status = 'completed')
     else p_flow_input
   end
   from pgflow.runs r
@@ -1008,3 +1013,10 @@ begin
   return jsonb_build_object('status', 'mismatch', 'differences', to_jsonb(v_diff));
 end;
 $$;
+
+-- ---------------------------------------------------------------------------
+-- 10. Deliberately absent: no trigger on step_tasks. Its rows are updated
+--     several times per task (claim, complete, retry), the hot path; nothing
+--     in pgflow changes queue_name after insert, and the unique address index
+--     is what the queue-aware functions rely on.
+-- ---------------------------------------------------------------------------
