@@ -118,6 +118,9 @@ type Env struct {
 	Schema SchemaInfo
 	// PGMQ says which pgmq the database has (filled by the runner).
 	PGMQ PGMQInfo
+	// LongTransaction and IdleInTransaction are the session thresholds of
+	// sessions.long_transactions (defaults 30 s and 10 s).
+	LongTransaction, IdleInTransaction time.Duration
 }
 
 // bounded says whether counting queries are bounded.

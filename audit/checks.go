@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -610,8 +611,8 @@ func checkLongTransactions(ctx context.Context, q Querier, env Env) ([]Finding, 
 		),
 		l as (
 		  select * from a
-		  where a.xact_start < pg_catalog.now() - interval '30 seconds'
-		     or (a.state like 'idle in transaction%' and a.state_change < pg_catalog.now() - interval '10 seconds')
+		  where a.xact_start < pg_catalog.now() - pg_catalog.make_interval(secs => $2)
+		     or (a.state like 'idle in transaction%' and a.state_change < pg_catalog.now() - pg_catalog.make_interval(secs => $3))
 		)
 		select (select pg_catalog.count(*) from l),
 		       (select pg_catalog.count(*) from a where a.query = '<insufficient privilege>'),
@@ -620,13 +621,14 @@ func checkLongTransactions(ctx context.Context, q Querier, env Env) ([]Finding, 
 		                  'state', l.state, 'xact_age_s', pg_catalog.round(extract(epoch from pg_catalog.now() - l.xact_start)),
 		                  'state_age_s', pg_catalog.round(extract(epoch from pg_catalog.now() - l.state_change)),
 		                  'wait_event_type', l.wait_event_type, 'query', pg_catalog.left(l.query, 120))
-		         from l order by l.xact_start limit $1))`, env.Sample).Scan(&n, &hidden, &samples)
+		         from l order by l.xact_start limit $1))`, env.Sample, seconds(env.LongTransaction, 30), seconds(env.IdleInTransaction, 10)).Scan(&n, &hidden, &samples)
 	if err != nil {
 		return nil, fmt.Errorf("reading pg_stat_activity: %w", err)
 	}
 	var out []Finding
 	if n > 0 {
-		out = append(out, c.finding(n, false, fmt.Sprintf("%d session(s) with a transaction open over 30 s or idle in transaction over 10 s", n), samples))
+		out = append(out, c.finding(n, false, fmt.Sprintf("%d session(s) with a transaction open over %gs or idle in transaction over %gs",
+			n, seconds(env.LongTransaction, 30), seconds(env.IdleInTransaction, 10)), samples))
 	}
 	if hidden > 0 {
 		f := c.finding(hidden, false, fmt.Sprintf("%d session(s) of other roles are not visible to this role (their state and transaction age are hidden)", hidden), nil)
@@ -779,6 +781,14 @@ func checkBackup(ctx context.Context, q Querier, env Env) ([]Finding, error) {
 		out = append(out, f)
 	}
 	return out, nil
+}
+
+// seconds of d, or def when d is unset.
+func seconds(d time.Duration, def float64) float64 {
+	if d <= 0 {
+		return def
+	}
+	return d.Seconds()
 }
 
 // countText renders a count, "at least N" when bounded.

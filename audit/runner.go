@@ -93,6 +93,8 @@ type Options struct {
 	ApplicationName string
 	// Extra checks appended to the selection (tests, extensions).
 	Extra []Check
+	// Session thresholds of sessions.long_transactions (default 30s / 10s).
+	LongTransaction, IdleInTransaction time.Duration
 }
 
 const (
@@ -124,6 +126,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.LockTimeout <= 0 {
 		o.LockTimeout = defaultLockTimeout
+	}
+	if o.LongTransaction <= 0 {
+		o.LongTransaction = 30 * time.Second
+	}
+	if o.IdleInTransaction <= 0 {
+		o.IdleInTransaction = 10 * time.Second
 	}
 	if o.ApplicationName == "" {
 		o.ApplicationName = "pgflow-upgrade audit"
@@ -205,7 +213,8 @@ func Run(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, error) {
 
 	// The server, pgmq and schema facts every check may depend on: catalog
 	// queries only, in one read-only transaction of their own.
-	env := Env{Mode: ModeAudit, Sample: opts.Sample, Bound: opts.Bound}
+	env := Env{Mode: ModeAudit, Sample: opts.Sample, Bound: opts.Bound,
+		LongTransaction: opts.LongTransaction, IdleInTransaction: opts.IdleInTransaction}
 	if err := func() error {
 		tx, err := BeginReadOnly(ctx, conn, opts.CheckTimeout, opts.LockTimeout, opts.ApplicationName)
 		if err != nil {
@@ -282,7 +291,8 @@ func RunPreflight(ctx context.Context, tx pgx.Tx, opts Options) ([]CheckResult, 
 	if err != nil {
 		return nil, err
 	}
-	env := Env{Mode: ModePreflight, Sample: opts.Sample}
+	env := Env{Mode: ModePreflight, Sample: opts.Sample,
+		LongTransaction: opts.LongTransaction, IdleInTransaction: opts.IdleInTransaction}
 	if env.PGMQ, err = DetectPGMQ(ctx, tx); err != nil {
 		return nil, err
 	}
