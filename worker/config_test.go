@@ -126,7 +126,7 @@ func TestMarshalOutput(t *testing.T) {
 		{json.RawMessage(`{"a":1}`), `{"a":1}`, false},
 		{json.RawMessage(`{"a":`), "", true},
 		{map[string]int{"n": 2}, `{"n":2}`, false},
-		{0, "0", false},     // falsy outputs are stored as they are, not as null
+		{0, "0", false}, // falsy outputs are stored as they are, not as null
 		{"", `""`, false},
 		{make(chan int), "", true},
 	}
