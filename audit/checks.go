@@ -607,7 +607,7 @@ func checkLongTransactions(ctx context.Context, q Querier, env Env) ([]Finding, 
 		  select a.pid, a.usename, a.application_name, a.state, a.xact_start, a.state_change, a.wait_event_type, a.query
 		  from pg_catalog.pg_stat_activity a
 		  where a.datname = pg_catalog.current_database() and a.pid <> pg_catalog.pg_backend_pid()
-		    and a.backend_type = 'client backend'
+		    and coalesce(a.backend_type, 'client backend') = 'client backend' -- null: hidden from this role
 		),
 		l as (
 		  select * from a

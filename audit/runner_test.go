@@ -1,0 +1,271 @@
+package audit_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+)
+
+// probe is an extra check that runs sql in the audit's transaction and
+// reports the single text value it returns.
+func probe(id, sql string) audit.Check {
+	return audit.Check{ID: id, Title: id, Severity: audit.Info,
+		Run: func(ctx context.Context, q audit.Querier, env audit.Env) ([]audit.Finding, error) {
+			var v string
+			if err := q.QueryRow(ctx, sql).Scan(&v); err != nil {
+				return nil, err
+			}
+			return []audit.Finding{{CheckID: id, Severity: audit.Info, Message: v}}, nil
+		}}
+}
+
+func sqlstate(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+func TestReadOnlyIsEnforcedByTheServer(t *testing.T) {
+	db := oneFlow(t)
+	conn := connect(t, db.DSN)
+	rep, err := audit.Run(context.Background(), conn, audit.Options{
+		Checks: []string{"schema.state"},
+		Extra: []audit.Check{
+			probe("test.insert", `insert into pgflow.flows (flow_slug) values ('sneaky') returning flow_slug`),
+			probe("test.pgmq_send", `select pgmq.send('f', '{"sneaky": true}'::jsonb)::text`),
+			probe("test.settings", `select concat_ws(' ', current_setting('transaction_read_only'), current_setting('statement_timeout'),
+			        current_setting('lock_timeout'), current_setting('idle_in_transaction_session_timeout'), current_setting('application_name'))`),
+		},
+		CheckTimeout: 4 * time.Second, LockTimeout: 700 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"test.insert", "test.pgmq_send"} {
+		r := result(t, rep, id)
+		if r.Status != audit.StatusError || sqlstate(r.Err) != "25006" {
+			t.Fatalf("%s: status %s, error %v: want read_only_sql_transaction (25006)", id, r.Status, r.Err)
+		}
+	}
+	r := result(t, rep, "test.settings")
+	if len(r.Findings) != 1 || r.Findings[0].Message != "on 4s 700ms 30s pgflow-upgrade audit" {
+		t.Fatalf("settings inside the audit's transaction: %+v %s", r.Findings, r.Error)
+	}
+	// SET LOCAL: nothing stays on the session afterwards.
+	var st, app string
+	if err := conn.QueryRow(context.Background(), `select current_setting('statement_timeout'), current_setting('application_name')`).Scan(&st, &app); err != nil {
+		t.Fatal(err)
+	}
+	if st != "0" || app == "pgflow-upgrade audit" {
+		t.Fatalf("session settings leaked: statement_timeout %q, application_name %q", st, app)
+	}
+	var n int
+	if err := db.Pool.QueryRow(context.Background(), `select (select count(*) from pgflow.flows where flow_slug = 'sneaky') + (select count(*) from pgmq.q_f where message ? 'sneaky')`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("the writes left %d rows (%v)", n, err)
+	}
+}
+
+// lockStepTasks holds ACCESS EXCLUSIVE on pgflow.step_tasks from another
+// session until the test ends.
+func lockStepTasks(t *testing.T, dsn string) {
+	t.Helper()
+	other := connect(t, dsn)
+	ctx := context.Background()
+	tx, err := other.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, `lock table pgflow.step_tasks in access exclusive mode`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The checks that read pgflow.step_tasks (or its size).
+var stepTasksChecks = []string{"tasks.duplicate_message_id", "tasks.message_missing", "queue.orphan_message",
+	"queue.envelope_contradiction", "size.tables"}
+
+func TestLockedStepTasksMakeOnlyTheirChecksInconclusive(t *testing.T) {
+	db := oneFlow(t)
+	lockStepTasks(t, db.DSN)
+	lockTimeout := 200 * time.Millisecond
+	start := time.Now()
+	rep := runAudit(t, db, audit.Options{LockTimeout: lockTimeout, CheckTimeout: 5 * time.Second})
+	elapsed := time.Since(start)
+
+	affected := map[string]bool{}
+	for _, id := range stepTasksChecks {
+		affected[id] = true
+		r := result(t, rep, id)
+		if r.Status != audit.StatusInconclusive || sqlstate(r.Err) != "55P03" {
+			t.Errorf("%s: status %s (%v), want inconclusive with lock_not_available", id, r.Status, r.Err)
+		}
+	}
+	for _, r := range rep.Checks {
+		if !affected[r.ID] && (r.Status == audit.StatusInconclusive || r.Status == audit.StatusError) {
+			t.Errorf("%s: status %s (%s): only the step_tasks checks should be affected", r.ID, r.Status, r.Error)
+		}
+	}
+	// The other checks still report, and see the lock.
+	f := mustFire(t, rep, "sessions.locks_on_pgflow", audit.Warning)
+	if !sampleHas(f, "mode", "AccessExclusiveLock") || !sampleHas(f, "table", "pgflow.step_tasks") {
+		t.Fatalf("locks finding: %+v", f)
+	}
+	// Generous upper bound: lock timeout plus a margin per affected check.
+	if limit := time.Duration(len(stepTasksChecks))*(lockTimeout+2*time.Second) + 5*time.Second; elapsed > limit {
+		t.Fatalf("audit took %s under the lock, more than %s", elapsed, limit)
+	}
+	if rep.Blockers() != 0 || rep.Inconclusive() != len(stepTasksChecks) {
+		t.Fatalf("blockers %d, inconclusive %d", rep.Blockers(), rep.Inconclusive())
+	}
+}
+
+func TestBudgets(t *testing.T) {
+	db := oneFlow(t)
+	// A check that outlives its budget is inconclusive; the next one runs.
+	rep := runAudit(t, db, audit.Options{Checks: []string{"flows.case_alias"}, CheckTimeout: 300 * time.Millisecond,
+		Extra: []audit.Check{probe("test.slow", `select pg_sleep(30)::text`), probe("test.after", `select 'ran'`)}})
+	if r := result(t, rep, "test.slow"); r.Status != audit.StatusInconclusive || sqlstate(r.Err) != "57014" {
+		t.Fatalf("slow check: %s %v", r.Status, r.Err)
+	}
+	if r := result(t, rep, "test.after"); r.Status != audit.StatusFindings || r.Findings[0].Message != "ran" {
+		t.Fatalf("check after the slow one: %+v", r)
+	}
+	mustBeOK(t, rep, "flows.case_alias")
+	// The total budget: once it is used up, the remaining checks are not run.
+	rep = runAudit(t, db, audit.Options{TotalTimeout: 400 * time.Millisecond, CheckTimeout: 5 * time.Second,
+		Extra: []audit.Check{probe("test.slow", `select pg_sleep(30)::text`), probe("test.after", `select 'ran'`)}})
+	if r := result(t, rep, "test.after"); r.Status != audit.StatusInconclusive || !strings.Contains(r.Error, "total budget") {
+		t.Fatalf("after the total budget: %+v", r)
+	}
+}
+
+func TestRoleWithOnlyUsageAndSelect(t *testing.T) {
+	db := oneFlow(t)
+	ctx := context.Background()
+	role := pgprovider.RandomName("h_audit_ro")
+	const password = "Ro-pw-7c1f9e-secret"
+	exec(t, db,
+		fmt.Sprintf(`create role %s login password '%s'`, role, password),
+		fmt.Sprintf(`grant usage on schema pgflow, pgmq to %s`, role),
+		fmt.Sprintf(`grant select on all tables in schema pgflow, pgmq to %s`, role))
+	t.Cleanup(func() {
+		// Privileges live in this database; the role in the cluster.
+		if _, err := db.Pool.Exec(ctx, `drop owned by `+role); err != nil {
+			t.Errorf("drop owned by %s: %v", role, err)
+		}
+		if _, err := db.Pool.Exec(ctx, `drop role `+role); err != nil {
+			t.Errorf("drop role %s: %v", role, err)
+		}
+	})
+	// Another role's session, so there is something the read-only role cannot see.
+	otherSession := connect(t, db.DSN)
+	if _, err := otherSession.Exec(ctx, `select 1`); err != nil {
+		t.Fatal(err)
+	}
+
+	u, err := url.Parse(db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(role, password)
+	rep, err := audit.Run(ctx, connect(t, u.String()), audit.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rep.Checks {
+		if r.Status == audit.StatusError || r.Status == audit.StatusInconclusive || r.Status == audit.StatusSkipped {
+			t.Errorf("%s as a read-only role: %s %s", r.ID, r.Status, r.Error)
+		}
+	}
+	if rep.Schema.State != audit.StateBaseline {
+		t.Fatalf("state %s as a read-only role", rep.Schema.State)
+	}
+	hidden := false
+	for _, f := range result(t, rep, "sessions.long_transactions").Findings {
+		hidden = hidden || (f.Severity == audit.Info && strings.Contains(f.Message, "not visible"))
+	}
+	if !hidden {
+		t.Fatalf("no note about sessions hidden from a role without pg_read_all_stats: %+v", result(t, rep, "sessions.long_transactions"))
+	}
+}
+
+func TestPreflightIsExactAndKeepsTheCallersTransaction(t *testing.T) {
+	db := oneFlow(t)
+	exec(t, db, `select pgmq.send('f', '{"foreign": 1}'::jsonb)`, `select pgmq.send('f', '{"foreign": 2}'::jsonb)`,
+		`select pgmq.send('f', '{"foreign": 3}'::jsonb)`)
+	ctx := context.Background()
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `set local statement_timeout = '42s'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `lock table pgflow.flows, pgflow.step_tasks in access exclusive mode`); err != nil {
+		t.Fatal(err)
+	}
+	results, err := audit.RunPreflight(ctx, tx, audit.Options{Bound: 1, Extra: []audit.Check{
+		probe("test.fails", `select (1/0)::text`),
+		probe("test.after", `select 'ran'`),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	byID := map[string]audit.CheckResult{}
+	for _, r := range results {
+		byID[r.ID] = r
+	}
+	for _, c := range audit.Catalog() {
+		if _, ran := byID[c.ID]; ran != c.Preflight {
+			t.Errorf("%s: ran %v, Preflight %v", c.ID, ran, c.Preflight)
+		}
+	}
+	o := byID["queue.orphan_message"]
+	if len(o.Findings) != 1 || o.Findings[0].Count != 3 || o.Findings[0].AtLeast {
+		t.Fatalf("preflight orphans: %+v (want exactly 3, Bound ignored)", o)
+	}
+	if audit.Blockers(results) != 1 {
+		t.Fatalf("blockers %d, want 1: %+v", audit.Blockers(results), results)
+	}
+	if r := byID["test.fails"]; r.Status != audit.StatusError || sqlstate(r.Err) != "22012" {
+		t.Fatalf("failing check: %+v", r)
+	}
+	if r := byID["test.after"]; r.Status != audit.StatusFindings {
+		t.Fatalf("check after a failing one: %+v", r)
+	}
+	// The caller's transaction is alive, with its own settings and locks.
+	var st string
+	if err := tx.QueryRow(ctx, `select current_setting('statement_timeout')`).Scan(&st); err != nil || st != "42s" {
+		t.Fatalf("caller's statement_timeout after preflight: %q (%v)", st, err)
+	}
+	var locks int
+	if err := tx.QueryRow(ctx, `select count(*) from pg_locks where pid = pg_backend_pid() and mode = 'AccessExclusiveLock'
+	        and relation in ('pgflow.flows'::regclass, 'pgflow.step_tasks'::regclass)`).Scan(&locks); err != nil || locks != 2 {
+		t.Fatalf("caller's locks after preflight: %d (%v)", locks, err)
+	}
+}
+
+func TestUnknownCheckID(t *testing.T) {
+	_, err := audit.Lookup("no.such")
+	if err == nil || !strings.Contains(err.Error(), "queue.orphan_message") {
+		t.Fatalf("Lookup error should list the known ids: %v", err)
+	}
+	db := testdb.Baseline(t)
+	if _, err := audit.Run(context.Background(), connect(t, db.DSN), audit.Options{Checks: []string{"no.such"}}); err == nil {
+		t.Fatal("Run accepted an unknown check id")
+	}
+}
