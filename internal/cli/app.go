@@ -113,6 +113,9 @@ func (a *App) build() *ucli.App {
 			a.versionCommand(),
 			a.fixturesCommand(),
 			a.auditCommand(),
+			a.applyCommand(),
+			a.statusCommand(),
+			a.verifyCommand(),
 		},
 	}
 	return app

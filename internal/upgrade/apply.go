@@ -167,7 +167,7 @@ type Report struct {
 
 // Refusal errors (exit 1): the database is unchanged.
 var (
-	ErrIntegrity      = errors.New("the embedded migrations do not match atlas.sum: refusing to run them")
+	ErrIntegrity      = errors.New("integrity check failed, refusing to run the migrations")
 	ErrNotBaseline    = errors.New("the database is not the pgflow 0.16.0 baseline this migration starts from")
 	ErrPreflight      = errors.New("the preflight refused the upgrade: nothing was changed")
 	ErrInconclusive   = errors.New("a preflight check ran out of time: nothing was changed")
@@ -575,20 +575,25 @@ func recordSupabase(ctx context.Context, tx pgx.Tx, m migrations.Migration) (boo
 	return true, "recorded " + m.Version + " in supabase_migrations.schema_migrations (" + strings.Join(cols, ", ") + ")", nil
 }
 
+// lockPlanText: "flows [access exclusive] -> steps, deps, runs, step_states
+// [exclusive] -> ...", consecutive tables of one mode grouped.
 func lockPlanText() string {
-	parts := make([]string, len(LockPlan))
-	for i, l := range LockPlan {
-		parts[i] = l.Table + " (" + l.Mode + ")"
+	var parts []string
+	for i := 0; i < len(LockPlan); {
+		j := i
+		var names []string
+		for ; j < len(LockPlan) && LockPlan[j].Mode == LockPlan[i].Mode; j++ {
+			names = append(names, LockPlan[j].Table)
+		}
+		parts = append(parts, strings.Join(names, ", ")+" ["+LockPlan[i].Mode+"]")
+		i = j
 	}
 	return strings.Join(parts, " -> ")
 }
 
-// summary is the first line of a statement, shortened, for progress/reports.
+// summary is a statement on one line, shortened, for progress and reports.
 func summary(stmt string) string {
-	s := strings.TrimSpace(stmt)
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		s = strings.TrimSpace(s[:i])
-	}
+	s := strings.Join(strings.Fields(stmt), " ")
 	if len(s) > 72 {
 		s = s[:69] + "..."
 	}

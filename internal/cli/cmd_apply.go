@@ -1,0 +1,313 @@
+package cli
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	ucli "github.com/urfave/cli/v2"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+)
+
+const applyDescription = `Runs the queue-persistence migration in ONE transaction on ONE connection:
+
+  1. integrity: the embedded migrations are checked against atlas.sum (tampered: refuse);
+  2. advisory lock: pg_try_advisory_xact_lock(8099555070895812711), polled with backoff
+     for up to --wait; a second apply exits with "another pgflow-upgrade apply is running"
+     (transaction-level, so it works through pgbouncer/Supavisor in transaction mode);
+     only then SET LOCAL lock_timeout = --lock-timeout;
+  3. state: already upgraded -> a no-op that says so; anything but 0.16.0 -> refuse;
+  4. table locks in the fixed order
+       flows (ACCESS EXCLUSIVE) -> steps -> deps -> runs -> step_states (EXCLUSIVE)
+       -> step_tasks (ACCESS EXCLUSIVE) -> workers (EXCLUSIVE)
+     each attempt bounded by --lock-timeout (default 2s); on a timeout everything taken
+     so far is released (rollback to a savepoint), then retried up to --lock-retries
+     times (default 5) with exponential backoff from 200ms (x2 per retry, at most 5s,
+     with jitter). The application is never blocked longer than one lock timeout per
+     attempt. After the last attempt: exit 1, naming the table and the blocking pids;
+  5. preflight: the audit's preflight checks, exact, under those locks; any blocker:
+     roll back, print the findings, exit 1, nothing changed;
+  6. the migration, statement by statement; 7. post-conditions (as verify);
+  8. the revision is recorded in pgflow.schema_revisions, and also in
+     supabase_migrations.schema_migrations when that table exists;
+  9. commit (--dry-run: roll back, report per-step timings and the lock window).
+
+Any failure or interruption rolls back everything. Without --yes, apply asks for
+confirmation on a terminal and refuses (exit 2) when not on one.
+Exit codes: 0 applied / already applied / dry run, 1 refused (blockers, tampered,
+lock not obtained, wrong state), 2 usage, 3 connection, 4 a preflight check ran
+out of time, 130 interrupted.`
+
+func (a *App) applyCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:        "apply",
+		Usage:       "upgrade the database: the queue-persistence migration in one guarded transaction",
+		Description: applyDescription,
+		Flags: []ucli.Flag{
+			&ucli.BoolFlag{Name: "yes", Usage: "do not ask for confirmation (pipelines)"},
+			&ucli.BoolFlag{Name: "dry-run", Usage: "run everything, then roll back; report timings and the lock window (takes the same locks!)"},
+			&ucli.DurationFlag{Name: "wait", Value: upgrade.DefaultWait, Usage: "how long to wait for another apply's advisory lock (0: do not wait)"},
+			&ucli.DurationFlag{Name: "lock-timeout", Value: upgrade.DefaultLockTimeout, Usage: "lock_timeout of each table-lock attempt (and every later lock wait)"},
+			&ucli.IntFlag{Name: "lock-retries", Value: upgrade.DefaultLockRetries, Usage: "table-lock attempts after the first"},
+			&ucli.IntFlag{Name: "sample", Value: 5, Usage: "sample rows per preflight finding"},
+			&ucli.DurationFlag{Name: "check-timeout", Value: 30 * time.Second, Usage: "statement_timeout of each preflight check (they run exact, under the locks; a check that runs out: exit 4, nothing changed)"},
+		},
+		Action: a.applyAction,
+		OnUsageError: func(c *ucli.Context, err error, _ bool) error {
+			return usageErrorf("apply: %v (see apply --help)", err)
+		},
+	}
+}
+
+func (a *App) applyAction(c *ucli.Context) error {
+	if c.NArg() > 0 {
+		return usageErrorf("apply takes no arguments (got %q)", c.Args().Slice())
+	}
+	if c.Duration("lock-timeout") <= 0 || c.Duration("check-timeout") <= 0 || c.Int("lock-retries") < 0 || c.Duration("wait") < 0 {
+		return usageErrorf("--lock-timeout and --check-timeout must be positive, --lock-retries and --wait not negative")
+	}
+	yes, dry := c.Bool("yes"), c.Bool("dry-run")
+	if !yes && !a.Interactive {
+		return usageErrorf("apply changes the database and locks the pgflow tables: pass --yes (pipelines), or run it on a terminal to confirm")
+	}
+	t, err := a.resolveTarget(c, "apply", false)
+	if err != nil {
+		return err
+	}
+	// No named prepared statements: they do not survive a transaction-mode
+	// pooler, and apply does not need them.
+	t.config.DefaultQueryExecMode = pgx.QueryExecModeExec
+	ctx := c.Context
+	conn, err := a.connect(ctx, t)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	where := dsn.Describe(t.config)
+
+	if !yes {
+		// Ask only when there is something to do: a quick read-only look.
+		st, err := upgrade.Status(ctx, conn)
+		if err != nil {
+			return withCode(ExitEnvironment, fmt.Errorf("reading the schema state of %s: %w", where, err))
+		}
+		if st.State.State == audit.StateBaseline {
+			what := "UPGRADE"
+			if dry {
+				what = "DRY-RUN (then roll back) the upgrade of"
+			}
+			fmt.Fprintf(a.Stderr, "About to %s %s: pending %s.\nThis locks the pgflow tables (step_tasks ACCESS EXCLUSIVE) for the duration of the migration.\nStop the 0.16.0 workers first. Type yes to continue: ",
+				what, where, strings.Join(st.Pending, ", "))
+			line, _ := bufio.NewReader(a.Stdin).ReadString('\n')
+			if strings.TrimSpace(line) != "yes" {
+				fmt.Fprintln(a.Stderr, "not confirmed: nothing was done")
+				return reportedError{withCode(ExitFindings, errors.New("not confirmed"))}
+			}
+		}
+	}
+
+	opts := upgrade.Options{
+		DryRun:      dry,
+		Wait:        c.Duration("wait"),
+		LockTimeout: c.Duration("lock-timeout"),
+		LockRetries: c.Int("lock-retries"),
+		Preflight:   audit.Options{Sample: c.Int("sample"), CheckTimeout: c.Duration("check-timeout")},
+	}
+	var prog *progress
+	if a.Interactive {
+		prog = &progress{w: a.Stderr}
+		opts.Progress = prog.event
+	}
+	rep, applyErr := upgrade.Apply(ctx, conn, opts)
+	if prog != nil {
+		prog.stop()
+	}
+	code := applyExitCode(rep, applyErr, conn, ctx.Err() != nil)
+
+	if jsonOutput(c) {
+		out := struct {
+			Command  string `json:"command"`
+			Database string `json:"database"`
+			ExitCode int    `json:"exit_code"`
+			*upgrade.Report
+		}{"apply", where, code, rep}
+		if err := writeJSON(a.Stdout, out); err != nil {
+			return err
+		}
+	} else if err := writeApplyTable(a.Stdout, where, rep); err != nil {
+		return err
+	}
+	if code == ExitOK {
+		return nil
+	}
+	if code == ExitInterrupted {
+		return reportedError{withCode(code, fmt.Errorf("interrupted: %w", applyErr))}
+	}
+	fmt.Fprintf(a.Stderr, "pgflow-upgrade apply: %s\n", a.redact(rep.Message))
+	return reportedError{withCode(code, applyErr)}
+}
+
+func applyExitCode(rep *upgrade.Report, err error, conn *pgx.Conn, interrupted bool) int {
+	if err == nil {
+		return ExitOK
+	}
+	switch {
+	case interrupted || rep.Outcome == upgrade.OutcomeInterrupted:
+		return ExitInterrupted
+	case rep.Outcome == upgrade.OutcomeInconclusive:
+		return ExitInconclusive
+	case rep.Outcome == upgrade.OutcomeFailed && conn.IsClosed():
+		// The connection went away mid-transaction: the server rolled back.
+		return ExitEnvironment
+	}
+	return ExitFindings
+}
+
+// writeApplyTable prints the outcome, blockers, failed post-conditions,
+// statements (dry run) and step timings.
+func writeApplyTable(w io.Writer, where string, rep *upgrade.Report) error {
+	fmt.Fprintf(w, "pgflow-upgrade apply on %s: %s\n%s\n", where, rep.Outcome, rep.Message)
+	if len(rep.Blockers) > 0 {
+		fmt.Fprintln(w, "\nblockers (fix them, then rerun; `pgflow-upgrade audit` shows the same checks):")
+		var rows [][]string
+		for _, f := range rep.Blockers {
+			rows = append(rows, []string{f.CheckID, countCell(f), f.Message, f.Remedy})
+		}
+		if err := writeTable(w, []string{"check", "count", "finding", "remedy"}, rows); err != nil {
+			return err
+		}
+		for _, f := range rep.Blockers {
+			if len(f.Samples) == 0 {
+				continue
+			}
+			fmt.Fprintf(w, "\n%s (samples)\n", f.CheckID)
+			cols := sampleColumns(f.Samples)
+			var rows [][]string
+			for _, s := range f.Samples {
+				row := make([]string, len(cols))
+				for i, c := range cols {
+					row[i] = cell(s[c])
+				}
+				rows = append(rows, row)
+			}
+			if err := writeTable(w, cols, rows); err != nil {
+				return err
+			}
+		}
+	}
+	var unproven [][]string
+	for _, r := range rep.Preflight {
+		if r.Status == audit.StatusError || r.Status == audit.StatusInconclusive {
+			unproven = append(unproven, []string{r.ID, string(r.Status), r.Error})
+		}
+	}
+	if len(unproven) > 0 {
+		fmt.Fprintln(w, "\npreflight checks without an answer:")
+		if err := writeTable(w, []string{"check", "status", "error"}, unproven); err != nil {
+			return err
+		}
+	}
+	if bad := upgrade.Failed(rep.PostConditions); len(bad) > 0 {
+		fmt.Fprintln(w, "\nfailed post-conditions (rolled back):")
+		var rows [][]string
+		for _, o := range bad {
+			rows = append(rows, []string{o.ID, o.Title, o.Detail})
+		}
+		if err := writeTable(w, []string{"check", "condition", "detail"}, rows); err != nil {
+			return err
+		}
+	}
+	if rep.DryRun && len(rep.Statements) > 0 {
+		fmt.Fprintln(w, "\nwhat would change (statements, rows affected, time):")
+		var rows [][]string
+		for _, s := range rep.Statements {
+			rows = append(rows, []string{fmt.Sprint(s.Index), s.Summary, fmt.Sprint(s.Rows), fmt.Sprint(s.DurationMS)})
+		}
+		if err := writeTable(w, []string{"#", "statement", "rows", "ms"}, rows); err != nil {
+			return err
+		}
+	}
+	if len(rep.Steps) > 0 {
+		fmt.Fprintln(w)
+		var rows [][]string
+		for _, s := range rep.Steps {
+			rows = append(rows, []string{s.Step, fmt.Sprint(s.DurationMS), s.Detail})
+		}
+		if err := writeTable(w, []string{"step", "ms", "detail"}, rows); err != nil {
+			return err
+		}
+	}
+	if rep.LockAttempts > 0 {
+		fmt.Fprintf(w, "lock window %d ms (first LOCK to %s), %d lock attempt(s), %d ms waiting in failed attempts; total %d ms\n",
+			rep.LockWindowMS, map[bool]string{true: "rollback", false: "commit/rollback"}[rep.DryRun], rep.LockAttempts, rep.LockWaitMS, rep.TotalMS)
+	}
+	if rep.Supabase != "" {
+		fmt.Fprintf(w, "supabase: %s\n", rep.Supabase)
+	}
+	return nil
+}
+
+// progress prints apply's steps on a terminal, and every few seconds a
+// "still running" line for a long statement (the step_tasks rewrite).
+type progress struct {
+	w       io.Writer
+	mu      sync.Mutex
+	current string
+	since   time.Time
+	ticker  *time.Ticker
+	done    chan struct{}
+}
+
+func (p *progress) event(e upgrade.Event) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ticker == nil {
+		p.ticker = time.NewTicker(3 * time.Second)
+		p.done = make(chan struct{})
+		go p.tick(p.ticker.C, p.done)
+	}
+	switch {
+	case e.Done:
+		fmt.Fprintf(p.w, "  %s done in %s\n", e.Step, e.Elapsed.Round(time.Millisecond))
+		p.current = ""
+	case e.Step == upgrade.StepMigrate && e.Detail != "" && strings.HasPrefix(e.Detail, "["):
+		fmt.Fprintf(p.w, "    %s\n", e.Detail)
+		p.current, p.since = e.Detail, time.Now()
+	default:
+		fmt.Fprintf(p.w, "- %s: %s\n", e.Step, e.Detail)
+		p.current, p.since = e.Step, time.Now()
+	}
+}
+
+func (p *progress) tick(tick <-chan time.Time, done <-chan struct{}) {
+	for {
+		select {
+		case <-done:
+			return
+		case <-tick:
+			p.mu.Lock()
+			if p.current != "" && time.Since(p.since) > 2*time.Second {
+				fmt.Fprintf(p.w, "    ... still running (%s): %s\n", time.Since(p.since).Round(time.Second), p.current)
+			}
+			p.mu.Unlock()
+		}
+	}
+}
+
+func (p *progress) stop() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ticker != nil {
+		p.ticker.Stop()
+		close(p.done)
+		p.ticker = nil
+	}
+}

@@ -1,0 +1,142 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+)
+
+// runWith runs the tool in-process with stdin and the interactive flag.
+func runWith(t *testing.T, interactive bool, stdin string, args ...string) result {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	app := &cli.App{Stdout: &out, Stderr: &errOut, Stdin: strings.NewReader(stdin), Interactive: interactive,
+		Getenv: func(string) string { return "" }}
+	code := app.Run(context.Background(), append([]string{"pgflow-upgrade"}, args...))
+	return result{code, out.String(), errOut.String()}
+}
+
+func inflight(t *testing.T) *testdb.DB {
+	t.Helper()
+	db := testdb.PGMQ(t)
+	st, err := fixtures.Lookup("inflight")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Load(context.Background(), db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+func TestApplyCommand(t *testing.T) {
+	ctx := context.Background()
+	db := inflight(t)
+
+	// Not on a terminal and no --yes: a usage error, nothing done.
+	r := runWith(t, false, "", "--dsn", db.DSN, "apply")
+	if r.code != cli.ExitUsage || !strings.Contains(r.stderr, "--yes") {
+		t.Fatalf("apply without --yes: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	// On a terminal, anything but "yes" declines.
+	r = runWith(t, true, "no\n", "--dsn", db.DSN, "apply")
+	if r.code != cli.ExitFindings || !strings.Contains(r.stderr, "Type yes") || !strings.Contains(r.stderr, "not confirmed") {
+		t.Fatalf("declined apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	var cols int
+	if err := db.Pool.QueryRow(ctx, `select count(*) from pg_attribute where attrelid = 'pgflow.step_tasks'::regclass and attname = 'queue_name'`).Scan(&cols); err != nil || cols != 0 {
+		t.Fatalf("declined apply changed the schema (%d, %v)", cols, err)
+	}
+
+	// Confirmed on a terminal: applies, with progress on stderr.
+	r = runWith(t, true, "yes\n", "--dsn", db.DSN, "apply")
+	if r.code != cli.ExitOK || !strings.Contains(r.stdout, "applied") {
+		t.Fatalf("apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	for _, want := range []string{"table_locks", "preflight", "[1/", "commit done"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("progress lacks %q:\n%s", want, r.stderr)
+		}
+	}
+	var nulls int
+	if err := db.Pool.QueryRow(ctx, `select count(*) from pgflow.step_tasks where queue_name is distinct from flow_slug`).Scan(&nulls); err != nil || nulls != 0 {
+		t.Fatalf("tasks without their queue: %d (%v)", nulls, err)
+	}
+
+	// Rerun in a pipeline: a no-op that says so, exit 0, JSON.
+	r = runWith(t, false, "", "--dsn", db.DSN, "--format", "json", "apply", "--yes")
+	var out struct {
+		Outcome  string `json:"outcome"`
+		Message  string `json:"message"`
+		ExitCode int    `json:"exit_code"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
+		t.Fatalf("json: %v\n%s", err, r.stdout)
+	}
+	if r.code != cli.ExitOK || out.Outcome != "already_applied" || !strings.Contains(out.Message, "already upgraded") {
+		t.Fatalf("rerun: exit %d %+v\n%s", r.code, out, r.stderr)
+	}
+
+	// status and verify agree.
+	r = runWith(t, false, "", "--dsn", db.DSN, "status")
+	if r.code != cli.ExitOK || !strings.Contains(r.stdout, "schema state: upgraded") || !strings.Contains(r.stdout, "pending: none") {
+		t.Fatalf("status: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runWith(t, false, "", "--dsn", db.DSN, "verify")
+	if r.code != cli.ExitOK || !strings.Contains(r.stdout, "0 of ") {
+		t.Fatalf("verify: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
+
+func TestApplyCommandBlockerAndDryRun(t *testing.T) {
+	ctx := context.Background()
+	db := inflight(t)
+
+	// Dry run: reports statements, steps and the lock window; changes nothing.
+	r := runWith(t, false, "", "--dsn", db.DSN, "apply", "--yes", "--dry-run")
+	if r.code != cli.ExitOK || !strings.Contains(r.stdout, "dry_run") || !strings.Contains(r.stdout, "lock window") ||
+		!strings.Contains(r.stdout, "what would change") {
+		t.Fatalf("dry run: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runWith(t, false, "", "--dsn", db.DSN, "status")
+	if !strings.Contains(r.stdout, "schema state: baseline") {
+		t.Fatalf("after dry run: %s", r.stdout)
+	}
+
+	// A blocker: refused, the findings printed, exit 1.
+	if _, err := db.Pool.Exec(ctx, `insert into pgflow.flows (flow_slug) values ('Foo'), ('foo')`); err != nil {
+		t.Fatal(err)
+	}
+	r = runWith(t, false, "", "--dsn", db.DSN, "apply", "--yes")
+	if r.code != cli.ExitFindings || !strings.Contains(r.stdout, "blockers") || !strings.Contains(r.stdout, "Foo") {
+		t.Fatalf("apply with case aliases: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runWith(t, false, "", "--dsn", db.DSN, "verify")
+	if r.code != cli.ExitFindings || !strings.Contains(r.stdout, "FAIL") {
+		t.Fatalf("verify on the baseline: exit %d\n%s", r.code, r.stdout)
+	}
+}
+
+func TestApplyCommandUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"apply", "--yes", "--lock-timeout", "0s"},
+		{"apply", "--yes", "extra"},
+		{"apply", "--yes", "--lock-retries", "x"},
+	} {
+		r := runWith(t, false, "", append([]string{"--dsn", "postgres://nobody@127.0.0.1:1/x"}, args...)...)
+		if r.code != cli.ExitUsage {
+			t.Errorf("%v: exit %d, want 2 (%s)", args, r.code, r.stderr)
+		}
+	}
+	// Unreachable server: connection error.
+	r := runWith(t, false, "", "--dsn", "postgres://nobody@127.0.0.1:1/x?connect_timeout=2", "status")
+	if r.code != cli.ExitEnvironment {
+		t.Errorf("status on an unreachable server: exit %d (%s)", r.code, r.stderr)
+	}
+}

@@ -1,0 +1,85 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+
+	ucli "github.com/urfave/cli/v2"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+)
+
+func (a *App) verifyCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:  "verify",
+		Usage: "after apply: the new schema is whole and the 0.16.0 worker protocol is fenced",
+		Description: "Read-only catalog checks in a READ ONLY transaction: queue_name NOT NULL on flows and\n" +
+			"step_tasks, the unique indexes, claim_tasks and the new functions present,\n" +
+			"pgflow.queue_protocol_version() = 2, the revision recorded, no trigger on step_tasks, and\n" +
+			"ensure_flow_compiled(text, jsonb) and start_tasks(text, bigint[], uuid) gone.\n" +
+			"Exit codes: 0 all pass, 1 any check failed, 3 connection error.",
+		Action: a.verifyAction,
+		OnUsageError: func(c *ucli.Context, err error, _ bool) error {
+			return usageErrorf("verify: %v (see verify --help)", err)
+		},
+	}
+}
+
+func (a *App) verifyAction(c *ucli.Context) error {
+	if c.NArg() > 0 {
+		return usageErrorf("verify takes no arguments (got %q)", c.Args().Slice())
+	}
+	t, err := a.resolveTarget(c, "verify", false)
+	if err != nil {
+		return err
+	}
+	ctx := c.Context
+	conn, err := a.connect(ctx, t)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	where := dsn.Describe(t.config)
+	vr, err := upgrade.Verify(ctx, conn)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return withCode(ExitEnvironment, fmt.Errorf("verifying %s: %w", where, err))
+	}
+	failed := upgrade.Failed(vr.Checks)
+	code := ExitOK
+	if !vr.OK {
+		code = ExitFindings
+	}
+	if jsonOutput(c) {
+		out := struct {
+			Command  string `json:"command"`
+			Database string `json:"database"`
+			ExitCode int    `json:"exit_code"`
+			*upgrade.VerifyReport
+		}{"verify", where, code, vr}
+		if err := writeJSON(a.Stdout, out); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(a.Stdout, "pgflow-upgrade verify of %s\n", where)
+		var rows [][]string
+		for _, o := range vr.Checks {
+			res := "ok"
+			if !o.OK {
+				res = "FAIL"
+			}
+			rows = append(rows, []string{res, o.ID, o.Title, o.Detail})
+		}
+		if err := writeTable(a.Stdout, []string{"result", "check", "condition", "detail"}, rows); err != nil {
+			return err
+		}
+		fmt.Fprintf(a.Stdout, "%d of %d checks failed\n", len(failed), len(vr.Checks))
+	}
+	if code != ExitOK {
+		return reportedError{withCode(code, errors.New("verify failed"))}
+	}
+	return nil
+}

@@ -1,0 +1,468 @@
+package upgrade_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"ariga.io/atlas/sql/migrate"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
+)
+
+func TestApplyDryRunChangesNothing(t *testing.T) {
+	ctx := context.Background()
+	db := inflightDB(t)
+	before := fingerprint(t, db.Pool)
+	opts := fastOpts()
+	opts.DryRun = true
+	rep, err := upgrade.Apply(ctx, connect(t, db), opts)
+	if err != nil {
+		t.Fatalf("dry run: %v (%s)", err, rep.Message)
+	}
+	if rep.Outcome != upgrade.OutcomeDryRun {
+		t.Fatalf("outcome %s", rep.Outcome)
+	}
+	assertSame(t, before, fingerprint(t, db.Pool), "dry run")
+	steps := map[string]bool{}
+	for _, s := range rep.Steps {
+		steps[s.Step] = true
+	}
+	for _, want := range []string{upgrade.StepAdvisoryLock, upgrade.StepTableLocks, upgrade.StepPreflight, upgrade.StepMigrate, upgrade.StepPostChecks, upgrade.StepRollback} {
+		if !steps[want] {
+			t.Errorf("dry run report lacks step %s: %+v", want, rep.Steps)
+		}
+	}
+	if steps[upgrade.StepCommit] {
+		t.Errorf("dry run committed")
+	}
+	if len(rep.Statements) == 0 || len(rep.PostConditions) == 0 {
+		t.Fatalf("dry run reported %d statements, %d post-conditions", len(rep.Statements), len(rep.PostConditions))
+	}
+	// The lock window covers at least the statements run under the locks.
+	var stmts int64
+	for _, s := range rep.Statements {
+		stmts += s.DurationMS
+	}
+	if rep.LockWindowMS < stmts {
+		t.Fatalf("lock window %dms shorter than the statements it contains (%dms)", rep.LockWindowMS, stmts)
+	}
+	// And the real thing still works afterwards.
+	if rep, err := upgrade.Apply(ctx, connect(t, db), fastOpts()); err != nil || rep.Outcome != upgrade.OutcomeApplied {
+		t.Fatalf("apply after dry run: %v %s", err, rep.Outcome)
+	}
+}
+
+func TestApplyRefusesTamperedMigration(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.Baseline(t)
+	all, err := migrations.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := migrations.FS.ReadFile(migrations.SumFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tampered := fstest.MapFS{migrations.SumFile: {Data: sum}}
+	for _, m := range all {
+		tampered[m.File] = &fstest.MapFile{Data: []byte(m.SQL + "\ndrop table pgflow.workers;\n")}
+	}
+	before := fingerprint(t, db.Pool)
+	opts := fastOpts()
+	opts.Verify = func() error { return migrations.VerifyFS(tampered) }
+	rep, err := upgrade.Apply(ctx, connect(t, db), opts)
+	if !errors.Is(err, upgrade.ErrIntegrity) || !errors.Is(err, migrations.ErrChecksumMismatch) {
+		t.Fatalf("apply of a tampered migration: %v", err)
+	}
+	if rep.Outcome != upgrade.OutcomeRefused {
+		t.Fatalf("outcome %s", rep.Outcome)
+	}
+	assertSame(t, before, fingerprint(t, db.Pool), "tampered")
+}
+
+func TestApplyRecordsSupabaseMigration(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.Baseline(t)
+	// The table as the Supabase CLI creates it.
+	if _, err := db.Pool.Exec(ctx, `create schema supabase_migrations;
+		create table supabase_migrations.schema_migrations (version text primary key, statements text[], name text)`); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := upgrade.Apply(ctx, connect(t, db), fastOpts())
+	if err != nil {
+		t.Fatalf("apply: %v", err)
+	}
+	if !rep.SupabaseRecorded {
+		t.Fatalf("not recorded: %s", rep.Supabase)
+	}
+	var name string
+	var stmts []string
+	if err := db.Pool.QueryRow(ctx, `select name, statements from supabase_migrations.schema_migrations where version = $1`, upgrade.Version).Scan(&name, &stmts); err != nil {
+		t.Fatal(err)
+	}
+	all, _ := migrations.All()
+	want, err := migrate.Stmts(all[len(all)-1].SQL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if name != upgrade.Name || len(stmts) != len(want) || len(stmts) == 0 {
+		t.Fatalf("recorded name %q with %d statements, want %q with %d", name, len(stmts), upgrade.Name, len(want))
+	}
+}
+
+func TestApplyWithoutSupabaseTable(t *testing.T) {
+	db := testdb.Baseline(t)
+	rep, err := upgrade.Apply(context.Background(), connect(t, db), fastOpts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.SupabaseRecorded || !strings.Contains(rep.Supabase, "not present") {
+		t.Fatalf("supabase: %v %q", rep.SupabaseRecorded, rep.Supabase)
+	}
+}
+
+// Two applies at once: the second polls the advisory lock while the first
+// holds it; exactly one migrates.
+func TestApplyConcurrent(t *testing.T) {
+	ctx := context.Background()
+	db := inflightDB(t)
+
+	held := make(chan struct{})
+	release := make(chan struct{})
+	first := fastOpts()
+	first.Hooks.BeforeStep = func(ctx context.Context, pid uint32, step string) error {
+		if step == upgrade.StepTableLocks { // the advisory lock is held by now
+			close(held)
+			<-release
+		}
+		return nil
+	}
+	var wg sync.WaitGroup
+	var rep1 *upgrade.Report
+	var err1 error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		rep1, err1 = upgrade.Apply(ctx, connect(t, db), first)
+	}()
+	<-held
+
+	// One try, no waiting: exits cleanly, nothing changed.
+	rep2, err2 := upgrade.Apply(ctx, connect(t, db), fastOpts())
+	if !errors.Is(err2, upgrade.ErrUpgradeLocked) || rep2.Outcome != upgrade.OutcomeLockBusy {
+		t.Fatalf("second apply without wait: %v %s", err2, rep2.Outcome)
+	}
+	if !strings.Contains(err2.Error(), "another pgflow-upgrade apply") {
+		t.Fatalf("unclear message: %v", err2)
+	}
+
+	// Waiting: it gets the lock once the first commits, and sees the upgrade done.
+	var rep3 *upgrade.Report
+	var err3 error
+	waiting := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		o := fastOpts()
+		o.Wait = time.Minute
+		o.Progress = func(e upgrade.Event) {
+			if e.Step == upgrade.StepAdvisoryLock && !e.Done {
+				close(waiting)
+			}
+		}
+		rep3, err3 = upgrade.Apply(ctx, connect(t, db), o)
+	}()
+	<-waiting
+	close(release)
+	wg.Wait()
+	if err1 != nil || rep1.Outcome != upgrade.OutcomeApplied {
+		t.Fatalf("first apply: %v %s", err1, rep1.Outcome)
+	}
+	if err3 != nil || rep3.Outcome != upgrade.OutcomeAlreadyApplied {
+		t.Fatalf("waiting apply: %v %s", err3, rep3.Outcome)
+	}
+	var revisions int
+	if err := db.Pool.QueryRow(ctx, `select count(*) from pgflow.schema_revisions`).Scan(&revisions); err != nil || revisions != 1 {
+		t.Fatalf("schema_revisions rows %d (%v)", revisions, err)
+	}
+}
+
+// A session holds a lock on pgflow.runs that conflicts with apply's. apply
+// retries within its bounds, then names the table and the blocking pid; the
+// application's other traffic is never blocked for longer than one lock
+// timeout per try.
+func TestApplyLockRetriesThenGivesUp(t *testing.T) {
+	ctx := context.Background()
+	db := inflightDB(t)
+	before := fingerprint(t, db.Pool)
+
+	holder := connect(t, db)
+	holderTx, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holderTx.Rollback(ctx)
+	// What a running engine transaction holds: ROW EXCLUSIVE on runs.
+	if _, err := holderTx.Exec(ctx, `update pgflow.runs set status = status where run_id = '00000000-0000-4000-8000-000000000102'`); err != nil {
+		t.Fatal(err)
+	}
+	holderPID := holder.PgConn().PID()
+
+	// The probe: the application's other traffic on the tables apply locks,
+	// each statement allowed to wait 20 lock timeouts of apply. A failure
+	// means it was blocked for longer than any single apply attempt.
+	const applyLockTimeout = 100 * time.Millisecond
+	probe := connect(t, db)
+	if _, err := probe.Exec(ctx, fmt.Sprintf(`set lock_timeout = '%dms'`, (20*applyLockTimeout).Milliseconds())); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var probeErrs []error
+	var probeRuns int
+	var pw sync.WaitGroup
+	pw.Add(1)
+	go func() {
+		defer pw.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for _, q := range []string{
+				`select count(*) from pgflow.flows`,
+				`select count(*) from pgflow.step_tasks`,
+				`update pgflow.step_states set status = status where false`,
+				`update pgflow.workers set last_heartbeat_at = last_heartbeat_at where worker_id = '00000000-0000-4000-8000-00000000aa01'`,
+			} {
+				if _, err := probe.Exec(ctx, q); err != nil {
+					probeErrs = append(probeErrs, fmt.Errorf("%s: %w", q, err))
+				}
+				probeRuns++
+			}
+		}
+	}()
+
+	opts := fastOpts()
+	opts.LockTimeout = applyLockTimeout
+	opts.LockRetries = 3
+	var retries []string
+	opts.Progress = func(e upgrade.Event) {
+		if e.Step == upgrade.StepTableLocks && strings.Contains(e.Detail, "retrying") {
+			retries = append(retries, e.Detail)
+		}
+	}
+	rep, err := upgrade.Apply(ctx, connect(t, db), opts)
+	close(stop)
+	pw.Wait()
+
+	var tle *upgrade.TableLockError
+	if !errors.As(err, &tle) {
+		t.Fatalf("apply: %v, want a TableLockError", err)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+		t.Fatalf("the lock_not_available error is not reachable: %v", err)
+	}
+	if tle.Table != "runs" || tle.Attempts != 4 || rep.LockAttempts != 4 || len(retries) != 3 {
+		t.Fatalf("table %s, attempts %d (report %d), retries %v", tle.Table, tle.Attempts, rep.LockAttempts, retries)
+	}
+	if rep.Outcome != upgrade.OutcomeLockBusy {
+		t.Fatalf("outcome %s", rep.Outcome)
+	}
+	named := false
+	for _, b := range tle.Blockers {
+		if uint32(b.PID) == holderPID {
+			named = true
+		}
+	}
+	if !named || !strings.Contains(err.Error(), "pgflow.runs") || !strings.Contains(err.Error(), fmt.Sprintf("pid %d", holderPID)) {
+		t.Fatalf("the error does not name the table and the holder %d: %v", holderPID, err)
+	}
+	if probeRuns == 0 {
+		t.Fatal("the probe never ran")
+	}
+	for _, e := range probeErrs {
+		t.Errorf("probe blocked beyond its lock_timeout: %v", e)
+	}
+	// The holder was never disturbed either.
+	if err := holderTx.Commit(ctx); err != nil {
+		t.Fatalf("holder commit: %v", err)
+	}
+	assertSame(t, before, fingerprint(t, db.Pool), "apply that gave up on the locks")
+}
+
+// The backend is terminated before each statement of the migration in turn
+// (and before the post-conditions, the Supabase record and the commit):
+// after every kill the database equals the baseline, and a rerun succeeds.
+func TestApplyKilledAtEveryStatement(t *testing.T) {
+	ctx := context.Background()
+	db := inflightDB(t)
+	if _, err := db.Pool.Exec(ctx, `create schema supabase_migrations;
+		create table supabase_migrations.schema_migrations (version text primary key, statements text[], name text)`); err != nil {
+		t.Fatal(err)
+	}
+	before := fingerprint(t, db.Pool)
+	all, err := migrations.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stmts, err := migrate.Stmts(all[len(all)-1].SQL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kill := func(ctx context.Context, pid uint32) error {
+		var ok bool
+		// Waits (up to 10 s) until the backend is gone.
+		if err := db.Pool.QueryRow(ctx, `select pg_terminate_backend($1, 10000)`, int32(pid)).Scan(&ok); err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("backend %d did not terminate", pid)
+		}
+		return nil
+	}
+	if len(stmts) < 10 {
+		t.Fatalf("the migration split into %d statements only", len(stmts))
+	}
+	points := []string{}
+	for i := range stmts {
+		points = append(points, fmt.Sprintf("stmt:%d", i))
+	}
+	points = append(points, upgrade.StepPostChecks, upgrade.StepSupabase, upgrade.StepCommit)
+	for _, point := range points {
+		opts := fastOpts()
+		opts.Hooks.BeforeStatement = func(ctx context.Context, pid uint32, m migrations.Migration, index int, stmt string) error {
+			if point == fmt.Sprintf("stmt:%d", index) {
+				return kill(ctx, pid)
+			}
+			return nil
+		}
+		opts.Hooks.BeforeStep = func(ctx context.Context, pid uint32, step string) error {
+			if point == step {
+				return kill(ctx, pid)
+			}
+			return nil
+		}
+		conn, err := pgx.Connect(ctx, db.DSN)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := upgrade.Apply(ctx, conn, opts)
+		dead := conn.IsClosed()
+		conn.Close(ctx)
+		if err == nil {
+			t.Fatalf("kill at %s: apply succeeded (%s)", point, rep.Outcome)
+		}
+		// It died of the kill (the next statement on a dead connection), not
+		// of the hook.
+		if strings.Contains(err.Error(), "test hook") || !dead {
+			t.Fatalf("kill at %s: apply failed otherwise: %v", point, err)
+		}
+		if got := fingerprint(t, db.Pool); got != before {
+			t.Fatalf("kill at %s: the database is not the baseline:\n%s", point, diffLines(before, got))
+		}
+	}
+	rep, err := upgrade.Apply(ctx, connect(t, db), fastOpts())
+	if err != nil || rep.Outcome != upgrade.OutcomeApplied {
+		t.Fatalf("rerun after %d kills: %v %s", len(points), err, rep.Outcome)
+	}
+}
+
+// apply takes exactly the migration file's lock modes, in the documented
+// order, so the file's own LOCK statements are no-ops under apply.
+func TestLockPlanMatchesMigrationFile(t *testing.T) {
+	all, err := migrations.All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	re := regexp.MustCompile(`(?im)^\s*lock\s+table\s+([^;]+?)\s+in\s+([a-z ]+?)\s+mode\s*;`)
+	var got []upgrade.TableLock
+	for _, m := range re.FindAllStringSubmatch(all[len(all)-1].SQL, -1) {
+		for _, tbl := range strings.Split(m[1], ",") {
+			got = append(got, upgrade.TableLock{Table: strings.TrimPrefix(strings.TrimSpace(tbl), "pgflow."), Mode: strings.ToLower(m[2])})
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(upgrade.LockPlan) {
+		t.Fatalf("migration file locks %v\napply locks          %v", got, upgrade.LockPlan)
+	}
+	if len(upgrade.LockPlan) != len(upgrade.Tables) {
+		t.Fatal("LockPlan and Tables differ")
+	}
+	for i, l := range upgrade.LockPlan {
+		if l.Table != upgrade.Tables[i] {
+			t.Fatalf("lock %d is %s, documented order has %s", i, l.Table, upgrade.Tables[i])
+		}
+	}
+	if all[len(all)-1].Version != upgrade.Version || all[len(all)-1].Name != upgrade.Name {
+		t.Fatalf("embedded migration %s_%s, upgrade.Version %s_%s", all[len(all)-1].Version, all[len(all)-1].Name, upgrade.Version, upgrade.Name)
+	}
+}
+
+func TestStatusAndVerify(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.Baseline(t)
+	conn := connect(t, db)
+
+	st, err := upgrade.Status(ctx, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State.State != audit.StateBaseline || len(st.Pending) != 1 || len(st.Applied) != 0 {
+		t.Fatalf("baseline status: %+v", st)
+	}
+	vr, err := upgrade.Verify(ctx, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vr.OK {
+		t.Fatal("verify passed on the 0.16.0 baseline")
+	}
+
+	if _, err := upgrade.Apply(ctx, conn, fastOpts()); err != nil {
+		t.Fatal(err)
+	}
+	st, err = upgrade.Status(ctx, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State.State != audit.StateUpgraded || len(st.Pending) != 0 || len(st.Applied) != 1 || st.Applied[0].Version != upgrade.Version {
+		t.Fatalf("upgraded status: %+v", st)
+	}
+	if vr, err = upgrade.Verify(ctx, conn); err != nil || !vr.OK {
+		t.Fatalf("verify after apply: %v %+v", err, vr)
+	}
+
+	// Break the fence: the old claim function is back.
+	if _, err := conn.Exec(ctx, `create function pgflow.start_tasks(flow_slug text, msg_ids bigint[], worker_id uuid)
+		returns void language sql set search_path = '' as $$ select $$`); err != nil {
+		t.Fatal(err)
+	}
+	vr, err = upgrade.Verify(ctx, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed := upgrade.Failed(vr.Checks)
+	if vr.OK || len(failed) != 1 || failed[0].ID != "old_start_tasks_gone" {
+		t.Fatalf("verify with start_tasks back: %+v", failed)
+	}
+	st, err = upgrade.Status(ctx, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State.State != audit.StatePartial || !st.NeedsAttention() {
+		t.Fatalf("status with start_tasks back: %+v", st.State)
+	}
+}
