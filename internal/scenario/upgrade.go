@@ -1,0 +1,54 @@
+package scenario
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+)
+
+// UpgradeFunc runs the upgrade on db. An error means it refused (or failed);
+// the database must then be unchanged. The report may be nil.
+type UpgradeFunc func(ctx context.Context, db *DB) (*upgrade.Report, error)
+
+// Apply is the real upgrade: `pgflow-upgrade apply` (internal/upgrade.Apply:
+// advisory lock, ordered table locks with retries, preflight under the
+// locks, the migration, post-conditions, one transaction).
+func Apply(ctx context.Context, db *DB) (*upgrade.Report, error) {
+	return ApplyWith(ctx, db, upgrade.Options{})
+}
+
+// ApplyWith is Apply with options (zero values: 10 s advisory wait, 2 s lock
+// timeout, 5 lock retries).
+func ApplyWith(ctx context.Context, db *DB, opts upgrade.Options) (*upgrade.Report, error) {
+	if opts.Wait == 0 {
+		opts.Wait = 10 * time.Second
+	}
+	if opts.LockTimeout == 0 {
+		opts.LockTimeout = 2 * time.Second
+	}
+	if opts.LockRetries == 0 {
+		opts.LockRetries = 5
+	}
+	cfg, err := pgx.ParseConfig(db.DSN)
+	if err != nil {
+		return nil, err
+	}
+	cfg.RuntimeParams["application_name"] = "pgflow-upgrade apply (replay)"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("apply: connecting to %s: %w", db.Name, err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	rep, err := upgrade.Apply(ctx, conn, opts)
+	if err != nil {
+		return rep, fmt.Errorf("apply (%s): %w", rep.Outcome, err)
+	}
+	if rep.Outcome != upgrade.OutcomeApplied {
+		return rep, fmt.Errorf("apply: outcome %s, want %s: %s", rep.Outcome, upgrade.OutcomeApplied, rep.Message)
+	}
+	return rep, nil
+}
