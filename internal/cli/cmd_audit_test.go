@@ -1,0 +1,211 @@
+package cli_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+)
+
+// auditDB is a baseline with one flow and one started run.
+func auditDB(t *testing.T) *testdb.DB {
+	t.Helper()
+	db := testdb.Baseline(t)
+	for _, s := range []string{
+		`select pgflow.create_flow('f')`,
+		`select pgflow.add_step('f', 'a')`,
+		`select pgflow.start_flow('f', '{}'::jsonb)`,
+	} {
+		if _, err := db.Pool.Exec(context.Background(), s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return db
+}
+
+// auditDoc is the part of the JSON document the tests read.
+type auditDoc struct {
+	Target        string `json:"target"`
+	ServerVersion string `json:"server_version"`
+	PGMQ          struct {
+		Installed bool   `json:"installed"`
+		Kind      string `json:"kind"`
+	} `json:"pgmq"`
+	Schema struct {
+		State string `json:"state"`
+	} `json:"schema"`
+	Summary struct {
+		Blockers     int `json:"blockers"`
+		Inconclusive int `json:"inconclusive"`
+		ExitCode     int `json:"exit_code"`
+	} `json:"summary"`
+	Checks []struct {
+		ID       string `json:"id"`
+		Status   string `json:"status"`
+		Findings []struct {
+			Severity string           `json:"severity"`
+			Count    int64            `json:"count"`
+			AtLeast  bool             `json:"at_least"`
+			Samples  []map[string]any `json:"samples"`
+		} `json:"findings"`
+		DurationMS *int64 `json:"duration_ms"`
+	} `json:"checks"`
+}
+
+func TestAuditCleanDatabaseExitsZero(t *testing.T) {
+	db := auditDB(t)
+	r := run(t, map[string]string{"PGFLOW_UPGRADE_DSN": db.DSN}, "audit")
+	if r.code != cli.ExitOK {
+		t.Fatalf("exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	for _, want := range []string{"SEVERITY", "schema state baseline", "pgmq.installed", "exit 0"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("table output lacks %q:\n%s", want, r.stdout)
+		}
+	}
+}
+
+func TestAuditBlockersExitOneWithJSON(t *testing.T) {
+	db := auditDB(t)
+	if _, err := db.Pool.Exec(context.Background(), `select pgmq.send('f', '{"foreign": true}'::jsonb)`); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, nil, "--dsn", db.DSN, "--format", "json", "audit", "--sample", "1")
+	if r.code != cli.ExitFindings {
+		t.Fatalf("exit %d, want %d\n%s%s", r.code, cli.ExitFindings, r.stdout, r.stderr)
+	}
+	var doc auditDoc
+	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil {
+		t.Fatalf("json: %v\n%s", err, r.stdout)
+	}
+	if doc.Summary.Blockers != 1 || doc.Summary.ExitCode != 1 || doc.Schema.State != "baseline" || !doc.PGMQ.Installed || doc.ServerVersion == "" {
+		t.Fatalf("document: %+v", doc)
+	}
+	found := false
+	for _, c := range doc.Checks {
+		if c.DurationMS == nil {
+			t.Errorf("%s has no duration_ms", c.ID)
+		}
+		if c.ID != "queue.orphan_message" {
+			continue
+		}
+		found = true
+		if c.Status != "findings" || len(c.Findings) != 1 || c.Findings[0].Severity != "blocker" || len(c.Findings[0].Samples) != 1 {
+			t.Fatalf("orphan check: %+v", c)
+		}
+		if _, isString := c.Findings[0].Samples[0]["message_id"].(string); !isString {
+			t.Fatalf("message_id is not a string: %#v", c.Findings[0].Samples[0])
+		}
+	}
+	if !found {
+		t.Fatal("no queue.orphan_message in the JSON")
+	}
+	// Table form: grouped by severity, with remedy and samples.
+	r = run(t, nil, "--dsn", db.DSN, "audit", "--check", "queue.orphan_message", "--check", "schema.state")
+	if r.code != cli.ExitFindings || !strings.Contains(r.stdout, "pgmq.archive(") || !strings.Contains(r.stdout, "(samples)") {
+		t.Fatalf("exit %d\n%s", r.code, r.stdout)
+	}
+	if b, i := strings.Index(r.stdout, "│ blocker"), strings.Index(r.stdout, "│ info"); b < 0 || i < 0 || b > i {
+		t.Fatalf("blockers are not listed before info:\n%s", r.stdout)
+	}
+}
+
+func TestAuditUnknownCheckIsAUsageError(t *testing.T) {
+	r := run(t, nil, "--dsn", "postgres://nobody@127.0.0.1:1/x", "audit", "--check", "no.such.check")
+	if r.code != cli.ExitUsage || !strings.Contains(r.stderr, "queue.orphan_message") {
+		t.Fatalf("exit %d, stderr %q: want %d listing the known ids", r.code, r.stderr, cli.ExitUsage)
+	}
+	if r := run(t, nil, "audit"); r.code != cli.ExitUsage {
+		t.Fatalf("no DSN: exit %d", r.code)
+	}
+}
+
+func TestAuditInconclusiveUnderLockExitsFour(t *testing.T) {
+	db := auditDB(t)
+	ctx := context.Background()
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `lock table pgflow.step_tasks in access exclusive mode`); err != nil {
+		t.Fatal(err)
+	}
+	r := run(t, nil, "--dsn", db.DSN, "--format", "json", "audit", "--lock-timeout", "200ms")
+	if r.code != cli.ExitInconclusive {
+		t.Fatalf("exit %d, want %d\n%s%s", r.code, cli.ExitInconclusive, r.stdout, r.stderr)
+	}
+	var doc auditDoc
+	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil {
+		t.Fatal(err)
+	}
+	statuses := map[string]string{}
+	for _, c := range doc.Checks {
+		statuses[c.ID] = c.Status
+	}
+	if statuses["queue.orphan_message"] != "inconclusive" || statuses["flows.case_alias"] != "ok" || doc.Summary.Inconclusive == 0 {
+		t.Fatalf("statuses %v", statuses)
+	}
+}
+
+func TestAuditNeverPrintsThePassword(t *testing.T) {
+	db := auditDB(t)
+	ctx := context.Background()
+	role := pgprovider.RandomName("h_audit_cli")
+	const password = "Cli-pw-93b2d4-secret"
+	for _, s := range []string{
+		fmt.Sprintf(`create role %s login password '%s'`, role, password),
+		fmt.Sprintf(`grant usage on schema pgflow, pgmq to %s`, role),
+		fmt.Sprintf(`grant select on all tables in schema pgflow, pgmq to %s`, role),
+	} {
+		if _, err := db.Pool.Exec(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		if _, err := db.Pool.Exec(ctx, `drop owned by `+role); err != nil {
+			t.Errorf("drop owned by %s: %v", role, err)
+		}
+		if _, err := db.Pool.Exec(ctx, `drop role `+role); err != nil {
+			t.Errorf("drop role %s: %v", role, err)
+		}
+	})
+	u, err := url.Parse(db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(role, password)
+	good := u.String()
+	u.Path = "/no_such_database_h_audit"
+	bad := u.String()
+
+	for _, args := range [][]string{
+		{"--dsn", good, "audit"},
+		{"--dsn", good, "--format", "json", "audit"},
+		{"--dsn", good, "audit", "--check", "pgmq.installed", "--check", "sessions.long_transactions"},
+		{"--dsn", bad, "audit"},
+	} {
+		r := run(t, nil, args...)
+		if strings.Contains(r.stdout+r.stderr, password) {
+			t.Fatalf("%v printed the password:\n%s%s", args[2:], r.stdout, r.stderr)
+		}
+		if args[1] == bad {
+			if r.code != cli.ExitEnvironment {
+				t.Fatalf("bad database: exit %d, want %d: %s", r.code, cli.ExitEnvironment, r.stderr)
+			}
+		} else if r.code != cli.ExitOK {
+			t.Fatalf("%v as a read-only role: exit %d\n%s%s", args[2:], r.code, r.stdout, r.stderr)
+		}
+	}
+	// Through the environment too.
+	r := run(t, map[string]string{"DATABASE_URL": good}, "--format", "json", "audit")
+	if r.code != cli.ExitOK || strings.Contains(r.stdout+r.stderr, password) || !strings.Contains(r.stdout, role) {
+		t.Fatalf("DATABASE_URL: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
