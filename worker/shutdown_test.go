@@ -237,3 +237,23 @@ func TestFatalClaimResultsAreReportedNotDropped(t *testing.T) {
 		t.Errorf("stats %+v, want 1 fatal", s)
 	}
 }
+
+func TestHeartbeatRegistersAgainWhenTheRowIsGone(t *testing.T) {
+	t.Parallel()
+	db := upgraded(t)
+	ctx := context.Background()
+	ev := newEvents()
+	cfg := greetConfig("again")
+	cfg.HeartbeatInterval, cfg.OnResult = 20*time.Millisecond, ev.onResult
+	w := start(t, db.Pool, cfg)
+	if _, err := db.Pool.Exec(ctx, `delete from pgflow.workers where worker_id = $1::uuid`, w.ID()); err != nil {
+		t.Fatal(err)
+	}
+	// claim_tasks records last_worker_id (a foreign key to pgflow.workers),
+	// so the run only completes once the heartbeat has put the row back.
+	run := startRun(t, db.Pool, "again", map[string]any{})
+	ev.waitUntil(t, "the run to complete", func() bool { return runStatus(t, db.Pool, run) == "completed" })
+	if n := queryInt(t, db.Pool, `select count(*) from pgflow.workers where worker_id = $1::uuid`, w.ID()); n != 1 {
+		t.Errorf("worker row not restored (%d rows)", n)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -332,6 +333,15 @@ func (w *Worker) heartbeatLoop() {
 		switch {
 		case w.hbCtx.Err() != nil:
 			return
+		case errors.Is(err, pgx.ErrNoRows):
+			// The row is gone (pruned as stale, or deleted by hand). Claims
+			// record last_worker_id, a foreign key to it, so put it back.
+			w.log.LogAttrs(w.hbCtx, slog.LevelWarn, "worker row missing at heartbeat: registering again")
+			if _, err := w.pool.Exec(w.hbCtx,
+				`insert into pgflow.workers (worker_id, queue_name, function_name) values ($1::uuid, $2, $3) on conflict (worker_id) do nothing`,
+				w.cfg.WorkerID, w.queue, w.cfg.FunctionName); err != nil && w.hbCtx.Err() == nil {
+				w.log.LogAttrs(w.hbCtx, slog.LevelError, "registering again failed", slog.Any("error", err))
+			}
 		case err != nil:
 			w.log.LogAttrs(w.hbCtx, slog.LevelWarn, "heartbeat failed", slog.Any("error", err))
 		case deprecated:
