@@ -100,7 +100,10 @@ type Config struct {
 	// Concurrency is how many handlers run at once.
 	Concurrency int
 	// VisibilityTimeout is the lease of a claimed task, in whole seconds: if
-	// the worker dies, its tasks are claimable again after it.
+	// the worker dies, its tasks are claimable again after it. The protocol
+	// has no lease extension, so it must exceed the longest handler run: a
+	// task still running when its lease ends can be claimed (and run) again
+	// by another worker. The engine completes it once either way.
 	VisibilityTimeout time.Duration
 	// PollInterval is the wait between reads of an empty queue.
 	PollInterval time.Duration

@@ -257,3 +257,39 @@ func TestHeartbeatRegistersAgainWhenTheRowIsGone(t *testing.T) {
 		t.Errorf("worker row not restored (%d rows)", n)
 	}
 }
+
+func TestRunStopsGracefullyWhenItsContextIsCancelled(t *testing.T) {
+	t.Parallel()
+	db := upgraded(t)
+	ev := newEvents()
+	started := make(chan struct{}, 1)
+	var w *worker.Worker
+	w, err := worker.New(db.Pool, worker.Config{Flow: greetFlow("signal"), Logger: testLogger(t), OnResult: ev.onResult,
+		Handlers: map[string]worker.HandlerFunc{"hello": func(context.Context, *worker.Task) (any, error) {
+			started <- struct{}{}
+			<-w.Stopping() // still running when the "signal" arrives
+			return "finished", nil
+		}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := worker.EnsureFlow(ctx, db.Pool, greetFlow("signal")); err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- w.Run(ctx) }()
+	run := startRun(t, db.Pool, "signal", map[string]any{})
+	recv(t, "the handler to start", started)
+	cancel()
+	if err := recv(t, "Run to return", errc); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if s := runStatus(t, db.Pool, run); s != "completed" {
+		t.Errorf("run %s: the in-flight task was not finished", s)
+	}
+	if n := queryInt(t, db.Pool, `select count(*) from pgflow.workers where worker_id = $1::uuid and stopped_at is not null`, w.ID()); n != 1 {
+		t.Error("not marked stopped")
+	}
+}

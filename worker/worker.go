@@ -140,7 +140,10 @@ func (w *Worker) Stats() Stats {
 // cancelled, nothing is released, the worker is not marked stopped, its
 // tasks come back after their visibility timeout). Use Stop to stop
 // gracefully.
-func (w *Worker) Start(ctx context.Context) error {
+func (w *Worker) Start(ctx context.Context) error { return w.start(ctx, ctx) }
+
+// start runs the startup calls on ctx and the worker's lifetime on life.
+func (w *Worker) start(ctx, life context.Context) error {
 	if !w.started.CompareAndSwap(false, true) {
 		return ErrStopped
 	}
@@ -171,10 +174,10 @@ func (w *Worker) Start(ctx context.Context) error {
 		return w.failStart(fmt.Errorf("registering worker %s in pgflow.workers: %w", w.cfg.WorkerID, err))
 	}
 
-	w.hardCtx = ctx
-	w.fetchCtx, w.fetchCancel = context.WithCancel(ctx)
-	w.workCtx, w.workCancel = context.WithCancel(ctx)
-	w.hbCtx, w.hbCancel = context.WithCancel(ctx)
+	w.hardCtx = life
+	w.fetchCtx, w.fetchCancel = context.WithCancel(life)
+	w.workCtx, w.workCancel = context.WithCancel(life)
+	w.hbCtx, w.hbCancel = context.WithCancel(life)
 
 	w.running = true
 	w.loops.Add(1)
@@ -184,7 +187,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	// then skips everything that would write.
 	go func() {
 		select {
-		case <-ctx.Done():
+		case <-life.Done():
 			w.beginShutdown()
 		case <-w.stopping:
 		}
@@ -233,7 +236,8 @@ func (w *Worker) Stop(ctx context.Context) error {
 // instance by signal.NotifyContext), or returns when the worker stopped on
 // its own (deprecated). It returns the startup error, or Err().
 func (w *Worker) Run(ctx context.Context) error {
-	if err := w.Start(context.WithoutCancel(ctx)); err != nil {
+	// Startup can be interrupted; once running, ctx only triggers Stop.
+	if err := w.start(ctx, context.WithoutCancel(ctx)); err != nil {
 		return err
 	}
 	select {
