@@ -1,0 +1,250 @@
+package scenario_test
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/xml"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+)
+
+func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
+
+func TestJUnitIsValidXML(t *testing.T) {
+	results := []scenario.Result{
+		{Name: "ok-one", Proves: "it works", Passed: true, Duration: 1500 * time.Millisecond, Notes: []string{"a note"}},
+		{Name: "bad-one", Proves: "it <breaks> & more", Passed: false, Error: "first line\nsecond line with ]]> and \x1b escape", Duration: time.Second},
+	}
+	var buf bytes.Buffer
+	if err := scenario.WriteJUnit(&buf, "pgflow-upgrade replay", time.Now(), results); err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		XMLName  xml.Name `xml:"testsuites"`
+		Tests    int      `xml:"tests,attr"`
+		Failures int      `xml:"failures,attr"`
+		Suites   []struct {
+			Name     string `xml:"name,attr"`
+			Tests    int    `xml:"tests,attr"`
+			Failures int    `xml:"failures,attr"`
+			Cases    []struct {
+				Name      string `xml:"name,attr"`
+				Classname string `xml:"classname,attr"`
+				Time      string `xml:"time,attr"`
+				Failure   *struct {
+					Message string `xml:"message,attr"`
+					Body    string `xml:",chardata"`
+				} `xml:"failure"`
+			} `xml:"testcase"`
+		} `xml:"testsuite"`
+	}
+	dec := xml.NewDecoder(bytes.NewReader(buf.Bytes()))
+	dec.Strict = true
+	if err := dec.Decode(&doc); err != nil {
+		t.Fatalf("not valid XML: %v\n%s", err, buf.String())
+	}
+	if doc.Tests != 2 || doc.Failures != 1 || len(doc.Suites) != 1 || len(doc.Suites[0].Cases) != 2 {
+		t.Fatalf("wrong structure: %+v", doc)
+	}
+	cs := doc.Suites[0].Cases
+	if cs[0].Name != "ok-one" || cs[0].Failure != nil || cs[0].Time != "1.500" || cs[0].Classname == "" {
+		t.Errorf("passing case: %+v", cs[0])
+	}
+	if cs[1].Failure == nil || cs[1].Failure.Message != "first line" || !strings.Contains(cs[1].Failure.Body, "second line") {
+		t.Errorf("failing case: %+v", cs[1])
+	}
+}
+
+func TestSelect(t *testing.T) {
+	all := scenario.Builtin()
+	got, err := scenario.Select(all, []string{"state-survival", "clean-upgrade"})
+	if err != nil || len(got) != 2 || got[0].Name != "state-survival" {
+		t.Fatalf("Select: %v %v", got, err)
+	}
+	if _, err := scenario.Select(all, []string{"nope"}); err == nil || !strings.Contains(err.Error(), "clean-upgrade") {
+		t.Fatalf("unknown name: %v", err)
+	}
+	seen := map[string]bool{}
+	for _, s := range append(all, scenario.CaptureScenarios()...) {
+		if s.Name == "" || s.Proves == "" || s.Run == nil || seen[s.Name] {
+			t.Errorf("scenario %q: incomplete or duplicate", s.Name)
+		}
+		seen[s.Name] = true
+	}
+}
+
+// The generator must reach every kind of state over a few seeds.
+func TestGenerateCoversEveryKind(t *testing.T) {
+	ctx := context.Background()
+	total := scenario.Census{}
+	for seed := uint64(1); seed <= 8; seed++ {
+		db := testdb.Baseline(t)
+		if _, err := scenario.Generate(ctx, db.Pool, seed); err != nil {
+			t.Fatal(err)
+		}
+		c, err := scenario.TakeCensus(ctx, db.Pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range c {
+			total[k] += v
+		}
+	}
+	for _, k := range []string{"run started", "run completed", "run failed", "task queued", "task started", "task retried",
+		"task completed", "task failed", "map step with >= 3 tasks", "message visible", "message invisible", "message archived"} {
+		if total[k] == 0 {
+			t.Errorf("8 seeds never generated %q (got %s)", k, total)
+		}
+	}
+}
+
+func capture(t *testing.T, db *testdb.DB, redact bool) []byte {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var buf bytes.Buffer
+	if _, err := scenario.Capture(context.Background(), conn, &buf, scenario.CaptureOptions{Redact: redact}); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func TestCaptureRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	src := testdb.Baseline(t)
+	if _, err := scenario.Generate(ctx, src.Pool, 3); err != nil {
+		t.Fatal(err)
+	}
+	// A case-only alias shares one physical queue: written once, restored.
+	if _, err := src.Pool.Exec(ctx, `select pgflow.create_flow('Gen_alias'); select pgflow.create_flow('gen_alias')`); err != nil {
+		t.Fatal(err)
+	}
+	file := capture(t, src, false)
+	c, err := scenario.ReadCapture(bytes.NewReader(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Header.PgflowState != "baseline" || c.Header.Redacted {
+		t.Fatalf("header %+v", c.Header)
+	}
+	dst := testdb.Empty(t)
+	conn, err := pgx.Connect(ctx, dst.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := c.Restore(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	a, err := fingerprint.Take(ctx, src.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := fingerprint.Take(ctx, dst.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := append(fingerprint.Compare(a, b), fingerprint.Added(a, b)...); len(d) > 0 {
+		t.Fatalf("restored state differs from the source:\n%s", fingerprint.Format(d, 20))
+	}
+	// The restored queues keep allocating ids after the restored ones.
+	var maxSrc, next int64
+	if err := src.Pool.QueryRow(ctx, `select coalesce(max(msg_id), 0) from pgmq.q_gen_alias`).Scan(&maxSrc); err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.Pool.QueryRow(ctx, `select * from pgmq.send('gen_alias', '{}'::jsonb)`).Scan(&next); err != nil {
+		t.Fatal(err)
+	}
+	if next <= maxSrc {
+		t.Fatalf("a new message got id %d, not after the restored ones (max %d)", next, maxSrc)
+	}
+}
+
+func TestCaptureRedacts(t *testing.T) {
+	ctx := context.Background()
+	src := testdb.Baseline(t)
+	if _, err := src.Pool.Exec(ctx, `
+		select pgflow.create_flow('red');
+		select pgflow.add_step('red', 'items', step_type => 'map');
+		select pgflow.add_step('red', 'sum', array['items']);
+		select count(*) from pgflow.start_flow('red', '["secret-a", "secret-b"]'::jsonb);
+		insert into pgflow.workers (worker_id, queue_name, function_name) values ('00000000-0000-4000-8000-000000000001', 'red', 'f');
+		select count(*) from pgflow.start_tasks('red', array(select msg_id from pgmq.read('red', 30, 10)), '00000000-0000-4000-8000-000000000001');
+		select count(*) from pgflow.complete_task((select run_id from pgflow.runs), 'items', 0, '{"token": "secret-out"}');`); err != nil {
+		t.Fatal(err)
+	}
+	file := capture(t, src, true)
+	zr, err := gzip.NewReader(bytes.NewReader(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var plain bytes.Buffer
+	if _, err := plain.ReadFrom(zr); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(plain.String(), "secret") {
+		t.Fatalf("redacted capture still holds user data:\n%s", plain.String())
+	}
+	c, err := scenario.ReadCapture(bytes.NewReader(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Header.Redacted {
+		t.Fatal("header does not say redacted")
+	}
+	found := false
+	for _, r := range c.Records {
+		if r.Table == "pgflow.runs" && strings.Contains(string(r.Row), `"input": ["<redacted>", "<redacted>"]`) ||
+			r.Table == "pgflow.runs" && strings.Contains(string(r.Row), `"input":["<redacted>","<redacted>"]`) {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatal("the root map input did not keep its length as placeholders")
+	}
+}
+
+func TestDamagedCaptureIsRefused(t *testing.T) {
+	src := testdb.Baseline(t)
+	good := capture(t, src, false)
+	gz := func(s string) []byte {
+		var b bytes.Buffer
+		w := gzip.NewWriter(&b)
+		w.Write([]byte(s))
+		w.Close()
+		return b.Bytes()
+	}
+	cases := map[string][]byte{
+		"not gzip":       []byte("hello, this is a pg_dump file"),
+		"truncated gzip": good[:len(good)/2],
+		"empty":          gz(""),
+		"foreign json":   gz(`{"some": "other tool"}` + "\n"),
+		"future version": gz(`{"format": "pgflow-upgrade-capture", "version": 99}` + "\n"),
+		"no end record":  gz(`{"format": "pgflow-upgrade-capture", "version": 1, "pgflow_state": "baseline"}` + "\n" + `{"table": "pgflow.flows", "row": {"flow_slug": "x"}}` + "\n"),
+		"count mismatch": gz(`{"format": "pgflow-upgrade-capture", "version": 1, "pgflow_state": "baseline"}` + "\n" + `{"end": {"records": 3}}` + "\n"),
+		"unknown table":  gz(`{"format": "pgflow-upgrade-capture", "version": 1, "pgflow_state": "baseline"}` + "\n" + `{"table": "public.users", "row": {}}` + "\n" + `{"end": {"records": 1}}` + "\n"),
+		"garbage line":   gz(`{"format": "pgflow-upgrade-capture", "version": 1, "pgflow_state": "baseline"}` + "\n" + `not json` + "\n"),
+	}
+	for name, file := range cases {
+		_, err := scenario.ReadCapture(bytes.NewReader(file))
+		if !errors.Is(err, scenario.ErrBadCapture) {
+			t.Errorf("%s: want ErrBadCapture, got %v", name, err)
+		}
+	}
+	if _, err := scenario.ReadCapture(bytes.NewReader(good)); err != nil {
+		t.Fatalf("the good file: %v", err)
+	}
+}
