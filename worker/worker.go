@@ -209,7 +209,8 @@ func (w *Worker) failStart(err error) error {
 // they are visible again at once, and marks the worker stopped. If ctx ends
 // first, the soft phase ends at once; Stop then returns ctx.Err() without
 // waiting for handlers that ignore their context (their results are still
-// written when they return).
+// written when they return). Do not call Stop from a handler or a callback:
+// it waits for them.
 func (w *Worker) Stop(ctx context.Context) error {
 	w.startMu.Lock()
 	running := w.running
