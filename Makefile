@@ -22,6 +22,15 @@ test: setup ## run the whole suite (ephemeral local cluster, or PGFLOW_UPGRADE_T
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 40m $(PKGS)
 
+.PHONY: fuzz
+fuzz: setup ## run every Fuzz* target for $(FUZZTIME) each (their seed corpora run in `make test`)
+	@failed=""; for t in $$(grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*' . | sed 's/:func /:/' | sort -u); do \
+		file=$${t%%:*}; fn=$${t##*:}; pkg=./$$(dirname "$${file#./}"); \
+		echo "== $$fn in $$pkg for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) "$$pkg" || failed="$$failed $$fn"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "fuzz targets that failed:$$failed (the failing input is under testdata/fuzz/)"; exit 1; fi
+
 .PHONY: lint
 lint: ## gofmt check and go vet
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
