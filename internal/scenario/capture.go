@@ -391,13 +391,6 @@ func (c *Captured) Restore(ctx context.Context, conn *pgx.Conn) error {
 				return fmt.Errorf("restore: inserting into %s: %w", target, err)
 			}
 		}
-		if table == "pgmq.q" {
-			// The queue's identity sequence continues after the restored ids.
-			sql := "select setval(pg_catalog.pg_get_serial_sequence($1, 'msg_id'), coalesce((select max(msg_id) from " + target + "), 0) + 1, false)"
-			if _, err := tx.Exec(ctx, sql, "pgmq.q_"+queue); err != nil {
-				return fmt.Errorf("restore: advancing the message id sequence of %s: %w", target, err)
-			}
-		}
 		return nil
 	}
 	// pgflow tables in foreign key order, then the messages.
@@ -413,6 +406,32 @@ func (c *Captured) Restore(ctx context.Context, conn *pgx.Conn) error {
 			if err := insert(key); err != nil {
 				return err
 			}
+		}
+	}
+	// Each queue's identity sequence continues past every id the queue ever
+	// handed out that we can see: live and archived messages, and the ids
+	// tasks remember (a pruned message leaves its id in step_tasks).
+	done := map[string]bool{}
+	for _, r := range c.Records {
+		if r.Table != "pgmq.queue" {
+			continue
+		}
+		var q struct {
+			Name string `json:"queue_name"`
+		}
+		_ = json.Unmarshal(r.Row, &q)
+		phys := strings.ToLower(q.Name)
+		if done[phys] {
+			continue
+		}
+		done[phys] = true
+		live := pgx.Identifier{"pgmq", "q_" + phys}.Sanitize()
+		archive := pgx.Identifier{"pgmq", "a_" + phys}.Sanitize()
+		sql := "select setval(pg_catalog.pg_get_serial_sequence($1, 'msg_id'), greatest(" +
+			"(select max(msg_id) from " + live + "), (select max(msg_id) from " + archive + "), " +
+			"(select max(t.message_id) from pgflow.step_tasks t where lower(t.flow_slug) = $2), 0) + 1, false)"
+		if _, err := tx.Exec(ctx, sql, "pgmq.q_"+phys, phys); err != nil {
+			return fmt.Errorf("restore: advancing the message id sequence of %s: %w", live, err)
 		}
 	}
 	return tx.Commit(ctx)

@@ -65,8 +65,9 @@ func Drain(ctx context.Context, db *DB, opts DrainOptions) (*DrainReport, error)
 		}
 	}
 	var (
-		mu     sync.Mutex
-		fatals []string
+		mu       sync.Mutex
+		fatals   []string
+		problems []string // tasks not completed, with why
 	)
 	logger := quiet
 	var workers []*worker.Worker
@@ -92,7 +93,14 @@ func Drain(ctx context.Context, db *DB, opts DrainOptions) (*DrainReport, error)
 			Flow: f.def, Handlers: handlers, Concurrency: 4, BatchSize: 20,
 			VisibilityTimeout: 30 * time.Second, MaxPollSeconds: worker.NoServerPoll,
 			PollInterval: 20 * time.Millisecond, HeartbeatInterval: time.Second,
-			ShutdownTimeout: 10 * time.Second, Logger: logger,
+			ShutdownTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, Logger: logger,
+			OnResult: func(r worker.Result) {
+				if r.Outcome != worker.OutcomeCompleted || r.Err != nil {
+					mu.Lock()
+					problems = append(problems, fmt.Sprintf("%s/%s[%d] %s: %v", r.Task.RunID, r.Task.StepSlug, r.Task.TaskIndex, r.Outcome, r.Err))
+					mu.Unlock()
+				}
+			},
 			OnFatal: func(e worker.FatalClaimError) {
 				mu.Lock()
 				fatals = append(fatals, e.Error())
@@ -110,10 +118,13 @@ func Drain(ctx context.Context, db *DB, opts DrainOptions) (*DrainReport, error)
 	rep := &DrainReport{}
 	for {
 		mu.Lock()
-		nFatal := len(fatals)
+		nFatal, nProblems := len(fatals), len(problems)
 		mu.Unlock()
 		if nFatal > 0 {
 			return rep, fmt.Errorf("drain: claim_tasks returned fatal results on a clean state: %s", strings.Join(fatals, "; "))
+		}
+		if nProblems > 0 {
+			return rep, fmt.Errorf("drain: tasks the new worker could not finish: %s", strings.Join(problems, "; "))
 		}
 		for _, w := range workers {
 			select {

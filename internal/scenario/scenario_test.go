@@ -160,16 +160,31 @@ func TestCaptureRoundTrip(t *testing.T) {
 	if d := append(fingerprint.Compare(a, b), fingerprint.Added(a, b)...); len(d) > 0 {
 		t.Fatalf("restored state differs from the source:\n%s", fingerprint.Format(d, 20))
 	}
-	// The restored queues keep allocating ids after the restored ones.
-	var maxSrc, next int64
-	if err := src.Pool.QueryRow(ctx, `select coalesce(max(msg_id), 0) from pgmq.q_gen_alias`).Scan(&maxSrc); err != nil {
+	// Every restored queue keeps allocating ids after every id it handed out
+	// (live, archived, or remembered by a task).
+	rows, err := src.Pool.Query(ctx, `select queue_name::text from pgmq.list_queues()`)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := dst.Pool.QueryRow(ctx, `select * from pgmq.send('gen_alias', '{}'::jsonb)`).Scan(&next); err != nil {
+	queues, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
 		t.Fatal(err)
 	}
-	if next <= maxSrc {
-		t.Fatalf("a new message got id %d, not after the restored ones (max %d)", next, maxSrc)
+	for _, q := range queues {
+		phys := strings.ToLower(q)
+		var maxSrc, next int64
+		if err := src.Pool.QueryRow(ctx, `select greatest(
+				(select max(msg_id) from `+pgx.Identifier{"pgmq", "q_" + phys}.Sanitize()+`),
+				(select max(msg_id) from `+pgx.Identifier{"pgmq", "a_" + phys}.Sanitize()+`),
+				(select max(message_id) from pgflow.step_tasks where lower(flow_slug) = $1), 0)`, phys).Scan(&maxSrc); err != nil {
+			t.Fatal(err)
+		}
+		if err := dst.Pool.QueryRow(ctx, `select * from pgmq.send($1, '{}'::jsonb)`, q).Scan(&next); err != nil {
+			t.Fatal(err)
+		}
+		if next <= maxSrc {
+			t.Errorf("queue %s: a new message got id %d, not after the restored ones (max %d)", q, next, maxSrc)
+		}
 	}
 }
 

@@ -1,0 +1,309 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	ucli "github.com/urfave/cli/v2"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
+)
+
+// `fixtures replay` and `fixtures capture` (docs/fixtures.md).
+
+func (a *App) fixturesReplayCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:  "replay",
+		Usage: "prove the upgrade on throwaway databases: run the built-in scenarios (or those named), or replay a captured database (--from)",
+		Description: "Each scenario runs on its own throwaway database. Where they come from: --dsn (or PGFLOW_UPGRADE_DSN, DATABASE_URL, PG*)\n" +
+			"names a server on which databases are created and dropped; else a Docker engine (unless PGFLOW_UPGRADE_NO_DOCKER=1);\n" +
+			"else an ephemeral cluster from the PostgreSQL binaries on this machine. Exit 1 when any scenario fails.",
+		ArgsUsage: "[NAME...]",
+		Flags: []ucli.Flag{
+			&ucli.StringFlag{Name: "dsn", Usage: "server for the throwaway databases (same as the global --dsn)"},
+			&ucli.StringFlag{Name: "junit", Usage: "also write the results as JUnit XML to `FILE`"},
+			&ucli.StringFlag{Name: "from", Usage: "replay the upgrade on the capture `FILE` (from `fixtures capture`) instead of the built-in scenarios"},
+			&ucli.IntFlag{Name: "parallel", Value: 4, Usage: "scenarios run at once"},
+		},
+		Action: a.fixturesReplay,
+	}
+}
+
+func (a *App) fixturesCaptureCommand() *ucli.Command {
+	return &ucli.Command{
+		Name:  "capture",
+		Usage: "write a pgflow database's state, pgmq queue and archive rows included, to a file for `fixtures replay --from`",
+		Flags: []ucli.Flag{
+			&ucli.StringFlag{Name: "dsn", Usage: "the database to capture (same as the global --dsn)"},
+			&ucli.StringFlag{Name: "out", Usage: "write the capture to `FILE` (- for stdout)", Required: true},
+			&ucli.BoolFlag{Name: "redact", Usage: "replace run inputs and step outputs with placeholders"},
+		},
+		Action: a.fixturesCapture,
+	}
+}
+
+// dsnValue is --dsn given after the subcommand, else before it.
+func dsnValue(c *ucli.Context) string {
+	for _, x := range c.Lineage() {
+		if x == nil {
+			continue
+		}
+		if v := x.String("dsn"); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// resolveWith is resolveTarget with an explicit --dsn value.
+func (a *App) resolveWith(value, command string, allowNone bool) (*target, error) {
+	lastDSN = value
+	r := dsn.Resolve(value, a.Getenv)
+	if r.Source == dsn.SourceNone {
+		if allowNone {
+			return &target{resolved: r}, nil
+		}
+		return nil, usageErrorf("no database given: pass --dsn, or set PGFLOW_UPGRADE_DSN, DATABASE_URL or the libpq PG* variables")
+	}
+	cfg, err := dsn.ParseConfig(r.DSN)
+	if err != nil {
+		return nil, withCode(ExitUsage, fmt.Errorf("connection string from %s: %w", r.Source, err))
+	}
+	if _, set := cfg.RuntimeParams["application_name"]; !set {
+		cfg.RuntimeParams["application_name"] = "pgflow-upgrade " + command
+	}
+	return &target{resolved: r, config: cfg}, nil
+}
+
+type replayReport struct {
+	Provider  string            `json:"provider"`
+	From      string            `json:"from,omitempty"`
+	Scenarios []scenario.Result `json:"scenarios"`
+	Passed    int               `json:"passed"`
+	Failed    int               `json:"failed"`
+	Seconds   float64           `json:"seconds"`
+}
+
+func (a *App) fixturesReplay(c *ucli.Context) error {
+	ctx := c.Context
+	all := scenario.Builtin()
+	var captured *scenario.Captured
+	from := c.String("from")
+	if from != "" {
+		f, err := os.Open(from)
+		if err != nil {
+			return withCode(ExitUsage, fmt.Errorf("--from: %w", err))
+		}
+		captured, err = scenario.ReadCapture(f)
+		f.Close()
+		if err != nil {
+			return withCode(ExitUsage, fmt.Errorf("--from %s: %w", from, err))
+		}
+		if captured.Header.PgflowState != "baseline" {
+			return withCode(ExitFindings, fmt.Errorf("--from %s: %w (state %q): nothing to replay", from, scenario.ErrNotBaseline, captured.Header.PgflowState))
+		}
+		all = scenario.CaptureScenarios()
+	}
+	selected, err := scenario.Select(all, c.Args().Slice())
+	if err != nil {
+		return withCode(ExitUsage, err)
+	}
+	if c.Int("parallel") < 1 {
+		return usageErrorf("--parallel must be at least 1")
+	}
+	junitPath := c.String("junit")
+
+	t, err := a.resolveWith(dsnValue(c), "fixtures replay", true)
+	if err != nil {
+		return err
+	}
+	opts := pgprovider.Options{
+		DockerImage: a.Getenv("PGFLOW_UPGRADE_DOCKER_IMAGE"),
+		SkipDocker:  a.Getenv("PGFLOW_UPGRADE_NO_DOCKER") == "1",
+		Logf:        func(f string, args ...any) { fmt.Fprintf(a.Stderr, f+"\n", args...) },
+	}
+	if t.resolved.Source != dsn.SourceNone {
+		opts.DSN = t.resolved.DSN
+	}
+	started := time.Now()
+	srv, err := pgprovider.Open(ctx, opts)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return withCode(ExitEnvironment, errors.New(a.redact(err.Error())))
+	}
+	defer srv.Close()
+	fmt.Fprintf(a.Stderr, "replay: throwaway databases on %s\n", srv.Describe())
+
+	r := &scenario.Runner{Server: srv, Parallel: c.Int("parallel"),
+		Logf: func(f string, args ...any) { fmt.Fprintf(a.Stderr, f+"\n", args...) }}
+	if captured != nil {
+		fmt.Fprintf(a.Stderr, "replay: restoring %s (captured %s, %d records)\n", from, captured.Header.CreatedAt.Format(time.RFC3339), len(captured.Records))
+		r.Baseline = func(ctx context.Context, conn *pgx.Conn) error { return captured.Restore(ctx, conn) }
+	}
+	if _, err := r.Template(ctx); err != nil {
+		_ = r.Close()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if captured != nil {
+			return withCode(ExitFindings, fmt.Errorf("restoring %s: %w", from, err))
+		}
+		return withCode(ExitEnvironment, err)
+	}
+	results := r.Run(ctx, selected)
+	if err := r.Close(); err != nil {
+		fmt.Fprintf(a.Stderr, "replay: %v\n", err)
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	rep := replayReport{Provider: srv.Describe(), From: from, Scenarios: results, Seconds: time.Since(started).Seconds()}
+	rep.Failed = scenario.Failed(results)
+	rep.Passed = len(results) - rep.Failed
+	if junitPath != "" {
+		if err := writeJUnitFile(junitPath, started, results); err != nil {
+			return withCode(ExitEnvironment, err)
+		}
+	}
+	if jsonOutput(c) {
+		if err := writeJSON(a.Stdout, rep); err != nil {
+			return err
+		}
+	} else {
+		var rows [][]string
+		for _, res := range results {
+			status, detail := "PASS", wrap(res.Proves, 70)
+			if len(res.Notes) > 0 {
+				detail += "\n→ " + strings.Join(res.Notes, "\n→ ")
+			}
+			if !res.Passed {
+				status = "FAIL"
+				detail = wrap(res.Proves, 70) + "\n✗ " + wrap(shorten(res.Error, 600), 70)
+			}
+			rows = append(rows, []string{res.Name, status, fmt.Sprintf("%.1fs", res.Seconds), detail})
+		}
+		if err := writeTable(a.Stdout, []string{"scenario", "result", "time", "what it proves"}, rows); err != nil {
+			return err
+		}
+		fmt.Fprintf(a.Stdout, "%d passed, %d failed in %.1fs on %s\n", rep.Passed, rep.Failed, rep.Seconds, srv.Describe())
+	}
+	if rep.Failed > 0 {
+		for _, res := range results {
+			if !res.Passed {
+				fmt.Fprintf(a.Stderr, "replay: FAIL %s: %s\n", res.Name, res.Error)
+			}
+		}
+		return reportedError{fmt.Errorf("%d of %d scenarios failed", rep.Failed, len(results))}
+	}
+	return nil
+}
+
+// wrap breaks text at spaces so no line is longer than width (where possible).
+func wrap(text string, width int) string {
+	var out []string
+	for _, para := range strings.Split(text, "\n") {
+		line := ""
+		for _, w := range strings.Fields(para) {
+			if line != "" && len(line)+1+len(w) > width {
+				out = append(out, line)
+				line = w
+				continue
+			}
+			if line != "" {
+				line += " "
+			}
+			line += w
+		}
+		out = append(out, line)
+	}
+	return strings.Join(out, "\n")
+}
+
+func shorten(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + " ..."
+}
+
+func writeJUnitFile(path string, started time.Time, results []scenario.Result) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("--junit: %w", err)
+	}
+	if err := scenario.WriteJUnit(f, "pgflow-upgrade fixtures replay", started, results); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func (a *App) fixturesCapture(c *ucli.Context) error {
+	ctx := c.Context
+	if c.NArg() > 0 {
+		return usageErrorf("fixtures capture takes no arguments (got %q)", c.Args().First())
+	}
+	t, err := a.resolveWith(dsnValue(c), "fixtures capture", false)
+	if err != nil {
+		return err
+	}
+	out := c.String("out")
+	conn, err := a.connect(ctx, t)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if kind, err := fixtures.PGMQKind(ctx, conn); err != nil {
+		return withCode(ExitEnvironment, err)
+	} else if kind == "" {
+		return withCode(ExitFindings, fmt.Errorf("fixtures capture: %s has no pgmq schema: not a pgflow database", dsn.Describe(t.config)))
+	}
+	opts := scenario.CaptureOptions{Redact: c.Bool("redact"), Source: dsn.Describe(t.config)}
+	var n int
+	if out == "-" {
+		n, err = scenario.Capture(ctx, conn, a.Stdout, opts)
+		if err != nil {
+			return withCode(ExitFindings, err)
+		}
+	} else {
+		// Write next to the target and rename, so a failed capture leaves no
+		// half-written file behind.
+		tmp, err := os.CreateTemp(filepath.Dir(out), ".capture-*")
+		if err != nil {
+			return withCode(ExitEnvironment, fmt.Errorf("--out: %w", err))
+		}
+		defer os.Remove(tmp.Name())
+		n, err = scenario.Capture(ctx, conn, tmp, opts)
+		if cerr := tmp.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return withCode(ExitFindings, err)
+		}
+		if err := os.Rename(tmp.Name(), out); err != nil {
+			return withCode(ExitEnvironment, fmt.Errorf("--out: %w", err))
+		}
+	}
+	if out == "-" {
+		return nil
+	}
+	if jsonOutput(c) {
+		return writeJSON(a.Stdout, map[string]any{"file": out, "records": n, "redacted": opts.Redact, "database": opts.Source})
+	}
+	fmt.Fprintf(a.Stdout, "captured %d records of %s into %s%s\n", n, opts.Source, out, map[bool]string{true: " (redacted)", false: ""}[opts.Redact])
+	return nil
+}

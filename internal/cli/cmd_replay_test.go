@@ -1,0 +1,122 @@
+package cli_test
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"encoding/xml"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+)
+
+func replayEnv(t *testing.T) map[string]string {
+	return map[string]string{"PGFLOW_UPGRADE_NO_DOCKER": "1", "PGFLOW_UPGRADE_DSN": testdb.Server(t).AdminDSN()}
+}
+
+func TestReplayUnknownScenarioIsUsage(t *testing.T) {
+	r := run(t, replayEnv(t), "fixtures", "replay", "no-such-scenario")
+	if r.code != 2 || !strings.Contains(r.stderr, "clean-upgrade") {
+		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+func TestReplayDamagedOrForeignFile(t *testing.T) {
+	dir := t.TempDir()
+	gz := func(s string) []byte {
+		var b bytes.Buffer
+		w := gzip.NewWriter(&b)
+		w.Write([]byte(s))
+		w.Close()
+		return b.Bytes()
+	}
+	cases := []struct {
+		name string
+		data []byte
+		code int
+		want string
+	}{
+		{"dump.sql", []byte("-- PostgreSQL database dump\n"), 2, "not gzip"},
+		{"foreign.gz", gz(`{"hello": 1}` + "\n"), 2, "format"},
+		{"truncated.gz", gz(`{"format": "pgflow-upgrade-capture", "version": 1, "pgflow_state": "baseline"}` + "\n"), 2, "truncated"},
+		{"upgraded.gz", gz(`{"format": "pgflow-upgrade-capture", "version": 1, "pgflow_state": "upgraded"}` + "\n" + `{"end": {"records": 0}}` + "\n"), 1, "not a pgflow 0.16.0 baseline"},
+	}
+	for _, c := range cases {
+		p := filepath.Join(dir, c.name)
+		if err := os.WriteFile(p, c.data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		r := run(t, replayEnv(t), "fixtures", "replay", "--from", p)
+		if r.code != c.code || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("%s: exit %d (want %d), stderr %q (want %q)", c.name, r.code, c.code, r.stderr, c.want)
+		}
+	}
+	r := run(t, replayEnv(t), "fixtures", "replay", "--from", filepath.Join(dir, "missing.gz"))
+	if r.code != 2 {
+		t.Errorf("missing file: exit %d, %s", r.code, r.stderr)
+	}
+}
+
+func TestCaptureNeedsADatabase(t *testing.T) {
+	r := run(t, map[string]string{}, "fixtures", "capture", "--out", filepath.Join(t.TempDir(), "x.gz"))
+	if r.code != 2 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+	db := testdb.Empty(t)
+	out := filepath.Join(t.TempDir(), "x.gz")
+	r = run(t, map[string]string{}, "fixtures", "capture", "--dsn", db.DSN, "--out", out)
+	if r.code != 1 {
+		t.Fatalf("capture of an empty database: exit %d: %s", r.code, r.stderr)
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Fatalf("a refused capture left a file: %v", err)
+	}
+}
+
+// capture → replay --from, JSON and JUnit output.
+func TestCaptureThenReplay(t *testing.T) {
+	db := testdb.Baseline(t)
+	if _, err := scenario.Generate(context.Background(), db.Pool, 5); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	file := filepath.Join(dir, "state.jsonl.gz")
+	r := run(t, map[string]string{}, "--dsn", db.DSN, "fixtures", "capture", "--out", file, "--redact")
+	if r.code != 0 || !strings.Contains(r.stdout, "(redacted)") {
+		t.Fatalf("capture: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	junit := filepath.Join(dir, "junit.xml")
+	r = run(t, replayEnv(t), "--format", "json", "fixtures", "replay", "--from", file, "--junit", junit)
+	var rep struct {
+		Scenarios []scenario.Result `json:"scenarios"`
+		Failed    int               `json:"failed"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatalf("replay JSON: %v\n%s\n%s", err, r.stdout, r.stderr)
+	}
+	if len(rep.Scenarios) != len(scenario.CaptureScenarios()) {
+		t.Fatalf("replayed %d scenarios, want %d", len(rep.Scenarios), len(scenario.CaptureScenarios()))
+	}
+	if r.code != 0 || rep.Failed != 0 {
+		t.Fatalf("replay of a clean capture: exit %d, %d failed:\n%s", r.code, rep.Failed, r.stderr)
+	}
+	b, err := os.ReadFile(junit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Suites []struct {
+			Cases []struct {
+				Name string `xml:"name,attr"`
+			} `xml:"testcase"`
+		} `xml:"testsuite"`
+	}
+	if err := xml.Unmarshal(b, &doc); err != nil || len(doc.Suites) != 1 || len(doc.Suites[0].Cases) != len(rep.Scenarios) {
+		t.Fatalf("JUnit file: %v\n%s", err, b)
+	}
+}

@@ -1,0 +1,54 @@
+package upgrade_tests
+
+import (
+	"bytes"
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+)
+
+// TestCaptureReplay: the in-flight state plus a random one, captured,
+// restored into a template and replayed with every capture scenario.
+func TestCaptureReplay(t *testing.T) {
+	ctx := context.Background()
+	src := testdb.Empty(t)
+	st, err := fixtures.Lookup("inflight")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Load(ctx, src.Pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := scenario.Generate(ctx, src.Pool, 11); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, src.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var file bytes.Buffer
+	if _, err := scenario.Capture(ctx, conn, &file, scenario.CaptureOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := scenario.ReadCapture(&file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &scenario.Runner{Server: testdb.Server(t), Upgrade: upgradeFunc(),
+		Baseline: func(ctx context.Context, conn *pgx.Conn) error { return c.Restore(ctx, conn) }}
+	t.Cleanup(func() { _ = r.Close() })
+	for _, res := range r.Run(ctx, scenario.CaptureScenarios()) {
+		for _, n := range res.Notes {
+			t.Logf("%s: %s", res.Name, n)
+		}
+		if !res.Passed {
+			t.Errorf("%s failed:\n%s", res.Name, res.Error)
+		}
+	}
+}
