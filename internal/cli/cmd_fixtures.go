@@ -44,6 +44,8 @@ func (a *App) fixturesCommand() *ucli.Command {
 				ArgsUsage: "NAME",
 				Action:    a.fixturesLoad,
 			},
+			a.fixturesReplayCommand(),
+			a.fixturesCaptureCommand(),
 		},
 	}
 }
