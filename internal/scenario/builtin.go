@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -443,7 +444,7 @@ func malformed(s sabotage) func(context.Context, *Env) error {
 		// Refused for this reason: the preflight (or the migration's own
 		// guard, a RAISE), not integrity, state detection or a lock.
 		if !errors.Is(err, upgrade.ErrPreflight) && pgCode(err) != "P0001" {
-			return fmt.Errorf("apply refused a database with a %s for another reason: %w", s.what, err)
+			return fmt.Errorf("apply refused a database with a defect (%s), but for another reason: %w", s.what, err)
 		}
 		after, ferr := fingerprint.Take(ctx, db.Pool)
 		if ferr != nil {
@@ -530,13 +531,18 @@ func concurrentTraffic(ctx context.Context, env *Env) error {
 
 	applied := make(chan error, 1)
 	var applyRep *upgrade.Report
+	var applyDone atomic.Bool
 	go func() {
 		var err error
 		applyRep, err = env.Upgrade(ctx, db)
+		applyDone.Store(true)
 		applied <- err
 	}()
-	// Commit the holder once apply is queued behind it.
+	// Commit the holder once apply is queued behind it (or apply gave up).
 	holderErr := waitFor(ctx, 20*time.Second, func() (bool, error) {
+		if applyDone.Load() {
+			return true, nil
+		}
 		n, err := countRows(ctx, db, `select count(*) from pg_catalog.pg_locks l
 			where not l.granted and l.locktype = 'relation' and l.database = (select oid from pg_catalog.pg_database where datname = current_database())`)
 		return n > 0, err
