@@ -526,8 +526,7 @@ func concurrentTraffic(ctx context.Context, env *Env) error {
 		_ = holder.Rollback(ctx)
 		return err
 	}
-	trafficCtx, stopTraffic := context.WithCancel(ctx)
-	trafficDone := tr.start(trafficCtx, 4)
+	trafficDone := tr.start(ctx, 4)
 
 	applied := make(chan error, 1)
 	var applyRep *upgrade.Report
@@ -553,7 +552,7 @@ func concurrentTraffic(ctx context.Context, env *Env) error {
 	upErr := <-applied
 	// Traffic keeps going a little after the upgrade, on the new schema.
 	tr.waitOps(ctx, 8)
-	stopTraffic()
+	tr.halt()
 	<-trafficDone
 	if upErr != nil {
 		return fmt.Errorf("apply under traffic: %w", upErr)

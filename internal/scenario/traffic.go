@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,7 +16,8 @@ import (
 // traffic is application sessions calling start_flow and complete_task on
 // the legacy flow, each with lock_timeout 2s, measuring every call.
 type traffic struct {
-	db *DB
+	db   *DB
+	stop atomic.Bool // set by halt; sessions finish their call and return
 
 	mu        sync.Mutex
 	pending   []string // runs whose task a is started and not yet completed
@@ -33,7 +35,12 @@ func newTraffic(db *DB, startedTasks []string) *traffic {
 	return &traffic{db: db, pending: append([]string(nil), startedTasks...)}
 }
 
-// start runs n sessions until ctx ends; the channel closes when all stopped.
+// halt asks the sessions to stop after their current call (a call is never
+// cut off, so every call that committed is counted).
+func (t *traffic) halt() { t.stop.Store(true) }
+
+// start runs n sessions until halt (or ctx ends); the channel closes when
+// all stopped.
 func (t *traffic) start(ctx context.Context, n int) <-chan struct{} {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -64,7 +71,7 @@ func (t *traffic) session(ctx context.Context, id int) {
 		return
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	for i := 0; ctx.Err() == nil; i++ {
+	for i := 0; ctx.Err() == nil && !t.stop.Load(); i++ {
 		var run string
 		if i%2 == 1 {
 			t.mu.Lock()
