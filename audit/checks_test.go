@@ -61,6 +61,16 @@ func TestHealthyDatabasesHaveNoBlockers(t *testing.T) {
 			if len(rep.Checks) != len(audit.Catalog()) {
 				t.Fatalf("%d results for %d checks", len(rep.Checks), len(audit.Catalog()))
 			}
+			mustBeOK(t, rep, "sessions.locks_on_pgflow")
+			mustBeOK(t, rep, "sessions.long_transactions")
+			if name == "inflight" {
+				// One live 0.16.0 worker per flow; the stopped one is not counted.
+				if f := mustFire(t, rep, "workers.legacy_alive", audit.Warning); f.Count != 3 {
+					t.Fatalf("live workers: %+v", f)
+				}
+			} else {
+				mustBeOK(t, rep, "workers.legacy_alive")
+			}
 			if !rep.PGMQ.Installed || rep.ServerVersion == "" {
 				t.Fatalf("report lacks server/pgmq facts: %+v %q", rep.PGMQ, rep.ServerVersion)
 			}
