@@ -140,3 +140,26 @@ func TestApplyCommandUsage(t *testing.T) {
 		t.Errorf("status on an unreachable server: exit %d (%s)", r.code, r.stderr)
 	}
 }
+
+// Through the CLI (no named prepared statements, as through a
+// transaction-mode pooler) the Supabase CLI's table gets the revision.
+func TestApplyCommandRecordsSupabase(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.Baseline(t)
+	if _, err := db.Pool.Exec(ctx, `create schema supabase_migrations;
+		create table supabase_migrations.schema_migrations (version text primary key, statements text[], name text)`); err != nil {
+		t.Fatal(err)
+	}
+	r := runWith(t, false, "", "--dsn", db.DSN, "apply", "--yes")
+	if r.code != cli.ExitOK || !strings.Contains(r.stdout, "supabase: recorded 20261202120000") {
+		t.Fatalf("apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	var name string
+	var n int
+	if err := db.Pool.QueryRow(ctx, `select name, cardinality(statements) from supabase_migrations.schema_migrations where version = '20261202120000'`).Scan(&name, &n); err != nil {
+		t.Fatal(err)
+	}
+	if name != "pgflow_persist_queue" || n < 10 {
+		t.Fatalf("recorded %q with %d statements", name, n)
+	}
+}

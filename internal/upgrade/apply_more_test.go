@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"regexp"
 	"strings"
 	"sync"
@@ -16,9 +17,11 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
+	"github.com/pgflow-upgrade/pgflow-upgrade/preflight"
 )
 
 func TestApplyDryRunChangesNothing(t *testing.T) {
@@ -388,7 +391,7 @@ func TestLockPlanMatchesMigrationFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	re := regexp.MustCompile(`(?im)^\s*lock\s+table\s+([^;]+?)\s+in\s+([a-z ]+?)\s+mode\s*;`)
+	re := regexp.MustCompile(`(?im)^\s*lock\s+table\s+([^;]+?)\s+in\s+([a-z ]+?)\s+mode(?:\s+nowait)?\s*;`)
 	var got []upgrade.TableLock
 	for _, m := range re.FindAllStringSubmatch(all[len(all)-1].SQL, -1) {
 		for _, tbl := range strings.Split(m[1], ",") {
@@ -464,5 +467,107 @@ func TestStatusAndVerify(t *testing.T) {
 	}
 	if st.State.State != audit.StatePartial || !st.NeedsAttention() {
 		t.Fatalf("status with start_tasks back: %+v", st.State)
+	}
+}
+
+// A role that may write rows but owns nothing is refused before it takes
+// (or queues for) a single table lock.
+func TestApplyRefusesRoleWithoutOwnership(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.Baseline(t)
+	role := pgprovider.RandomName("h_upg_writer")
+	const password = "Writer-pw-5d2e"
+	for _, s := range []string{
+		fmt.Sprintf(`create role %s login password '%s'`, role, password),
+		fmt.Sprintf(`grant usage on schema pgflow, pgmq to %s`, role),
+		fmt.Sprintf(`grant select, insert, update, delete on all tables in schema pgflow to %s`, role),
+	} {
+		if _, err := db.Pool.Exec(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		_, _ = db.Pool.Exec(ctx, `drop owned by `+role)
+		if _, err := db.Pool.Exec(ctx, `drop role `+role); err != nil {
+			t.Errorf("drop role %s: %v", role, err)
+		}
+	})
+	before := fingerprint(t, db.Pool)
+	u, err := url.Parse(db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(role, password)
+	conn, err := pgx.Connect(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	rep, err := upgrade.Apply(ctx, conn, fastOpts())
+	if !errors.Is(err, upgrade.ErrPreflight) || rep.Outcome != upgrade.OutcomeRefused {
+		t.Fatalf("apply as %s: %v %s", role, err, rep.Outcome)
+	}
+	if rep.LockAttempts != 0 || len(rep.Blockers) != 1 || rep.Blockers[0].CheckID != preflight.PrivilegesCheckID {
+		t.Fatalf("lock attempts %d, blockers %+v", rep.LockAttempts, rep.Blockers)
+	}
+	assertSame(t, before, fingerprint(t, db.Pool), "refused non-owner")
+}
+
+// An application transaction holds runs, and once apply holds flows and
+// queues for runs, it asks for flows (an FK check does that). The deadlock
+// detector picks apply (it waited first); apply releases everything, backs
+// off and retries; the application's statement succeeds.
+func TestApplyBacksOffFromDeadlock(t *testing.T) {
+	ctx := context.Background()
+	db := inflightDB(t)
+	app := connect(t, db)
+	appTx, err := app.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer appTx.Rollback(ctx)
+	if _, err := appTx.Exec(ctx, `update pgflow.runs set status = status where run_id = '00000000-0000-4000-8000-000000000102'`); err != nil {
+		t.Fatal(err)
+	}
+
+	applyConn := connect(t, db)
+	pid := applyConn.PgConn().PID()
+	opts := fastOpts()
+	opts.LockTimeout = 30 * time.Second // longer than deadlock_timeout: the detector decides
+	opts.LockRetries = 3
+	done := make(chan struct{})
+	var rep *upgrade.Report
+	var applyErr error
+	go func() {
+		defer close(done)
+		rep, applyErr = upgrade.Apply(ctx, applyConn, opts)
+	}()
+
+	// Wait until apply queues for runs (holding flows, steps, deps).
+	for {
+		var waiting bool
+		if err := db.Pool.QueryRow(ctx, `select exists (select 1 from pg_locks where pid = $1 and not granted
+		        and relation = 'pgflow.runs'::regclass)`, int32(pid)).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		select {
+		case <-done:
+			t.Fatalf("apply finished without waiting for runs: %v %+v", applyErr, rep)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	// What an FK check from step_tasks to flows takes.
+	if _, err := appTx.Exec(ctx, `select 1 from pgflow.flows where flow_slug = 'etl' for key share`); err != nil {
+		t.Fatalf("the application's statement failed: %v", err)
+	}
+	if err := appTx.Commit(ctx); err != nil {
+		t.Fatalf("the application's commit failed: %v", err)
+	}
+	<-done
+	if applyErr != nil || rep.Outcome != upgrade.OutcomeApplied || rep.LockAttempts < 2 {
+		t.Fatalf("apply: %v %s after %d lock attempts", applyErr, rep.Outcome, rep.LockAttempts)
 	}
 }

@@ -185,7 +185,7 @@ type lockResult struct {
 }
 
 // lockTables takes LockPlan in order under the transaction's lock_timeout.
-// A lock_not_available error rolls back to a savepoint taken before the
+// A lock_not_available (or deadlock_detected) error rolls back to a savepoint taken before the
 // first LOCK, which releases every table this attempt had locked, so the
 // application is blocked at most one lock_timeout per attempt; then it backs
 // off with jitter and tries again, retries times at most.
@@ -204,7 +204,12 @@ func lockTables(ctx context.Context, tx pgx.Tx, timeout time.Duration, retries i
 			// Identifiers and modes are constants of LockPlan.
 			if _, err := tx.Exec(ctx, `lock table pgflow.`+l.Table+` in `+l.Mode+` mode`); err != nil {
 				var pgErr *pgconn.PgError
-				if errors.As(err, &pgErr) && pgErr.Code == "55P03" {
+				// 55P03: lock_timeout. 40P01: an application transaction
+				// that holds a later table and now wants one we hold (e.g.
+				// complete_task holds runs, then its step_tasks insert
+				// checks the flows FK); we waited first, so the deadlock
+				// detector picks us, and we back off like on a timeout.
+				if errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "40P01") {
 					failed, lockErr, mode = l.Table, err, l.Mode
 					break
 				}
