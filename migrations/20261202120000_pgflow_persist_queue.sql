@@ -90,15 +90,35 @@ $guard$;
 -- ---------------------------------------------------------------------------
 -- 2. Locks, in the documented order (flows -> steps -> deps -> runs ->
 --    step_states -> step_tasks -> workers). `apply` has taken exactly these
---    already (so these are no-ops there); run by hand, they make the checks
---    below exact and stop writers for the rest of the transaction.
+--    already, so here they are granted at once. Run by hand, they make the
+--    checks below exact and stop writers for the rest of the transaction.
 --    flows and step_tasks are altered, which needs ACCESS EXCLUSIVE anyway;
---    the others only need writes stopped, so readers keep going.
+--    the others only need writes stopped (EXCLUSIVE), so readers keep going.
+--    NOWAIT, retried with backoff while holding none of them: application
+--    transactions take these tables in other orders too (complete_task holds
+--    a run, then its insert into step_tasks checks the flows FK), so waiting
+--    for one lock while holding another could deadlock, and a queued
+--    ACCESS EXCLUSIVE request would stall all traffic behind it.
 -- ---------------------------------------------------------------------------
-lock table pgflow.flows in access exclusive mode;
-lock table pgflow.steps, pgflow.deps, pgflow.runs, pgflow.step_states in exclusive mode;
-lock table pgflow.step_tasks in access exclusive mode;
-lock table pgflow.workers in exclusive mode;
+do $locks$
+begin
+  for attempt in 1 .. 40 loop
+    begin
+      lock table pgflow.flows in access exclusive mode nowait;
+      lock table pgflow.steps, pgflow.deps, pgflow.runs, pgflow.step_states in exclusive mode nowait;
+      lock table pgflow.step_tasks in access exclusive mode nowait;
+      lock table pgflow.workers in exclusive mode nowait;
+      return;
+    exception when lock_not_available then
+      -- The failed sub-block releases what it had locked; back off, then retry.
+      perform pg_catalog.pg_sleep(least(0.05 * attempt, 1.0) * (0.5 + pg_catalog.random()));
+    end;
+  end loop;
+  raise exception 'pgflow_persist_queue: could not lock the pgflow tables (busy for about 30 s)'
+    using errcode = 'lock_not_available',
+          hint = 'Use `pgflow-upgrade apply` (bounded retries, reports who blocks), or run this in a quieter moment.';
+end
+$locks$;
 
 -- ---------------------------------------------------------------------------
 -- 3. Guard: data that the new constraints would reject, with a clear message

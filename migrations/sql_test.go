@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -705,5 +706,57 @@ func TestPruneAndDeleteUseListedQueues(t *testing.T) {
 	exec(t, db.Pool, `select pgflow.delete_flow_and_data('p')`)
 	if n := scalar[int](t, db.Pool, `select count(*)::int from pgflow.runs`); n != 0 {
 		t.Errorf("delete_flow_and_data left %d runs", n)
+	}
+}
+
+// Run by hand, the file never waits for one table while holding another: an
+// application transaction that holds a run and then needs flows (as
+// complete_task does through the step_tasks FK) is not deadlocked, and the
+// migration goes through once it commits.
+func TestMigrationLocksNeverDeadlock(t *testing.T) {
+	db := testdb.Baseline(t)
+	ctx := context.Background()
+	exec(t, db.Pool, `select pgflow.create_flow('f')`)
+	exec(t, db.Pool, `select pgflow.add_step('f', 'a')`)
+	run := startFlow(t, db.Pool, "f", `{}`)
+
+	app, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Rollback(ctx)
+	exec(t, app, `select 1 from pgflow.runs where run_id = $1::uuid for update`, run)
+	appPID := scalar[int](t, app, `select pg_backend_pid()`)
+
+	migrated := make(chan error, 1)
+	go func() { migrated <- tryMigration(db.Pool) }()
+	// Signal, not time: wait until the migration is held up by the run
+	// (backing off in pg_sleep, or queued for a lock).
+	for {
+		n := scalar[int](t, db.Pool, `select count(*)::int from pg_stat_activity
+			where datname = current_database() and pid <> $1
+			  and (wait_event = 'PgSleep' or wait_event_type = 'Lock')`, appPID)
+		if n > 0 {
+			break
+		}
+		select {
+		case err := <-migrated:
+			t.Fatalf("migration finished while the run was held: %v", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	// The application now needs flows: with a migration holding flows while
+	// waiting for runs this would deadlock.
+	if _, err := app.Exec(ctx, `select 1 from pgflow.flows where flow_slug = 'f' for key share`); err != nil {
+		t.Fatalf("application blocked out by the migration: %v", err)
+	}
+	if err := app.Commit(ctx); err != nil {
+		t.Fatalf("application commit: %v", err)
+	}
+	if err := <-migrated; err != nil {
+		t.Fatalf("migration after the application committed: %v", err)
+	}
+	if v := scalar[int](t, db.Pool, `select pgflow.queue_protocol_version()`); v != 2 {
+		t.Errorf("queue_protocol_version() = %d", v)
 	}
 }
