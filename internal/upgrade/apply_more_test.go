@@ -571,3 +571,43 @@ func TestApplyBacksOffFromDeadlock(t *testing.T) {
 		t.Fatalf("apply: %v %s after %d lock attempts", applyErr, rep.Outcome, rep.LockAttempts)
 	}
 }
+
+// Ctrl-C in the middle of the migration: rolled back, reported as interrupted.
+func TestApplyInterrupted(t *testing.T) {
+	db := inflightDB(t)
+	before := fingerprint(t, db.Pool)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	opts := fastOpts()
+	opts.Hooks.BeforeStatement = func(_ context.Context, _ uint32, _ migrations.Migration, index int, _ string) error {
+		if index == 8 {
+			cancel()
+		}
+		return nil
+	}
+	rep, err := upgrade.Apply(ctx, connect(t, db), opts)
+	if !errors.Is(err, context.Canceled) || rep.Outcome != upgrade.OutcomeInterrupted {
+		t.Fatalf("interrupted apply: %v %s", err, rep.Outcome)
+	}
+	assertSame(t, before, fingerprint(t, db.Pool), "interrupted apply")
+}
+
+// A preflight check that runs out of its time: nothing changed, inconclusive.
+func TestApplyPreflightInconclusive(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.Baseline(t)
+	before := fingerprint(t, db.Pool)
+	opts := fastOpts()
+	opts.Preflight = audit.Options{CheckTimeout: 50 * time.Millisecond, Extra: []audit.Check{{
+		ID: "test.slow", Title: "slower than its budget", Severity: audit.Blocker, Preflight: true,
+		Run: func(ctx context.Context, q audit.Querier, env audit.Env) ([]audit.Finding, error) {
+			_, err := q.Exec(ctx, `select pg_sleep(5)`)
+			return nil, err
+		},
+	}}}
+	rep, err := upgrade.Apply(ctx, connect(t, db), opts)
+	if !errors.Is(err, upgrade.ErrInconclusive) || rep.Outcome != upgrade.OutcomeInconclusive {
+		t.Fatalf("apply with a slow preflight check: %v %s", err, rep.Outcome)
+	}
+	assertSame(t, before, fingerprint(t, db.Pool), "inconclusive preflight")
+}
