@@ -244,37 +244,6 @@ create type pgflow.claim_result as (
   reason      text     -- fatal only: 'no_task' | 'wrong_route' | 'wrong_work'
 );
 
--- The handler's input of a task: the element task_index of the array it maps
--- over (a root map maps the flow input, a dependent map its one parent's
--- output), {dep_slug: output} of a step with parents, or the flow input of a
--- root single step.
-create function pgflow._task_input(p_run_id uuid, p_step_slug text, p_task_index integer, p_flow_input jsonb)
-returns jsonb
-language sql
-stable
-set search_path = ''
-as $$
-  with parents as (
-    select d.dep_slug, ds.output, ds.status
-    from pgflow.runs r
-    join pgflow.deps d on d.flow_slug = r.flow_slug and d.step_slug = p_step_slug
-    join pgflow.step_states ds on ds.run_id = r.run_id and ds.step_slug = d.dep_slug
-    where r.run_id = p_run_id
-  )
-  select case
-    when s.step_type = 'map' then
-      (case when exists (select 1 from parents) then (select p.output from parents p limit 1)
-            else p_flow_input end) -> p_task_index
-    when exists (select 1 from parents) then  -- completed parents only, as 0.16.0's start_tasks
-      (select coalesce(pg_catalog.jsonb_object_agg(p.dep_slug, p.output), '{}'::jsonb)
-       from parents p where p.status = 'completed')
-    else p_flow_input
-  end
-  from pgflow.runs r
-  join pgflow.steps s on s.flow_slug = r.flow_slug and s.step_slug = p_step_slug
-  where r.run_id = p_run_id
-$$;
-
 -- Reads a batch from one queue and claims the tasks its messages address.
 --
 --   1. read through pgmq.read / pgmq.read_with_poll (nothing else touches pgmq
@@ -406,9 +375,24 @@ begin
     returning t.*, r.input as flow_input
   )
   select 'claimed', c.queue_name, c.message_id, c.flow_slug, c.run_id, c.step_slug, c.task_index,
-         c.attempts_count, pgflow._task_input(c.run_id, c.step_slug, c.task_index, c.flow_input),
+         c.attempts_count,
+         -- The handler's input, as 0.16.0's start_tasks built it (a root
+         -- single step gets the flow input itself).
+         case
+           when s.step_type = 'map' and s.deps_count = 0 then c.flow_input -> c.task_index
+           when s.step_type = 'map' then
+             (select p.output -> c.task_index from pgflow.deps d
+              join pgflow.step_states p on p.run_id = c.run_id and p.step_slug = d.dep_slug
+              where d.flow_slug = c.flow_slug and d.step_slug = c.step_slug limit 1)
+           when s.deps_count = 0 then c.flow_input
+           else
+             (select coalesce(jsonb_object_agg(d.dep_slug, p.output), '{}'::jsonb) from pgflow.deps d
+              join pgflow.step_states p on p.run_id = c.run_id and p.step_slug = d.dep_slug
+              where d.flow_slug = c.flow_slug and d.step_slug = c.step_slug and p.status = 'completed')
+         end,
          c.flow_input, null::text
   from claimed c
+  join pgflow.steps s on s.flow_slug = c.flow_slug and s.step_slug = c.step_slug
   order by c.message_id;
 end;
 $$;
