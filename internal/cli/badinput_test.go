@@ -136,8 +136,8 @@ func sameState(t *testing.T, before, after, what string) {
 	t.Fatalf("%s: the database changed:\n%s", what, strings.Join(d, "\n"))
 }
 
-// exec runs statements on db, failing the test on an error.
-func exec(t *testing.T, db *testdb.DB, stmts ...string) {
+// sqlExec runs statements on db, failing the test on an error.
+func sqlExec(t *testing.T, db *testdb.DB, stmts ...string) {
 	t.Helper()
 	for _, s := range stmts {
 		if _, err := db.Pool.Exec(context.Background(), s); err != nil {
@@ -151,7 +151,7 @@ func exec(t *testing.T, db *testdb.DB, stmts ...string) {
 func legacyDB(t *testing.T) *testdb.DB {
 	t.Helper()
 	db := testdb.Baseline(t)
-	exec(t, db,
+	sqlExec(t, db,
 		`select pgflow.create_flow('legacy')`,
 		`select pgflow.add_step('legacy', 'a')`,
 		`select pgflow.start_flow('legacy', '{"i": 0}'::jsonb)`)
@@ -203,7 +203,7 @@ func noDB(dsn string) func(t *testing.T) (*testdb.DB, string) {
 func sabotaged(stmts ...string) func(t *testing.T) (*testdb.DB, string) {
 	return onDB(func(t *testing.T) *testdb.DB {
 		db := legacyDB(t)
-		exec(t, db, stmts...)
+		sqlExec(t, db, stmts...)
 		return db
 	})
 }
@@ -223,7 +223,7 @@ func badInputs() []badInput {
 		{name: "role may not log in (auth failure on trust servers)", setup: func(t *testing.T) (*testdb.DB, string) {
 			db := legacyDB(t)
 			role := pgprovider.RandomName("h_nologin")
-			exec(t, db, `create role `+role+` nologin password 'x'`)
+			sqlExec(t, db, `create role `+role+` nologin password 'x'`)
 			t.Cleanup(func() { dropRole(t, role) })
 			u, _ := url.Parse(db.DSN)
 			u.User = url.UserPassword(role, secretPassword)
@@ -243,7 +243,7 @@ func badInputs() []badInput {
 			todo: []string{"nothing to do"}},
 		{name: "newer unknown schema", setup: onDB(func(t *testing.T) *testdb.DB {
 			db := upgradedDB(t)
-			exec(t, db, `insert into pgflow.schema_revisions (version, name) values ('29991231000000', 'from_the_future')`)
+			sqlExec(t, db, `insert into pgflow.schema_revisions (version, name) values ('29991231000000', 'from_the_future')`)
 			return db
 		}), args: []string{"apply", "--yes"}, code: cli.ExitFindings,
 			want: []string{"29991231000000"},
@@ -251,7 +251,7 @@ func badInputs() []badInput {
 			gap:  "apply reports \"already upgraded\" (exit 0) on a database with a revision it does not know (internal/upgrade/apply.go, state switch)"},
 		{name: "pgflow without pgmq", setup: onDB(func(t *testing.T) *testdb.DB {
 			db := testdb.Baseline(t)
-			exec(t, db, dropPGMQ)
+			sqlExec(t, db, dropPGMQ)
 			return db
 		}), args: []string{"apply", "--yes"}, code: cli.ExitFindings,
 			want: []string{"pgmq"},
@@ -335,7 +335,12 @@ func captureFiles(t *testing.T) (damaged, good string) {
 // replayDatabases lists the throwaway databases of replays on the server.
 func replayDatabases(t *testing.T) []string {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), testdb.Server(t).AdminDSN())
+	return replayDatabasesOn(t, testdb.Server(t).AdminDSN())
+}
+
+func replayDatabasesOn(t *testing.T, adminDSN string) []string {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), adminDSN)
 	if err != nil {
 		t.Fatal(err)
 	}

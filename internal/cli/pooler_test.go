@@ -293,7 +293,7 @@ func TestPoolerConcurrentApplies(t *testing.T) {
 func TestPoolerApplySingleTransaction(t *testing.T) {
 	b := pooled(t)
 	db := legacyDB(t)
-	exec(t, db, `select pgflow.create_flow('Legacy')`)
+	sqlExec(t, db, `select pgflow.create_flow('Legacy')`)
 	before := dbState(t, db.Pool)
 	r := run(t, nil, "--dsn", viaBouncer(t, b, db, "simple_protocol"), "apply", "--yes")
 	if r.code != cli.ExitFindings || !strings.Contains(r.stdout, "flows.case_alias") {
@@ -301,7 +301,7 @@ func TestPoolerApplySingleTransaction(t *testing.T) {
 	}
 	sameState(t, before, dbState(t, db.Pool), "refused apply through the pooler")
 
-	exec(t, db, `delete from pgflow.flows where flow_slug = 'Legacy'`)
+	sqlExec(t, db, `delete from pgflow.flows where flow_slug = 'Legacy'`)
 	before = dbState(t, db.Pool)
 	r = run(t, nil, "--dsn", viaBouncer(t, b, db, "simple_protocol"), "apply", "--yes", "--dry-run")
 	if r.code != cli.ExitOK || !strings.Contains(r.stdout, "dry_run") {

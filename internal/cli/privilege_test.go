@@ -26,7 +26,7 @@ func roleOn(t *testing.T, db *testdb.DB, grants string) (role, dsnValue string) 
 	t.Helper()
 	role = pgprovider.RandomName("h_role")
 	ident := pgx.Identifier{role}.Sanitize()
-	exec(t, db, "create role "+ident+" login")
+	sqlExec(t, db, "create role "+ident+" login")
 	t.Cleanup(func() {
 		// Its privileges first (they are recorded in this database), then the role.
 		if _, err := db.Pool.Exec(context.Background(), "drop owned by "+ident); err != nil {
@@ -35,7 +35,7 @@ func roleOn(t *testing.T, db *testdb.DB, grants string) (role, dsnValue string) 
 		dropRole(t, role)
 	})
 	if grants != "" {
-		exec(t, db, strings.ReplaceAll(grants, "%[1]s", ident))
+		sqlExec(t, db, strings.ReplaceAll(grants, "%[1]s", ident))
 	}
 	u, err := url.Parse(db.DSN)
 	if err != nil {
@@ -81,7 +81,7 @@ func TestAuditWithReadOnlyRole(t *testing.T) {
 	sameState(t, before, dbState(t, db.Pool), "audit with a read-only role")
 
 	// With blockers present the read-only role sees them as the owner does.
-	exec(t, db, `select pgmq.send('legacy', '{"hello": "not a pgflow task"}'::jsonb)`, `select pgflow.create_flow('Legacy')`)
+	sqlExec(t, db, `select pgmq.send('legacy', '{"hello": "not a pgflow task"}'::jsonb)`, `select pgflow.create_flow('Legacy')`)
 	r = run(t, nil, "--dsn", dsnValue, "audit")
 	if r.code != cli.ExitFindings || !strings.Contains(r.stdout, "queue.orphan_message") || !strings.Contains(r.stdout, "flows.case_alias") {
 		t.Fatalf("audit of blockers with the read-only role: exit %d\n%s%s", r.code, r.stdout, r.stderr)
