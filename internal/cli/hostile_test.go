@@ -1,0 +1,242 @@
+package cli_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+)
+
+// Hostile identifiers: slugs are limited by pgflow.is_valid_slug to
+// [A-Za-z_][A-Za-z0-9_]*, 1..128 characters (and not "run"), and a flow's
+// queue name (its slug) by pgmq to 47 characters. Within those limits every
+// spelling must go through audit, apply, status and verify: mixed case
+// (pgmq's table is q_<lower(slug)>), SQL reserved words, underscores, digits,
+// the longest lengths. Values (run inputs) and command arguments carry
+// quotes and SQL fragments. The generator is seeded; a failure names its seed.
+
+var reservedWords = []string{"select", "order", "user", "table", "from", "where", "group", "limit", "default", "null", "true", "end", "desc", "all", "Select", "ORDER", "uSeR"}
+
+// hostileSlug returns a valid slug of at most maxLen characters; with
+// exact > 0, exactly that long.
+func hostileSlug(r *rand.Rand, maxLen, exact int) string {
+	const first = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_"
+	const rest = first + "0123456789"
+	var b strings.Builder
+	if exact == 0 && r.IntN(3) == 0 {
+		w := reservedWords[r.IntN(len(reservedWords))]
+		if r.IntN(2) == 0 {
+			return w // the bare word
+		}
+		b.WriteString(w)
+	} else {
+		b.WriteByte(first[r.IntN(len(first))])
+	}
+	n := exact
+	if n == 0 {
+		n = b.Len() + r.IntN(12)
+	}
+	for b.Len() < n {
+		b.WriteByte(rest[r.IntN(len(rest))])
+	}
+	s := b.String()
+	if len(s) > maxLen {
+		s = s[:maxLen]
+	}
+	if s == "run" {
+		s = "run_"
+	}
+	return s
+}
+
+const hostileInput = `{"note": "it's \"quoted\"; drop table pgflow.flows; --", "Ünïcødé": "x', 'y", "$1": "select"}`
+
+// hostileState builds flows with hostile slugs (distinct case-insensitively)
+// on db, each with two steps and a started run. It returns the flow slugs.
+func hostileState(t *testing.T, db *testdb.DB, seed uint64) []string {
+	t.Helper()
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	ctx := context.Background()
+	seen := map[string]bool{}
+	var flows []string
+	for i := 0; len(flows) < 4; i++ {
+		exact := 0
+		switch i {
+		case 0:
+			exact = 47 // the longest queue name pgmq accepts
+		case 1:
+			exact = 1
+		}
+		slug := hostileSlug(r, 47, exact)
+		if seen[strings.ToLower(slug)] {
+			continue
+		}
+		seen[strings.ToLower(slug)] = true
+		s1 := hostileSlug(r, 128, 128) // the longest step slug
+		s2 := hostileSlug(r, 128, 0)
+		if s2 == s1 {
+			s2 += "_2"
+		}
+		for _, q := range []struct {
+			sql  string
+			args []any
+		}{
+			{`select pgflow.create_flow($1)`, []any{slug}},
+			{`select pgflow.add_step($1, $2)`, []any{slug, s1}},
+			{`select pgflow.add_step($1, $2, array[$3])`, []any{slug, s2, s1}},
+			{`select count(*) from pgflow.start_flow($1, $2::jsonb)`, []any{slug, hostileInput}},
+		} {
+			if _, err := db.Pool.Exec(ctx, q.sql, q.args...); err != nil {
+				t.Fatalf("seed %d: %s %q: %v", seed, q.sql, q.args, err)
+			}
+		}
+		flows = append(flows, slug)
+	}
+	return flows
+}
+
+func TestHostileIdentifiersThroughEveryCommand(t *testing.T) {
+	for seed := uint64(1); seed <= 6; seed++ {
+		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
+			db := testdb.Baseline(t)
+			flows := hostileState(t, db, seed)
+			t.Logf("flows: %q", flows)
+			dsnValue := withPassword(t, db.DSN)
+
+			r := run(t, nil, "--dsn", dsnValue, "--format", "json", "audit")
+			var doc privilegeDoc
+			if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil {
+				t.Fatalf("audit: exit %d, no JSON: %v\n%s%s", r.code, err, r.stdout, r.stderr)
+			}
+			for _, c := range doc.Checks {
+				if c.Status == "error" || c.Status == "inconclusive" {
+					t.Errorf("audit check %s: %s %s", c.ID, c.Status, c.Error)
+				}
+			}
+			if doc.Summary.Blockers != 0 {
+				t.Errorf("audit found %d blockers in a valid database:\n%s", doc.Summary.Blockers, r.stdout)
+			}
+			if r.code != cli.ExitOK {
+				t.Fatalf("audit: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+			}
+			for _, args := range [][]string{{"apply", "--yes"}, {"status"}, {"verify"}, {"apply", "--yes"}} {
+				r := run(t, nil, append([]string{"--dsn", dsnValue}, args...)...)
+				if r.code != cli.ExitOK || strings.Contains(r.stdout+r.stderr, secretPassword) {
+					t.Fatalf("%v: exit %d\n%s%s", args, r.code, r.stdout, r.stderr)
+				}
+			}
+			// The naming rule held for every spelling: queue = slug, for
+			// flows and for their tasks; and every queue is still pgmq's.
+			var bad int
+			if err := db.Pool.QueryRow(context.Background(), `
+				select (select count(*) from pgflow.flows where queue_name is distinct from flow_slug)
+				     + (select count(*) from pgflow.step_tasks where queue_name is distinct from flow_slug)
+				     + (select count(*) from pgflow.flows f where not exists (select 1 from pgmq.list_queues() q where q.queue_name = f.queue_name))`).Scan(&bad); err != nil || bad != 0 {
+				t.Fatalf("%d rows break the naming rule (%v)", bad, err)
+			}
+			// The audit of the upgraded database still runs every check.
+			if r := run(t, nil, "--dsn", dsnValue, "audit"); r.code != cli.ExitOK {
+				t.Fatalf("audit after apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+			}
+		})
+	}
+}
+
+// TestHostileCaseAliasesAndLengths: the edges that must be refused are,
+// with the offending names spelled exactly: case-only aliases with reserved
+// words, and a flow row whose 128-character slug can have no pgmq queue (pgmq
+// stops at 47, and the would-be table name q_<slug> is past Postgres's 63
+// byte identifier limit, where a lookup that does not check the length
+// would silently match a truncated name).
+func TestHostileCaseAliasesAndLengths(t *testing.T) {
+	db := testdb.Baseline(t)
+	long := strings.Repeat("Order_", 22)[:128]
+	sqlExec(t, db,
+		`select pgflow.create_flow('select')`, `select pgflow.add_step('select', 'from')`,
+		`select pgflow.create_flow('SELECT')`, `select pgflow.add_step('SELECT', 'from')`,
+		// The engine would refuse this flow (no queue can exist for it); it
+		// is inserted directly, as a hand-edited database might hold it.
+		`insert into pgflow.flows (flow_slug) values ('`+long+`')`)
+	before := dbState(t, db.Pool)
+	r := run(t, nil, "--dsn", db.DSN, "--format", "json", "audit", "--sample", "10")
+	if r.code != cli.ExitFindings {
+		t.Fatalf("audit: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	for _, want := range []string{"flows.case_alias", `"SELECT, select"`, "pgmq.flow_queue_missing", long} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("the audit does not name %q:\n%s", want, r.stdout)
+		}
+	}
+	r = run(t, nil, "--dsn", db.DSN, "apply", "--yes")
+	if r.code != cli.ExitFindings || !strings.Contains(r.stdout, "flows.case_alias") || !strings.Contains(r.stdout, "pgmq.flow_queue_missing") {
+		t.Fatalf("apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	sameState(t, before, dbState(t, db.Pool), "refused apply with hostile names")
+}
+
+// TestHostileArguments: SQL fragments, quotes and spaces in arguments are
+// names that do not exist, never SQL: a usage error, the database unchanged.
+func TestHostileArguments(t *testing.T) {
+	db := legacyDB(t)
+	before := dbState(t, db.Pool)
+	for _, args := range [][]string{
+		{"audit", "--check", "schema.state'; drop table pgflow.flows; --"},
+		{"audit", "--check", `"schema.state"`},
+		{"audit", "--check", "schema.state --check x"},
+		{"audit", "--check", "SCHEMA.STATE"},
+		{"fixtures", "replay", "clean-upgrade'; drop database postgres; --"},
+		{"fixtures", "load", "baseline' or '1'='1"},
+	} {
+		r := run(t, map[string]string{"PGFLOW_UPGRADE_NO_DOCKER": "1"}, append([]string{"--dsn", db.DSN}, args...)...)
+		if r.code != cli.ExitUsage || r.stderr == "" {
+			t.Errorf("%q: exit %d, want %d with a message\n%s%s", args, r.code, cli.ExitUsage, r.stdout, r.stderr)
+		}
+	}
+	sameState(t, before, dbState(t, db.Pool), "hostile arguments")
+}
+
+// TestHostileDatabaseName: a database whose name has quotes, a space and a
+// SQL fragment is loaded, audited, upgraded and verified by name.
+func TestHostileDatabaseName(t *testing.T) {
+	srv := testdb.Server(t)
+	ctx := context.Background()
+	name := pgprovider.RandomName(`h_we"ird db'; select 1; --`)
+	if err := srv.CreateDatabase(ctx, name, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := srv.DropDatabase(context.Background(), name); err != nil {
+			t.Error(err)
+		}
+	})
+	u, err := url.Parse(srv.DSNFor("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	dsnValue := u.String()
+	for _, args := range [][]string{{"fixtures", "load", "baseline"}, {"audit"}, {"apply", "--yes"}, {"status"}, {"verify"}} {
+		r := run(t, nil, append([]string{"--dsn", dsnValue}, args...)...)
+		if r.code != cli.ExitOK {
+			t.Fatalf("%v on database %q: exit %d\n%s%s", args, name, r.code, r.stdout, r.stderr)
+		}
+	}
+	conn, err := pgx.Connect(ctx, dsnValue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var db string
+	if err := conn.QueryRow(ctx, `select current_database()`).Scan(&db); err != nil || db != name {
+		t.Fatalf("connected to %q (%v), want %q", db, err, name)
+	}
+}
