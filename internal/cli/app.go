@@ -56,6 +56,8 @@ func (a *App) Run(ctx context.Context, args []string) int {
 // reportedError marks an error whose details the command already printed.
 type reportedError struct{ error }
 
+func (r reportedError) Unwrap() error { return r.error } // keeps the ExitError inside reachable
+
 func isReported(err error) bool {
 	var r reportedError
 	return errors.As(err, &r)
