@@ -256,8 +256,11 @@ create type pgflow.claim_result as (
 --      fatal rows, claim nothing, make the valid messages visible again; the
 --      fatal ones stay invisible for visibility_timeout.
 --   3. lock parents first: runs by run_id, step states by (run_id, step_index)
---      (FOR SHARE: claiming changes neither, they only must not change under
---      us, and concurrent claimers of one run share them), then tasks by
+--      (FOR KEY SHARE: claiming changes neither, they only must not be
+--      deleted under us; it is compatible with the FOR NO KEY UPDATE that
+--      complete_task/fail_task take, so claims never wait for or skip a run
+--      whose tasks are completing, and the guarded UPDATE below re-checks
+--      their status), then tasks by
 --      (run_id, step_index, task_index) FOR UPDATE. All SKIP LOCKED, because
 --      we already hold the batch's message rows (read locked them): waiting
 --      here while complete_task/fail_task hold a run and wait for one of
@@ -321,7 +324,7 @@ begin
     select r.run_id from pgflow.runs r
     where r.run_id in (select b.run_id from unnest(v_batch) b)
     order by r.run_id
-    for share skip locked);
+    for key share skip locked);
 
   select coalesce(array_agg(l.run_id), '{}'), coalesce(array_agg(l.step_slug), '{}')
   into v_state_runs, v_state_steps
@@ -331,7 +334,7 @@ begin
         where (ss.run_id, ss.step_slug) in (select b.run_id, b.step_slug from unnest(v_batch) b
                                             where b.run_id = any(v_runs))
         order by ss.run_id, s.step_index
-        for share of ss skip locked) l;
+        for key share of ss skip locked) l;
 
   v_locked := array(
     select t.message_id
@@ -577,6 +580,117 @@ begin
 end;
 $$;
 
+-- complete_task: the 0.16.0 body, with its parent locks taken as FOR NO KEY
+-- UPDATE instead of FOR UPDATE. It never changes a key, and the weaker lock
+-- does not conflict with claim_tasks' FOR KEY SHARE, so claims of a run go on
+-- while its tasks complete instead of skipping the run and re-reading the
+-- same messages. Replacing it also makes every session compile it afresh
+-- against the new step_tasks row type.
+create or replace function pgflow.complete_task(run_id uuid, step_slug text, task_index int, output jsonb)
+returns setof pgflow.step_tasks
+language plpgsql
+volatile
+set search_path = ''
+as $$
+declare
+  v_run pgflow.runs;
+  v_state pgflow.step_states;
+  v_task pgflow.step_tasks;
+  v_step pgflow.steps;
+  v_step_output jsonb;
+begin
+  select r.* into v_run from pgflow.runs r where r.run_id = complete_task.run_id for no key update;
+  if not found then
+    return;
+  end if;
+
+  select ss.* into v_state from pgflow.step_states ss
+  where ss.run_id = complete_task.run_id and ss.step_slug = complete_task.step_slug
+  for no key update;
+
+  select st.* into v_task from pgflow.step_tasks st
+  where st.run_id = complete_task.run_id and st.step_slug = complete_task.step_slug
+    and st.task_index = complete_task.task_index
+  for no key update;
+  if not found then
+    return;
+  end if;
+
+  -- A failed (or finished) run: no-op.
+  if v_run.status <> 'started' then
+    return next v_task;
+    return;
+  end if;
+
+  -- Step no longer running (skipped, failed): only the message goes.
+  -- Same for a late call on a task that already finished.
+  if v_state.status <> 'started' or v_task.status in ('completed', 'failed') then
+    perform pgflow._archive_task_message(complete_task.run_id, complete_task.step_slug, complete_task.task_index);
+    return next v_task;
+    return;
+  end if;
+
+  -- A queued task (requeued as stalled, or waiting for a retry) is not the
+  -- caller's any more; its message must stay for the next claim.
+  if v_task.status <> 'started' then
+    return next v_task;
+    return;
+  end if;
+
+  select s.* into v_step from pgflow.steps s
+  where s.flow_slug = v_task.flow_slug and s.step_slug = complete_task.step_slug;
+
+  -- A single step feeding a map must return an array.
+  if v_step.step_type = 'single'
+     and jsonb_typeof(complete_task.output) is distinct from 'array'
+     and exists (select 1 from pgflow.deps d
+                 join pgflow.steps c on c.flow_slug = d.flow_slug and c.step_slug = d.step_slug
+                 where d.flow_slug = v_task.flow_slug and d.dep_slug = complete_task.step_slug
+                   and c.step_type = 'map') then
+    update pgflow.step_tasks st
+    set status = 'failed', failed_at = now(),
+        error_message = format('step %s feeds a map step and must return an array, got %s',
+                               complete_task.step_slug, coalesce(jsonb_typeof(complete_task.output), 'null'))
+    where st.run_id = complete_task.run_id and st.step_slug = complete_task.step_slug
+      and st.task_index = complete_task.task_index
+    returning st.* into v_task;
+    perform pgflow._archive_task_message(complete_task.run_id, complete_task.step_slug, complete_task.task_index);
+    perform pgflow._fail_run(complete_task.run_id, complete_task.step_slug, v_task.error_message);
+    return next v_task;
+    return;
+  end if;
+
+  update pgflow.step_tasks st
+  set status = 'completed', completed_at = now(), output = complete_task.output
+  where st.run_id = complete_task.run_id and st.step_slug = complete_task.step_slug
+    and st.task_index = complete_task.task_index
+  returning st.* into v_task;
+
+  update pgflow.step_states ss
+  set remaining_tasks = ss.remaining_tasks - 1
+  where ss.run_id = complete_task.run_id and ss.step_slug = complete_task.step_slug
+  returning ss.* into v_state;
+
+  if v_state.remaining_tasks = 0 then
+    if v_step.step_type = 'map' then
+      select coalesce(jsonb_agg(st.output order by st.task_index), '[]'::jsonb) into v_step_output
+      from pgflow.step_tasks st
+      where st.run_id = complete_task.run_id and st.step_slug = complete_task.step_slug;
+    else
+      v_step_output := complete_task.output;
+    end if;
+    perform pgflow._complete_step(complete_task.run_id, complete_task.step_slug, v_step_output);
+  end if;
+
+  perform pgflow._cascade(complete_task.run_id);
+  perform pgflow._archive_task_message(complete_task.run_id, complete_task.step_slug, complete_task.task_index);
+  perform pgflow.start_ready_steps(complete_task.run_id);
+  perform pgflow.maybe_complete_run(complete_task.run_id);
+
+  return next v_task;
+end;
+$$;
+
 -- As in 0.16.0; the retry's delay is set on the message in the task's queue.
 create or replace function pgflow.fail_task(run_id uuid, step_slug text, task_index int, error_message text)
 returns setof pgflow.step_tasks
@@ -594,19 +708,19 @@ declare
   v_delay int;
 begin
   -- Parents first: run, step state, task.
-  select r.* into v_run from pgflow.runs r where r.run_id = fail_task.run_id for update;
+  select r.* into v_run from pgflow.runs r where r.run_id = fail_task.run_id for no key update;
   if not found then
     return;
   end if;
 
   select ss.* into v_state from pgflow.step_states ss
   where ss.run_id = fail_task.run_id and ss.step_slug = fail_task.step_slug
-  for update;
+  for no key update;
 
   select st.* into v_task from pgflow.step_tasks st
   where st.run_id = fail_task.run_id and st.step_slug = fail_task.step_slug
     and st.task_index = fail_task.task_index
-  for update;
+  for no key update;
   if not found then
     return;
   end if;
