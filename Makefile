@@ -37,12 +37,14 @@ lint: ## gofmt check and go vet
 	$(GO) vet $(PKGS)
 
 .PHONY: demo
-demo: setup ## the main job on the embedded default: load the in-flight 0.16.0 state into an ephemeral cluster
-	$(GO) run ./cmd/pgflow-upgrade fixtures load inflight
+demo: setup ## the main job on the embedded default: replay every upgrade scenario on an ephemeral cluster
+	$(GO) run ./cmd/pgflow-upgrade fixtures replay
 
 .PHONY: bench
-bench: setup ## run the benchmarks (see BENCHMARKS.md)
-	@echo "no benchmarks yet"
+BENCH_SIZES ?= 1000000,5000000
+BENCH_REPEAT ?= 3
+bench: setup ## run the benchmarks (see BENCHMARKS.md); BENCH_SIZES, BENCH_REPEAT, PGFLOW_UPGRADE_BENCH_DSN
+	$(GO) run ./bench/cmd/pgflow-bench -sizes $(BENCH_SIZES) -repeat $(BENCH_REPEAT)
 
 .PHONY: atlas-sum
 atlas-sum: ## recompute migrations/atlas.sum (only after the migration was reviewed)
