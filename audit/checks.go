@@ -277,8 +277,12 @@ func checkPGMQInstalled(ctx context.Context, q Querier, env Env) ([]Finding, err
 		return []Finding{c.finding(1, false, "pgmq is not installed (no schema pgmq)", nil)}, nil
 	}
 	var missing []string
+	// From pg_proc rather than to_regprocedure, which needs USAGE on the schema.
 	if err := q.QueryRow(ctx, `select coalesce(pg_catalog.array_agg(f order by f), '{}')
-		from pg_catalog.unnest($1::text[]) f where pg_catalog.to_regprocedure(f) is null`, pgmqFunctions).Scan(&missing); err != nil {
+		from pg_catalog.unnest($1::text[]) f
+		where f not in (select 'pgmq.' || p.proname || '(' || pg_catalog.oidvectortypes(p.proargtypes) || ')'
+		                from pg_catalog.pg_proc p
+		                join pg_catalog.pg_namespace n on n.oid = p.pronamespace and n.nspname = 'pgmq')`, pgmqFunctions).Scan(&missing); err != nil {
 		return nil, fmt.Errorf("looking up pgmq's functions: %w", err)
 	}
 	if len(missing) > 0 {

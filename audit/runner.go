@@ -233,6 +233,10 @@ func Run(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, error) {
 		}
 		return nil
 	}(); err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+			return nil, fmt.Errorf("%w (%s)", err, GrantsHint)
+		}
 		return nil, err
 	}
 	rep.PGMQ, rep.Schema = env.PGMQ, env.Schema
@@ -348,8 +352,15 @@ func classify(res *CheckResult, err error) {
 		res.Status, res.Err, res.Error = StatusInconclusive, err, err.Error()
 	default:
 		res.Status, res.Err, res.Error = StatusError, err, err.Error()
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
+			res.Error += "; " + GrantsHint
+		}
 	}
 }
+
+// GrantsHint says which grants the audit needs (docs/audit.md, "Privileges").
+const GrantsHint = "the audit needs: grant usage on schema pgflow, pgmq to <role>; grant select on all tables in schema pgflow, pgmq to <role>"
 
 // isTimeout: statement timeout / cancel (57014), lock timeout (55P03), or the
 // check's own budget.

@@ -47,8 +47,9 @@ func (p PGMQInfo) String() string {
 	return "schema pgmq (not an extension)"
 }
 
-// DetectPGMQ reads pg_extension and pg_namespace. Installed needs
-// pgmq.list_queues() too, since the queue checks call it.
+// DetectPGMQ reads pg_extension, pg_namespace and pg_proc (catalog rows
+// only: no USAGE on schema pgmq needed). Installed needs pgmq.list_queues()
+// too, since the queue checks call it.
 func DetectPGMQ(ctx context.Context, q Querier) (PGMQInfo, error) {
 	var info PGMQInfo
 	var ext, schema, listQueues bool
@@ -57,7 +58,9 @@ func DetectPGMQ(ctx context.Context, q Querier) (PGMQInfo, error) {
 		select exists (select 1 from pg_catalog.pg_extension where extname = 'pgmq'),
 		       (select e.extversion from pg_catalog.pg_extension e where e.extname = 'pgmq'),
 		       exists (select 1 from pg_catalog.pg_namespace where nspname = 'pgmq'),
-		       pg_catalog.to_regprocedure('pgmq.list_queues()') is not null`).Scan(&ext, &version, &schema, &listQueues)
+		       exists (select 1 from pg_catalog.pg_proc p
+		               join pg_catalog.pg_namespace n on n.oid = p.pronamespace and n.nspname = 'pgmq'
+		               where p.proname = 'list_queues' and p.pronargs = 0)`).Scan(&ext, &version, &schema, &listQueues)
 	if err != nil {
 		return info, fmt.Errorf("detecting pgmq: %w", err)
 	}
