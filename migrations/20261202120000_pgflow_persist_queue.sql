@@ -45,10 +45,35 @@ begin
 
   if pg_catalog.to_regclass('pgflow.schema_revisions') is not null
      or exists (select 1 from pg_catalog.pg_attribute a
-                where a.attrelid in ('pgflow.flows'::regclass, 'pgflow.step_tasks'::regclass)
+                where a.attrelid = 'pgflow.flows'::regclass
                   and a.attname = 'queue_name' and not a.attisdropped) then
     raise exception 'pgflow_persist_queue: already applied (queue_name or pgflow.schema_revisions exists)'
       using hint = 'Run `pgflow-upgrade status`: a rerun on an upgraded database is a no-op, a partial state needs a look.';
+  end if;
+
+  -- step_tasks.queue_name may exist in one shape only: prepared by
+  -- `pgflow-upgrade apply --online` (docs/online.md), which adds the column
+  -- nullable, backfills it in small batches while the application runs,
+  -- validates a check that every row holds its flow slug, and builds the
+  -- unique address index concurrently. Part 5 then only has to flip the
+  -- column to NOT NULL (proven from the validated check, no scan).
+  if exists (select 1 from pg_catalog.pg_attribute a
+             where a.attrelid = 'pgflow.step_tasks'::regclass
+               and a.attname = 'queue_name' and not a.attisdropped)
+     and not (
+       exists (select 1 from pg_catalog.pg_attribute a
+               where a.attrelid = 'pgflow.step_tasks'::regclass and a.attname = 'queue_name'
+                 and not a.attisdropped and not a.attnotnull and a.atttypid = 'pg_catalog.text'::regtype)
+       and exists (select 1 from pg_catalog.pg_constraint c
+                   where c.conrelid = 'pgflow.step_tasks'::regclass
+                     and c.conname = 'step_tasks_queue_name_online_check' and c.contype = 'c' and c.convalidated
+                     and pg_catalog.pg_get_constraintdef(c.oid) = 'CHECK (((queue_name IS NOT NULL) AND (queue_name = flow_slug)))')
+       and exists (select 1 from pg_catalog.pg_index i
+                   where i.indexrelid = pg_catalog.to_regclass('pgflow.step_tasks_queue_name_message_id_key')
+                     and i.indrelid = 'pgflow.step_tasks'::regclass and i.indisunique and i.indisvalid
+                     and pg_catalog.pg_get_indexdef(i.indexrelid) like '%(queue_name, message_id) WHERE (message_id IS NOT NULL)')) then
+    raise exception 'pgflow_persist_queue: pgflow.step_tasks.queue_name exists, but not in the shape an online upgrade prepares (nullable text, validated check step_tasks_queue_name_online_check, valid unique index step_tasks_queue_name_message_id_key)'
+      using hint = 'An online upgrade is unfinished: run `pgflow-upgrade apply --online` again to finish it, or `pgflow-upgrade rollback-online` to return to 0.16.0.';
   end if;
 
   if pg_catalog.to_regprocedure('pgflow.ensure_flow_compiled(text, jsonb)') is null
@@ -171,11 +196,27 @@ alter table pgflow.flows add constraint flows_queue_name_key unique (queue_name)
 --    So the backfill is one table rewrite: ALTER COLUMN .. TYPE text USING
 --    flow_slug fills every row in a single pass, and SET NOT NULL in the same
 --    ALTER is checked during that pass instead of by another scan.
+--    Prepared online (guard 1 proved the shape): every row already holds its
+--    flow slug, so only SET NOT NULL is left, which PostgreSQL 12+ proves
+--    from the validated check without scanning; then the check and the
+--    insert trigger of the online upgrade go (no trigger stays on step_tasks).
 -- ---------------------------------------------------------------------------
-alter table pgflow.step_tasks add column queue_name text;
-alter table pgflow.step_tasks
-  alter column queue_name type text using flow_slug,
-  alter column queue_name set not null;
+do $step_tasks$
+begin
+  if exists (select 1 from pg_catalog.pg_attribute a
+             where a.attrelid = 'pgflow.step_tasks'::regclass
+               and a.attname = 'queue_name' and not a.attisdropped) then
+    alter table pgflow.step_tasks alter column queue_name set not null;
+    alter table pgflow.step_tasks drop constraint step_tasks_queue_name_online_check;
+    drop trigger if exists pgflow_upgrade_queue_name on pgflow.step_tasks;
+  else
+    alter table pgflow.step_tasks add column queue_name text;
+    alter table pgflow.step_tasks
+      alter column queue_name type text using flow_slug,
+      alter column queue_name set not null;
+  end if;
+end
+$step_tasks$;
 
 -- The durable address of a message. claim_tasks and every queue-aware function
 -- find a task by it. Two tasks of one flow sharing a message id make the
@@ -185,7 +226,8 @@ do $index$
 declare
   v_detail text;
 begin
-  create unique index step_tasks_queue_name_message_id_key
+  -- Prepared online, it exists already (built concurrently, valid: guard 1).
+  create unique index if not exists step_tasks_queue_name_message_id_key
     on pgflow.step_tasks (queue_name, message_id)
     where message_id is not null;
 exception when unique_violation then
