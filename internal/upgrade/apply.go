@@ -56,6 +56,15 @@ type Options struct {
 	Migrations func() ([]migrations.Migration, error)
 	// Hooks are for tests only: they run inside the transaction.
 	Hooks Hooks
+
+	// AcceptState, if set, may accept a schema state other than the 0.16.0
+	// baseline as the start of the migration: `apply --online`
+	// (internal/online) uses it for its final switch on the shape it
+	// prepared. It runs in the transaction, under the advisory lock.
+	AcceptState func(ctx context.Context, tx pgx.Tx, st audit.SchemaInfo) (bool, error)
+	// BeforeCommit, if set, runs in the transaction after the post-conditions
+	// (internal/online drops its progress schema there, atomically).
+	BeforeCommit func(ctx context.Context, tx pgx.Tx) error
 }
 
 // Hooks let tests act at exact points of the transaction (e.g. terminate the
@@ -322,13 +331,21 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 	}); err != nil {
 		return err
 	}
+	accepted := false
+	if opts.AcceptState != nil && r.State.State != audit.StateBaseline && len(r.Pending) > 0 {
+		ok, err := opts.AcceptState(ctx, tx, r.State)
+		if err != nil {
+			return err
+		}
+		accepted = ok
+	}
 	switch {
 	case r.State.State == audit.StateUpgraded && len(r.Pending) == 0:
 		r.Outcome = OutcomeAlreadyApplied
 		r.Message = "already upgraded: revision " + Version + " (" + Name + ") is recorded in pgflow.schema_revisions; nothing to do"
 		return nil
-	case r.State.State == audit.StateBaseline && len(r.Pending) > 0:
-		// The one state this migration starts from.
+	case (r.State.State == audit.StateBaseline || accepted) && len(r.Pending) > 0:
+		// The one state this migration starts from (or one AcceptState vouches for).
 	default:
 		r.Outcome = OutcomeRefused
 		why := strings.Join(r.State.Differences, "; ")
@@ -436,6 +453,12 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 		return nil
 	}); err != nil {
 		return err
+	}
+
+	if opts.BeforeCommit != nil {
+		if err := opts.BeforeCommit(ctx, tx); err != nil {
+			return err
+		}
 	}
 
 	end := StepCommit
