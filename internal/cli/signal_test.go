@@ -64,8 +64,8 @@ func binary(t *testing.T) string {
 // started is a running binary whose stderr is collected.
 type started struct {
 	cmd    *exec.Cmd
-	stdout bytes.Buffer
-	mu     sync.Mutex
+	mu     sync.Mutex // guards stdout and stderr: exec copies stdout from its own goroutine
+	stdout lockedBuffer
 	stderr strings.Builder
 	lines  chan string
 	done   chan error
@@ -76,6 +76,7 @@ func start(t *testing.T, env []string, args ...string) *started {
 	s := &started{lines: make(chan string, 1000), done: make(chan error, 1)}
 	s.cmd = exec.Command(binary(t), args...)
 	s.cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}, env...)
+	s.stdout.mu = &s.mu
 	s.cmd.Stdout = &s.stdout
 	pipe, err := s.cmd.StderrPipe()
 	if err != nil {
@@ -128,7 +129,26 @@ func (s *started) wait(t *testing.T) int {
 func (s *started) output() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.stdout.String() + s.stderr.String()
+	return s.stdout.b.String() + s.stderr.String()
+}
+
+// lockedBuffer is a bytes.Buffer written under mu.
+type lockedBuffer struct {
+	mu *sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String is what was written so far.
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // until polls cond (a condition, not a timing assertion) with a guard.
