@@ -25,7 +25,7 @@ import (
 )
 
 func TestApplyDryRunChangesNothing(t *testing.T) {
-	ctx := context.Background()
+	ctx := testCtx(t)
 	db := inflightDB(t)
 	before := fingerprint(t, db.Pool)
 	opts := fastOpts()
@@ -68,7 +68,7 @@ func TestApplyDryRunChangesNothing(t *testing.T) {
 }
 
 func TestApplyRefusesTamperedMigration(t *testing.T) {
-	ctx := context.Background()
+	ctx := testCtx(t)
 	db := testdb.Baseline(t)
 	all, err := migrations.All()
 	if err != nil {
@@ -96,7 +96,7 @@ func TestApplyRefusesTamperedMigration(t *testing.T) {
 }
 
 func TestApplyRecordsSupabaseMigration(t *testing.T) {
-	ctx := context.Background()
+	ctx := testCtx(t)
 	db := testdb.Baseline(t)
 	// The table as the Supabase CLI creates it.
 	if _, err := db.Pool.Exec(ctx, `create schema supabase_migrations;
@@ -139,11 +139,14 @@ func TestApplyWithoutSupabaseTable(t *testing.T) {
 // Two applies at once: the second polls the advisory lock while the first
 // holds it; exactly one migrates.
 func TestApplyConcurrent(t *testing.T) {
-	ctx := context.Background()
+	ctx := testCtx(t)
 	db := inflightDB(t)
 
 	held := make(chan struct{})
 	release := make(chan struct{})
+	var releaseOnce sync.Once
+	// Never leave the first apply parked in its hook, also on a failure.
+	defer releaseOnce.Do(func() { close(release) })
 	first := fastOpts()
 	first.Hooks.BeforeStep = func(ctx context.Context, pid uint32, step string) error {
 		if step == upgrade.StepTableLocks { // the advisory lock is held by now
@@ -188,7 +191,7 @@ func TestApplyConcurrent(t *testing.T) {
 		rep3, err3 = upgrade.Apply(ctx, connect(t, db), o)
 	}()
 	<-waiting
-	close(release)
+	releaseOnce.Do(func() { close(release) })
 	wg.Wait()
 	if err1 != nil || rep1.Outcome != upgrade.OutcomeApplied {
 		t.Fatalf("first apply: %v %s", err1, rep1.Outcome)
@@ -207,7 +210,7 @@ func TestApplyConcurrent(t *testing.T) {
 // application's other traffic is never blocked for longer than one lock
 // timeout per try.
 func TestApplyLockRetriesThenGivesUp(t *testing.T) {
-	ctx := context.Background()
+	ctx := testCtx(t)
 	db := inflightDB(t)
 	before := fingerprint(t, db.Pool)
 
@@ -311,7 +314,7 @@ func TestApplyLockRetriesThenGivesUp(t *testing.T) {
 // (and before the post-conditions, the Supabase record and the commit):
 // after every kill the database equals the baseline, and a rerun succeeds.
 func TestApplyKilledAtEveryStatement(t *testing.T) {
-	ctx := context.Background()
+	ctx := testCtx(t)
 	db := inflightDB(t)
 	if _, err := db.Pool.Exec(ctx, `create schema supabase_migrations;
 		create table supabase_migrations.schema_migrations (version text primary key, statements text[], name text)`); err != nil {
@@ -415,7 +418,7 @@ func TestLockPlanMatchesMigrationFile(t *testing.T) {
 }
 
 func TestStatusAndVerify(t *testing.T) {
-	ctx := context.Background()
+	ctx := testCtx(t)
 	db := testdb.Baseline(t)
 	conn := connect(t, db)
 
@@ -473,7 +476,7 @@ func TestStatusAndVerify(t *testing.T) {
 // A role that may write rows but owns nothing is refused before it takes
 // (or queues for) a single table lock.
 func TestApplyRefusesRoleWithoutOwnership(t *testing.T) {
-	ctx := context.Background()
+	ctx := testCtx(t)
 	db := testdb.Baseline(t)
 	role := pgprovider.RandomName("h_upg_writer")
 	const password = "Writer-pw-5d2e"
@@ -518,7 +521,7 @@ func TestApplyRefusesRoleWithoutOwnership(t *testing.T) {
 // detector picks apply (it waited first); apply releases everything, backs
 // off and retries; the application's statement succeeds.
 func TestApplyBacksOffFromDeadlock(t *testing.T) {
-	ctx := context.Background()
+	ctx := testCtx(t)
 	db := inflightDB(t)
 	app := connect(t, db)
 	appTx, err := app.Begin(ctx)
@@ -594,7 +597,7 @@ func TestApplyInterrupted(t *testing.T) {
 
 // A preflight check that runs out of its time: nothing changed, inconclusive.
 func TestApplyPreflightInconclusive(t *testing.T) {
-	ctx := context.Background()
+	ctx := testCtx(t)
 	db := testdb.Baseline(t)
 	before := fingerprint(t, db.Pool)
 	opts := fastOpts()

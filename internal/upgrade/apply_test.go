@@ -1,7 +1,6 @@
 package upgrade_test
 
 import (
-	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -14,7 +13,7 @@ func fastOpts() upgrade.Options {
 }
 
 func TestApplyInflight(t *testing.T) {
-	ctx := context.Background()
+	ctx := testCtx(t)
 	db := inflightDB(t)
 	var flowsBefore, tasksBefore int
 	if err := db.Pool.QueryRow(ctx, `select (select count(*) from pgflow.flows), (select count(*) from pgflow.step_tasks)`).Scan(&flowsBefore, &tasksBefore); err != nil {
@@ -80,7 +79,7 @@ func TestApplyInflight(t *testing.T) {
 }
 
 func TestApplyRefusesCaseAliases(t *testing.T) {
-	ctx := context.Background()
+	ctx := testCtx(t)
 	db := inflightDB(t)
 	// Directly, as the engine would not stop it: two slugs that differ only in case.
 	if _, err := db.Pool.Exec(ctx, `insert into pgflow.flows (flow_slug) values ('Foo'), ('foo')`); err != nil {
