@@ -245,7 +245,9 @@ func writeApplyTable(w io.Writer, where string, rep *upgrade.Report) error {
 			return err
 		}
 	}
-	if rep.LockAttempts > 0 {
+	if rep.LockAttempts > 0 && rep.Outcome == upgrade.OutcomeLockBusy {
+		fmt.Fprintf(w, "tables not locked: %d lock attempt(s), %d ms waiting in them; total %d ms\n", rep.LockAttempts, rep.LockWaitMS, rep.TotalMS)
+	} else if rep.LockAttempts > 0 {
 		fmt.Fprintf(w, "lock window %d ms (first LOCK to %s), %d lock attempt(s), %d ms waiting in failed attempts; total %d ms\n",
 			rep.LockWindowMS, map[bool]string{true: "rollback", false: "commit/rollback"}[rep.DryRun], rep.LockAttempts, rep.LockWaitMS, rep.TotalMS)
 	}
