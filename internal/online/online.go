@@ -1,0 +1,535 @@
+package online
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
+	"github.com/pgflow-upgrade/pgflow-upgrade/preflight"
+)
+
+// Defaults of Options (also the CLI's flag defaults).
+const (
+	DefaultBatchSize     = 5000
+	DefaultBatchTime     = 100 * time.Millisecond
+	DefaultLockTimeout   = 50 * time.Millisecond // below deadlock_timeout (1s): we give up first
+	DefaultLockRetries   = 60
+	DefaultMaxReplicaLag = 10 * time.Second
+	DefaultWait          = 30 * time.Second
+)
+
+// Options of Apply. Zero values take the defaults.
+type Options struct {
+	// BatchSize: the most rows one backfill batch updates; the batch size
+	// adapts below it so a batch takes about BatchTime.
+	BatchSize int
+	BatchTime time.Duration
+	// MaxRate: rows per second the backfill stays under (0: no limit).
+	MaxRate float64
+	// Pause between backfill batches.
+	Pause time.Duration
+	// MaxReplicaLag: the backfill waits while a standby's replay_lag
+	// (pg_stat_replication) is above it. Negative: do not look.
+	MaxReplicaLag time.Duration
+	// LockTimeout bounds every lock wait of the short DDL transactions
+	// (expand, the NOT VALID check, the switch); LockRetries of each, with
+	// backoff and jitter.
+	LockTimeout time.Duration
+	LockRetries int
+	// Wait: how long to poll for the online lock of another run.
+	Wait time.Duration
+	// Progress, if set, is told about phases and batches.
+	Progress func(Event)
+	// Preflight options (sample, per-check timeout) for both preflights.
+	Preflight audit.Options
+	// Switch: base options of the switch (upgrade.Apply): Verify,
+	// Migrations, Hooks, Wait. Its locks, preflight selection and state
+	// acceptance are set by Apply.
+	Switch upgrade.Options
+	// Hooks are for tests.
+	Hooks Hooks
+}
+
+// Hooks let tests act at named points (see Point* constants).
+type Hooks struct {
+	At func(ctx context.Context, pid uint32, point string) error
+}
+
+// Points where Hooks.At is called.
+const (
+	PointPreflight = "preflight"
+	PointExpand    = "expand"
+	PointBatch     = "backfill.batch"
+	PointCheck     = "contract.check"
+	PointValidate  = "contract.validate"
+	PointIndex     = "contract.index"
+	PointSwitch    = "switch"
+)
+
+func (o Options) withDefaults() Options {
+	if o.BatchSize <= 0 {
+		o.BatchSize = DefaultBatchSize
+	}
+	if o.BatchTime <= 0 {
+		o.BatchTime = DefaultBatchTime
+	}
+	if o.MaxReplicaLag == 0 {
+		o.MaxReplicaLag = DefaultMaxReplicaLag
+	}
+	if o.LockTimeout <= 0 {
+		o.LockTimeout = DefaultLockTimeout
+	}
+	if o.LockRetries <= 0 {
+		o.LockRetries = DefaultLockRetries
+	}
+	if o.Wait < 0 {
+		o.Wait = 0
+	}
+	if o.Switch.Verify == nil {
+		o.Switch.Verify = migrations.Verify
+	}
+	if o.Preflight.CheckTimeout <= 0 {
+		o.Preflight.CheckTimeout = time.Minute // the first preflight is exact and takes no lock
+	}
+	return o
+}
+
+// Event is a progress notification.
+type Event struct {
+	Phase   Phase
+	Done    bool
+	Detail  string
+	Elapsed time.Duration
+	// Backfill: rows done (over all runs) and the estimated total, the rate
+	// of this run in rows/s.
+	Rows, Total int64
+	Rate        float64
+}
+
+// PhaseTiming is one phase of the report.
+type PhaseTiming struct {
+	Phase      Phase  `json:"phase"`
+	DurationMS int64  `json:"duration_ms"`
+	Detail     string `json:"detail,omitempty"`
+}
+
+// LockWindow is one short DDL transaction: how often its locks were tried
+// and how long the successful attempt held them.
+type LockWindow struct {
+	Step     string `json:"step"`
+	Attempts int    `json:"attempts"`
+	WindowMS int64  `json:"window_ms"`
+}
+
+// BackfillStats is what this run's backfill did.
+type BackfillStats struct {
+	Rows          int64   `json:"rows"`
+	Batches       int64   `json:"batches"`
+	Passes        int     `json:"passes"`
+	SkippedLocked int64   `json:"skipped_locked"` // rows busy in an application transaction, retried
+	ReplicaWaitMS int64   `json:"replica_wait_ms"`
+	Rate          float64 `json:"rate"`
+	LongestMS     int64   `json:"longest_batch_ms"`
+}
+
+// Report says what Apply did; it is returned also with an error.
+type Report struct {
+	Outcome    upgrade.Outcome     `json:"outcome"`
+	Message    string              `json:"message"`
+	StartPhase Phase               `json:"start_phase"`
+	Resumed    bool                `json:"resumed"`
+	Phases     []PhaseTiming       `json:"phases"`
+	Preflight  []audit.CheckResult `json:"preflight"`
+	Blockers   []audit.Finding     `json:"blockers"`
+	Backfill   BackfillStats       `json:"backfill"`
+	Locks      []LockWindow        `json:"locks"`
+	// LongestLockWindowMS over the expand, check and switch transactions.
+	LongestLockWindowMS int64           `json:"longest_lock_window_ms"`
+	Switch              *upgrade.Report `json:"switch,omitempty"`
+	TotalMS             int64           `json:"total_ms"`
+}
+
+// Errors of Apply (refusals: exit 1).
+var (
+	ErrRefused   = errors.New("apply --online refused")
+	ErrDuplicate = errors.New("tasks sharing a message id within a flow: the unique address index cannot be built")
+)
+
+type engine struct {
+	conn *pgx.Conn
+	opts Options
+	rep  *Report
+	pid  uint32
+}
+
+// Apply runs (or continues) the online upgrade on conn: a direct session
+// (not a transaction-mode pooler: CREATE INDEX CONCURRENTLY and the
+// session lock need one). The report is never nil.
+func Apply(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, error) {
+	opts = opts.withDefaults()
+	e := &engine{conn: conn, opts: opts, rep: &Report{}, pid: conn.PgConn().PID()}
+	start := time.Now()
+	err := e.run(ctx)
+	e.rep.TotalMS = time.Since(start).Milliseconds()
+	if err != nil {
+		if e.rep.Outcome == "" {
+			if ctx.Err() != nil {
+				e.rep.Outcome = upgrade.OutcomeInterrupted
+			} else {
+				e.rep.Outcome = upgrade.OutcomeFailed
+			}
+		}
+		if e.rep.Message == "" {
+			e.rep.Message = err.Error()
+		}
+		if e.rep.Outcome == upgrade.OutcomeInterrupted || e.rep.Outcome == upgrade.OutcomeFailed {
+			e.rep.Message += "; run apply --online again to continue from where it stopped (or rollback-online to undo)"
+		}
+	}
+	return e.rep, err
+}
+
+func (e *engine) hook(ctx context.Context, point string) error {
+	if e.opts.Hooks.At == nil {
+		return nil
+	}
+	if err := e.opts.Hooks.At(ctx, e.pid, point); err != nil {
+		return fmt.Errorf("test hook at %s: %w", point, err)
+	}
+	return nil
+}
+
+func (e *engine) event(ev Event) {
+	if e.opts.Progress != nil {
+		e.opts.Progress(ev)
+	}
+}
+
+// phase times fn as one phase of the report.
+func (e *engine) phase(ph Phase, detail string, fn func() error) error {
+	e.event(Event{Phase: ph, Detail: detail})
+	t := time.Now()
+	err := fn()
+	el := time.Since(t)
+	e.rep.Phases = append(e.rep.Phases, PhaseTiming{Phase: ph, DurationMS: el.Milliseconds(), Detail: detail})
+	e.event(Event{Phase: ph, Done: true, Detail: detail, Elapsed: el})
+	return err
+}
+
+func (e *engine) run(ctx context.Context) error {
+	if err := e.opts.Switch.Verify(); err != nil {
+		e.rep.Outcome = upgrade.OutcomeRefused
+		return fmt.Errorf("%w: %w", upgrade.ErrIntegrity, err)
+	}
+	release, err := sessionLock(ctx, e.conn, e.opts.Wait)
+	if err != nil {
+		if errors.Is(err, ErrBusy) {
+			e.rep.Outcome = upgrade.OutcomeLockBusy
+		}
+		return err
+	}
+	defer release()
+
+	s, err := Detect(ctx, e.conn)
+	if err != nil {
+		return err
+	}
+	e.rep.StartPhase = s.Phase()
+	e.rep.Resumed = s.Started()
+	if !s.Pgflow {
+		e.rep.Outcome = upgrade.OutcomeRefused
+		return fmt.Errorf("%w: %w: no pgflow.step_tasks", ErrRefused, upgrade.ErrNotBaseline)
+	}
+	if s.Upgraded {
+		// Already switched; a crash right after the switch cannot leave our
+		// schema behind (the switch drops it), but a hand-run file can.
+		return e.finishSwitch(ctx, s)
+	}
+
+	if err := e.phase(PhaseNone, "preflight: the shared check catalog, exact, no table locks", func() error {
+		return e.preflightBefore(ctx)
+	}); err != nil {
+		return err
+	}
+	if !s.Column || !s.Trigger || !s.Progress {
+		if err := e.phase(PhaseExpand, "step_tasks.queue_name nullable, insert trigger, progress table", func() error {
+			return e.expand(ctx)
+		}); err != nil {
+			return err
+		}
+		if s, err = Detect(ctx, e.conn); err != nil {
+			return err
+		}
+	}
+	p, _, err := ReadProgress(ctx, e.conn)
+	if err != nil {
+		return err
+	}
+	if !s.Check && p.Phase != string(PhaseContract) {
+		if err := e.phase(PhaseBackfill, "key-ordered batches", func() error { return e.backfill(ctx) }); err != nil {
+			return err
+		}
+	}
+	if err := e.phase(PhaseContract, "check NOT VALID, VALIDATE, unique index CONCURRENTLY", func() error {
+		return e.contract(ctx)
+	}); err != nil {
+		return err
+	}
+	if s, err = Detect(ctx, e.conn); err != nil {
+		return err
+	}
+	return e.finishSwitch(ctx, s)
+}
+
+// preflightBefore runs the preflight checks exactly, before anything
+// changes, in a transaction of its own without table locks: a blocker
+// refuses with the database unchanged (or, on a rerun, as it was).
+func (e *engine) preflightBefore(ctx context.Context) error {
+	if err := e.hook(ctx, PointPreflight); err != nil {
+		return err
+	}
+	tx, err := e.conn.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("online: beginning the preflight transaction: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	po := e.opts.Preflight
+	po.Checks = preflightIDs("schema.state")
+	po.Extra = append(append([]audit.Check(nil), po.Extra...), stateCheck())
+	po.ApplicationName = "pgflow-upgrade apply --online"
+	res, err := preflight.Run(ctx, tx, po)
+	e.rep.Preflight = res.Checks
+	if err != nil {
+		return err
+	}
+	if !res.OK() {
+		e.rep.Blockers = res.Blockers()
+		if len(e.rep.Blockers) == 0 && res.Inconclusive() {
+			e.rep.Outcome = upgrade.OutcomeInconclusive
+			return fmt.Errorf("%w: %s", upgrade.ErrInconclusive, res.Summary())
+		}
+		e.rep.Outcome = upgrade.OutcomeRefused
+		return fmt.Errorf("%w: %s", upgrade.ErrPreflight, res.Summary())
+	}
+	return nil
+}
+
+// finishSwitch runs the switch on a prepared shape, or reports an upgraded
+// database (dropping our schema if something left it).
+func (e *engine) finishSwitch(ctx context.Context, s Shape) error {
+	if s.Upgraded {
+		if s.Progress {
+			if _, err := e.conn.Exec(ctx, `drop schema if exists pgflow_upgrade cascade`); err != nil {
+				return fmt.Errorf("online: dropping the leftover schema pgflow_upgrade: %w", err)
+			}
+		}
+	}
+	var sw *upgrade.Report
+	err := e.phase(PhaseSwitch, "fence and function switch in one short transaction (upgrade.Apply), preflight under its locks", func() error {
+		if err := e.hook(ctx, PointSwitch); err != nil {
+			return err
+		}
+		var err error
+		sw, err = upgrade.Apply(ctx, e.conn, e.switchOptions())
+		return err
+	})
+	e.rep.Switch = sw
+	if sw != nil {
+		e.rep.Preflight = append(e.rep.Preflight, sw.Preflight...)
+		e.rep.Blockers = append(e.rep.Blockers, sw.Blockers...)
+		if sw.LockAttempts > 0 {
+			e.lockWindow("switch", sw.LockAttempts, time.Duration(sw.LockWindowMS)*time.Millisecond)
+		}
+		e.rep.Outcome = sw.Outcome
+		e.rep.Message = sw.Message
+	}
+	if err != nil {
+		return err
+	}
+	if sw.Outcome == upgrade.OutcomeApplied {
+		e.rep.Message = fmt.Sprintf("upgraded online: %s; the longest lock window was %d ms", strings.Join(sw.Pending, ", "), e.rep.LongestLockWindowMS)
+	}
+	return nil
+}
+
+func (e *engine) switchOptions() upgrade.Options {
+	o := e.opts.Switch
+	o.DryRun = false
+	o.LockTimeout = e.opts.LockTimeout
+	o.LockRetries = e.opts.LockRetries
+	if o.Wait == 0 {
+		o.Wait = e.opts.Wait
+	}
+	po := e.opts.Preflight
+	// Under the locks every check runs exact, except two answered from the
+	// catalog by preparedCheck: the schema state (partial by design here) and
+	// the duplicate message id scan, which the validated check and the valid
+	// unique index prove. tasks.message_missing is a warning that reads every
+	// active task; it ran exactly in the first preflight and cannot block.
+	po.Checks = preflightIDs("schema.state", "tasks.duplicate_message_id", "tasks.message_missing")
+	po.Extra = append(append([]audit.Check(nil), po.Extra...), preparedCheck())
+	po.CheckTimeout = e.opts.Switch.Preflight.CheckTimeout
+	if po.CheckTimeout <= 0 {
+		po.CheckTimeout = 5 * time.Second
+	}
+	o.Preflight = po
+	o.AcceptState = func(ctx context.Context, tx pgx.Tx, st audit.SchemaInfo) (bool, error) {
+		s, err := Detect(ctx, tx)
+		if err != nil {
+			return false, err
+		}
+		return s.Prepared() && baselineOrOnline(st), nil
+	}
+	o.BeforeCommit = func(ctx context.Context, tx pgx.Tx) error {
+		// Our schema goes with the switch: nothing of the online upgrade is
+		// left once the upgrade is committed.
+		if _, err := tx.Exec(ctx, `drop schema if exists pgflow_upgrade cascade`); err != nil {
+			return fmt.Errorf("online: dropping schema pgflow_upgrade in the switch: %w", err)
+		}
+		return nil
+	}
+	prog := e.opts.Progress
+	if prog != nil {
+		o.Progress = func(ev upgrade.Event) {
+			prog(Event{Phase: PhaseSwitch, Done: ev.Done, Detail: ev.Step + ": " + ev.Detail, Elapsed: ev.Elapsed})
+		}
+	}
+	return o
+}
+
+func (e *engine) lockWindow(step string, attempts int, d time.Duration) {
+	e.rep.Locks = append(e.rep.Locks, LockWindow{Step: step, Attempts: attempts, WindowMS: d.Milliseconds()})
+	if d.Milliseconds() > e.rep.LongestLockWindowMS {
+		e.rep.LongestLockWindowMS = d.Milliseconds()
+	}
+}
+
+// sessionLock takes OnlineLockKey (session level), polling up to wait.
+func sessionLock(ctx context.Context, conn *pgx.Conn, wait time.Duration) (release func(), err error) {
+	deadline := time.Now().Add(wait)
+	delay := 50 * time.Millisecond
+	for {
+		var ok bool
+		if err := conn.QueryRow(ctx, `select pg_catalog.pg_try_advisory_lock($1)`, OnlineLockKey).Scan(&ok); err != nil {
+			return nil, fmt.Errorf("online: taking the online advisory lock: %w", err)
+		}
+		if ok {
+			return func() {
+				// A broken connection has lost the lock with its session.
+				if !conn.IsClosed() {
+					_, _ = conn.Exec(context.WithoutCancel(ctx), `select pg_catalog.pg_advisory_unlock($1)`, OnlineLockKey)
+				}
+			}, nil
+		}
+		if time.Until(deadline) <= 0 {
+			return nil, fmt.Errorf("%w; waited %s (--wait)", ErrBusy, wait)
+		}
+		if err := sleep(ctx, min(jitter(delay), time.Until(deadline))); err != nil {
+			return nil, err
+		}
+		delay = min(delay*2, time.Second)
+	}
+}
+
+// jitter returns a duration in [d/2, d).
+func jitter(d time.Duration) time.Duration {
+	if d <= 1 {
+		return d
+	}
+	return d/2 + rand.N(d/2)
+}
+
+// retryable: lock_timeout, deadlock (we waited first, so we are the one
+// aborted: back off like on a timeout), or apply's advisory lock taken.
+func retryable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code == "55P03" || pgErr.Code == "40P01"
+	}
+	return errors.Is(err, errApplyBusy)
+}
+
+var errApplyBusy = errors.New("the upgrade advisory lock is held (a transactional apply is running)")
+
+// ddlTx runs fn in a short transaction that holds upgrade.AdvisoryLockKey
+// (tried, never waited for in the lock queue), with SET LOCAL lock_timeout:
+// every lock wait inside is bounded by LockTimeout, so the application
+// queues behind us at most that long per attempt. A timeout or deadlock
+// rolls the whole attempt back (releasing what it had locked), then it is
+// retried with exponential backoff and jitter, LockRetries times.
+func (e *engine) ddlTx(ctx context.Context, step string, fn func(tx pgx.Tx) error) error {
+	delay := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		var held time.Time
+		err := func() error {
+			tx, err := e.conn.Begin(ctx)
+			if err != nil {
+				return fmt.Errorf("online %s: begin: %w", step, err)
+			}
+			defer tx.Rollback(context.WithoutCancel(ctx))
+			var ok bool
+			if err := tx.QueryRow(ctx, `select pg_catalog.pg_try_advisory_xact_lock($1)`, upgrade.AdvisoryLockKey).Scan(&ok); err != nil {
+				return fmt.Errorf("online %s: taking the upgrade advisory lock: %w", step, err)
+			}
+			if !ok {
+				return errApplyBusy
+			}
+			if _, err := tx.Exec(ctx, `select pg_catalog.set_config('lock_timeout', $1, true),
+			                                  pg_catalog.set_config('statement_timeout', '60s', true)`, pgMillis(e.opts.LockTimeout)); err != nil {
+				return fmt.Errorf("online %s: setting lock_timeout: %w", step, err)
+			}
+			held = time.Now()
+			if err := fn(tx); err != nil {
+				return err
+			}
+			if err := tx.Commit(ctx); err != nil {
+				return fmt.Errorf("online %s: commit: %w", step, err)
+			}
+			return nil
+		}()
+		if err == nil {
+			e.lockWindow(step, attempt, time.Since(held))
+			return nil
+		}
+		if !retryable(err) || ctx.Err() != nil {
+			return err
+		}
+		if attempt > e.opts.LockRetries {
+			e.rep.Outcome = upgrade.OutcomeLockBusy
+			return fmt.Errorf("online %s: locks not obtained in %d attempts, each waiting at most %s (lock_timeout); nothing of this step was changed: %w",
+				step, attempt, e.opts.LockTimeout, err)
+		}
+		w := jitter(delay)
+		e.event(Event{Phase: PhaseNone, Detail: fmt.Sprintf("%s: busy (%v), attempt %d of %d, retrying in %s", step, shortErr(err), attempt, e.opts.LockRetries+1, w.Round(time.Millisecond))})
+		if err := sleep(ctx, w); err != nil {
+			return err
+		}
+		delay = min(delay*2, 5*time.Second)
+	}
+}
+
+func shortErr(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code + " " + pgErr.Message
+	}
+	return err.Error()
+}
+
+// pgMillis formats d for set_config, at least 1ms (0 would mean no limit).
+func pgMillis(d time.Duration) string {
+	v := d.Milliseconds()
+	if v < 1 {
+		v = 1
+	}
+	return fmt.Sprintf("%dms", v)
+}
