@@ -44,8 +44,12 @@ func binary(t *testing.T) string {
 			binErr = fmt.Errorf("no go tool to build the binary: %w", err)
 			return
 		}
-		dir, err := os.MkdirTemp("", "h-signal-bin-")
-		if err != nil {
+		// One directory per test process, named by its pid; directories of
+		// test processes that are gone are removed here (a test binary has
+		// no hook after its last test that this file could use).
+		removeStaleBinDirs()
+		dir := filepath.Join(os.TempDir(), fmt.Sprintf("%s%d", binDirPrefix, os.Getpid()))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
 			binErr = err
 			return
 		}
@@ -59,6 +63,21 @@ func binary(t *testing.T) string {
 		t.Fatal(binErr)
 	}
 	return binPath
+}
+
+const binDirPrefix = "pgflow-upgrade-test-bin-"
+
+func removeStaleBinDirs() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), binDirPrefix+"*"))
+	for _, d := range dirs {
+		var pid int
+		if _, err := fmt.Sscanf(filepath.Base(d), binDirPrefix+"%d", &pid); err != nil || pid <= 0 {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+			_ = os.RemoveAll(d)
+		}
+	}
 }
 
 // started is a running binary whose stderr is collected.
