@@ -9,6 +9,7 @@ import (
 
 	"ariga.io/atlas/sql/migrate"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
@@ -392,7 +393,11 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 	}
 
 	if err := s.step(StepPreflight, "the shared check catalog, exact, under the locks", func() error {
-		res, err := preflight.Run(ctx, tx, opts.Preflight)
+		popts := opts.Preflight
+		if len(popts.Checks) == 0 {
+			popts.Checks = preflightChecks()
+		}
+		res, err := preflight.Run(ctx, tx, popts)
 		r.Preflight = res.Checks
 		if err != nil {
 			return err
@@ -494,6 +499,43 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 	return nil
 }
 
+// DeferredChecks are preflight checks apply does not run up front, because
+// the migration itself finds the same thing at no extra cost: two tasks of
+// one flow sharing a message id make the unique (queue_name, message_id)
+// build fail, and a GROUP BY over millions of rows first would cost as much
+// as the build, under the ACCESS EXCLUSIVE lock. When the migration fails
+// that way, apply runs the check then, to print its findings.
+var DeferredChecks = map[string]string{"tasks.duplicate_message_id": "23505"}
+
+// preflightChecks: the catalog's Preflight checks minus DeferredChecks.
+func preflightChecks() []string {
+	var ids []string
+	for _, c := range audit.Catalog() {
+		if _, deferred := DeferredChecks[c.ID]; c.Preflight && !deferred {
+			ids = append(ids, c.ID)
+		}
+	}
+	return ids
+}
+
+// deferredFindings runs the deferred checks that explain SQLSTATE code (in a
+// transaction rolled back to before the failed statement).
+func deferredFindings(ctx context.Context, tx pgx.Tx, opts Options, code string) (preflight.Result, bool, error) {
+	var ids []string
+	for id, c := range DeferredChecks {
+		if _, err := audit.Lookup(id); err == nil && c == code {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) == 0 {
+		return preflight.Result{}, false, nil
+	}
+	popts := opts.Preflight
+	popts.Checks = ids
+	res, err := preflight.Run(ctx, tx, popts)
+	return res, true, err
+}
+
 // runMigration executes the statements of m one by one (split like the atlas
 // CLI splits them), so progress and timings are per statement. The file's own
 // LOCK statements find the locks already held.
@@ -516,9 +558,32 @@ func runMigration(ctx context.Context, tx pgx.Tx, opts Options, r *Report, m mig
 			opts.Progress(Event{Step: StepMigrate, Detail: fmt.Sprintf("[%d/%d] %s", i+1, len(stmts), sum)})
 		}
 		t := time.Now()
+		// A savepoint per statement, so a failure the deferred checks
+		// explain can be followed by those checks in this transaction.
+		if _, err := tx.Exec(ctx, `savepoint pgflow_upgrade_stmt`); err != nil {
+			return fmt.Errorf("%s statement %d: savepoint: %w", m.File, i+1, err)
+		}
 		tag, err := tx.Exec(ctx, st.Text)
 		if err != nil {
-			return fmt.Errorf("%s statement %d (%s): %w", m.File, i+1, sum, err)
+			stmtErr := fmt.Errorf("%s statement %d (%s): %w", m.File, i+1, sum, err)
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) {
+				return stmtErr
+			}
+			if _, rbErr := tx.Exec(ctx, `rollback to savepoint pgflow_upgrade_stmt`); rbErr != nil {
+				return stmtErr
+			}
+			res, ran, ferr := deferredFindings(ctx, tx, opts, pgErr.Code)
+			if !ran || ferr != nil || len(res.Blockers()) == 0 {
+				return stmtErr
+			}
+			r.Preflight = append(r.Preflight, res.Checks...)
+			r.Blockers = res.Blockers()
+			r.Outcome = OutcomeRefused
+			return fmt.Errorf("%w: %s (found by %s: %w)", ErrPreflight, res.Summary(), m.File, err)
+		}
+		if _, err := tx.Exec(ctx, `release savepoint pgflow_upgrade_stmt`); err != nil {
+			return fmt.Errorf("%s statement %d: release savepoint: %w", m.File, i+1, err)
 		}
 		r.Statements = append(r.Statements, StatementReport{Migration: m.Version, Index: i + 1, Summary: sum,
 			DurationMS: time.Since(t).Milliseconds(), Rows: tag.RowsAffected()})

@@ -614,3 +614,43 @@ func TestApplyPreflightInconclusive(t *testing.T) {
 	}
 	assertSame(t, before, fingerprint(t, db.Pool), "inconclusive preflight")
 }
+
+// Two tasks of one flow sharing a message id: the check is deferred to the
+// unique index build (no GROUP BY under the lock), and its findings are
+// still printed; nothing changed.
+func TestApplyRefusesDuplicateMessageIDs(t *testing.T) {
+	ctx := testCtx(t)
+	db := inflightDB(t)
+	tag, err := db.Pool.Exec(ctx, `
+		update pgflow.step_tasks t set message_id = o.message_id
+		  from (select message_id from pgflow.step_tasks
+		         where flow_slug = 'fanout' and message_id is not null order by message_id limit 1) o
+		 where t.flow_slug = 'fanout' and t.message_id is not null
+		   and t.message_id = (select max(message_id) from pgflow.step_tasks where flow_slug = 'fanout')`)
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("making a duplicate: %v %d", err, tag.RowsAffected())
+	}
+	before := fingerprint(t, db.Pool)
+	rep, err := upgrade.Apply(ctx, connect(t, db), fastOpts())
+	if !errors.Is(err, upgrade.ErrPreflight) || rep.Outcome != upgrade.OutcomeRefused {
+		t.Fatalf("apply with a duplicate message id: %v %s", err, rep.Outcome)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
+		t.Fatalf("the unique violation is not reachable: %v", err)
+	}
+	if len(rep.Blockers) != 1 || rep.Blockers[0].CheckID != "tasks.duplicate_message_id" || rep.Blockers[0].Count != 1 {
+		t.Fatalf("blockers %+v", rep.Blockers)
+	}
+	// It ran once: after the build failed, not also up front.
+	runs := 0
+	for _, c := range rep.Preflight {
+		if c.ID == "tasks.duplicate_message_id" {
+			runs++
+		}
+	}
+	if runs != 1 {
+		t.Fatalf("the deferred check ran %d times", runs)
+	}
+	assertSame(t, before, fingerprint(t, db.Pool), "refused duplicate message ids")
+}
