@@ -83,8 +83,9 @@ func (a *App) applyAction(c *ucli.Context) error {
 		return err
 	}
 	// No named prepared statements: they do not survive a transaction-mode
-	// pooler, and apply does not need them.
-	t.config.DefaultQueryExecMode = pgx.QueryExecModeExec
+	// pooler, and apply does not need them. A DSN asking for the simple
+	// protocol keeps it.
+	noStatementCache(t)
 	ctx := c.Context
 	conn, err := a.connect(ctx, t)
 	if err != nil {
@@ -153,6 +154,15 @@ func (a *App) applyAction(c *ucli.Context) error {
 	}
 	fmt.Fprintf(a.Stderr, "pgflow-upgrade apply: %s\n", a.redact(rep.Message))
 	return reportedError{withCode(code, applyErr)}
+}
+
+// noStatementCache turns pgx's statement cache (named prepared statements)
+// off unless the DSN chose an exec mode itself: named statements do not
+// survive a transaction-mode pooler (pgbouncer, Supavisor).
+func noStatementCache(t *target) {
+	if t.config.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
+		t.config.DefaultQueryExecMode = pgx.QueryExecModeExec
+	}
 }
 
 func applyExitCode(rep *upgrade.Report, err error, conn *pgx.Conn, interrupted bool) int {

@@ -35,6 +35,7 @@ func (a *App) statusAction(c *ucli.Context) error {
 	if err != nil {
 		return err
 	}
+	noStatementCache(t) // works through a transaction-mode pooler
 	ctx := c.Context
 	conn, err := a.connect(ctx, t)
 	if err != nil {
