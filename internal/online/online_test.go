@@ -111,3 +111,24 @@ func TestApplyOnlineInflight(t *testing.T) {
 		t.Fatalf("rerun: %v, outcome %s", err, rep.Outcome)
 	}
 }
+
+func TestSwitchSteps(t *testing.T) {
+	ctx := context.Background()
+	db := inflight(t)
+	conn := connect(t, db)
+	rep, err := online.Apply(ctx, conn, online.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range rep.Switch.Steps {
+		t.Logf("%s %d ms", s.Step, s.DurationMS)
+	}
+	for _, s := range rep.Switch.Statements {
+		if s.DurationMS > 1 {
+			t.Logf("stmt %d %s %d ms", s.Index, s.Summary, s.DurationMS)
+		}
+	}
+	for _, c := range rep.Switch.Preflight {
+		t.Logf("check %s %d ms", c.ID, c.DurationMS)
+	}
+}
