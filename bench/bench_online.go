@@ -1,0 +1,162 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+)
+
+// online: apply --online against the transactional apply, with a probe.
+func init() {
+	Register(Benchmark{
+		Name: "online",
+		Goal: "apply --online: longest wait of a probe (lock_timeout-bounded SELECT and UPDATE on step_tasks every 10 ms) under 100 ms at 5M rows; total time within 2x of the transactional apply",
+		Run:  benchOnline,
+	})
+}
+
+// probe runs a SELECT and an UPDATE of one live task row on step_tasks
+// every 10 ms, each bounded by lock_timeout 5s, and records the longest.
+type probe struct {
+	mu       sync.Mutex
+	longest  time.Duration
+	n, fails int
+	errs     []string
+}
+
+func (p *probe) run(ctx context.Context, dsn string) error {
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var run, step string
+	var idx int
+	if err := conn.QueryRow(ctx, `select run_id::text, step_slug, task_index from pgflow.step_tasks where status = 'queued' limit 1`).Scan(&run, &step, &idx); err != nil {
+		return fmt.Errorf("probe: picking a live task: %w", err)
+	}
+	if _, err := conn.Exec(ctx, `set lock_timeout = '5s'`); err != nil {
+		return err
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		for _, q := range []string{
+			`select count(*) from pgflow.step_tasks where run_id = $1::uuid and step_slug = $2 and task_index = $3`,
+			`update pgflow.step_tasks set requeued_count = requeued_count where run_id = $1::uuid and step_slug = $2 and task_index = $3`,
+		} {
+			t := time.Now()
+			_, err := conn.Exec(ctx, q, run, step, idx)
+			d := time.Since(t)
+			if ctx.Err() != nil {
+				return nil
+			}
+			p.mu.Lock()
+			p.n++
+			if d > p.longest {
+				p.longest = d
+			}
+			if err != nil {
+				p.fails++
+				if len(p.errs) < 3 {
+					p.errs = append(p.errs, err.Error())
+				}
+			}
+			p.mu.Unlock()
+		}
+	}
+}
+
+// measured runs fn on a fresh clone with the probe running throughout.
+func measured(ctx context.Context, env *Env, size int64, fn func(ctx context.Context, conn *pgx.Conn) error) (took time.Duration, p *probe, err error) {
+	dsn, drop, err := env.Clone(ctx, size)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer drop()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	p = &probe{}
+	pctx, stop := context.WithCancel(ctx)
+	perr := make(chan error, 1)
+	go func() { perr <- p.run(pctx, dsn) }()
+	time.Sleep(200 * time.Millisecond) // the probe is connected and running
+	start := time.Now()
+	err = fn(ctx, conn)
+	took = time.Since(start)
+	stop()
+	if e := <-perr; e != nil && err == nil {
+		err = e
+	}
+	return took, p, err
+}
+
+func benchOnline(ctx context.Context, env *Env) ([]Row, error) {
+	var rows []Row
+	for _, size := range env.Sizes {
+		var onTotal, onProbe, onWindow, txTotal, txProbe []time.Duration
+		var onFails, txFails int
+		for i := 0; i < env.Repeat; i++ {
+			var rep *online.Report
+			took, p, err := measured(ctx, env, size, func(ctx context.Context, conn *pgx.Conn) error {
+				var err error
+				rep, err = online.Apply(ctx, conn, online.Options{})
+				if err == nil && rep.Outcome != upgrade.OutcomeApplied {
+					err = fmt.Errorf("outcome %s: %s", rep.Outcome, rep.Message)
+				}
+				return err
+			})
+			if err != nil {
+				return nil, fmt.Errorf("apply --online at %d rows: %w", size, err)
+			}
+			env.Logf("bench: online at %d: %s, phases %+v, locks %+v, backfill %+v, probe longest %s over %d ops (%d failed %v)",
+				size, took.Round(time.Millisecond), rep.Phases, rep.Locks, rep.Backfill, p.longest, p.n, p.fails, p.errs)
+			onTotal, onProbe = append(onTotal, took), append(onProbe, p.longest)
+			onWindow = append(onWindow, time.Duration(rep.LongestLockWindowMS)*time.Millisecond)
+			onFails += p.fails
+
+			took, p, err = measured(ctx, env, size, func(ctx context.Context, conn *pgx.Conn) error {
+				rep, err := upgrade.Apply(ctx, conn, upgrade.Options{LockRetries: 50})
+				if err == nil && rep.Outcome != upgrade.OutcomeApplied {
+					err = fmt.Errorf("outcome %s: %s", rep.Outcome, rep.Message)
+				}
+				return err
+			})
+			if err != nil {
+				return nil, fmt.Errorf("transactional apply at %d rows: %w", size, err)
+			}
+			env.Logf("bench: transactional at %d: %s, probe longest %s over %d ops", size, took.Round(time.Millisecond), p.longest, p.n)
+			txTotal, txProbe = append(txTotal, took), append(txProbe, p.longest)
+			txFails += p.fails
+		}
+		on, tx := Median(onTotal), Median(txTotal)
+		rows = append(rows,
+			Row{Benchmark: "online", Case: fmt.Sprintf("apply --online, %d step_tasks", size), Metrics: []Metric{
+				{"probe longest wait", float64(Median(onProbe).Microseconds()) / 1000, "ms"},
+				{"longest lock window", float64(Median(onWindow).Microseconds()) / 1000, "ms"},
+				{"total", on.Seconds(), "s"},
+				{"vs transactional", on.Seconds() / tx.Seconds(), "x"},
+				{"probe errors", float64(onFails), ""},
+			}},
+			Row{Benchmark: "online", Case: fmt.Sprintf("transactional apply, %d step_tasks", size), Metrics: []Metric{
+				{"probe longest wait", float64(Median(txProbe).Microseconds()) / 1000, "ms"},
+				{"total", tx.Seconds(), "s"},
+				{"probe errors", float64(txFails), ""},
+			}})
+	}
+	return rows, nil
+}
