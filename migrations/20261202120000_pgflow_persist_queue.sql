@@ -73,7 +73,7 @@ begin
                      and i.indrelid = 'pgflow.step_tasks'::regclass and i.indisunique and i.indisvalid
                      and pg_catalog.pg_get_indexdef(i.indexrelid) like '%(queue_name, message_id) WHERE (message_id IS NOT NULL)')) then
     raise exception 'pgflow_persist_queue: pgflow.step_tasks.queue_name exists, but not in the shape an online upgrade prepares (nullable text, validated check step_tasks_queue_name_online_check, valid unique index step_tasks_queue_name_message_id_key)'
-      using hint = 'An online upgrade is unfinished: run `pgflow-upgrade apply --online` again to finish it, or `pgflow-upgrade rollback-online` to return to 0.16.0.';
+      using hint = 'An online upgrade is unfinished: run `pgflow-upgrade apply --online` again to finish it, or `pgflow-upgrade apply --rollback-online` to return to 0.16.0.';
   end if;
 
   if pg_catalog.to_regprocedure('pgflow.ensure_flow_compiled(text, jsonb)') is null

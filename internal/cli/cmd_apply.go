@@ -42,6 +42,9 @@ const applyDescription = `Runs the queue-persistence migration in ONE transactio
 
 Any failure or interruption rolls back everything. Without --yes, apply asks for
 confirmation on a terminal and refuses (exit 2) when not on one.
+--online: the same upgrade without blocking the application (expand, batched and
+resumable backfill, contract, then the steps above in one short switch transaction);
+--rollback-online undoes an unfinished one. See docs/online.md.
 Exit codes: 0 applied / already applied / dry run, 1 refused (blockers, tampered,
 lock not obtained, wrong state), 2 usage, 3 connection, 4 a preflight check ran
 out of time, 130 interrupted.`
@@ -51,7 +54,7 @@ func (a *App) applyCommand() *ucli.Command {
 		Name:        "apply",
 		Usage:       "upgrade the database: the queue-persistence migration in one guarded transaction",
 		Description: applyDescription,
-		Flags: []ucli.Flag{
+		Flags: append([]ucli.Flag{
 			&ucli.BoolFlag{Name: "yes", Usage: "do not ask for confirmation (pipelines)"},
 			&ucli.BoolFlag{Name: "dry-run", Usage: "run everything, then roll back; report timings and the lock window (takes the same locks!)"},
 			&ucli.DurationFlag{Name: "wait", Value: upgrade.DefaultWait, Usage: "how long to wait for another apply's advisory lock (0: do not wait)"},
@@ -59,7 +62,7 @@ func (a *App) applyCommand() *ucli.Command {
 			&ucli.IntFlag{Name: "lock-retries", Value: upgrade.DefaultLockRetries, Usage: "table-lock attempts after the first"},
 			&ucli.IntFlag{Name: "sample", Value: 5, Usage: "sample rows per preflight finding"},
 			&ucli.DurationFlag{Name: "check-timeout", Value: 30 * time.Second, Usage: "statement_timeout of each preflight check (they run exact, under the locks; a check that runs out: exit 4, nothing changed)"},
-		},
+		}, onlineFlags()...),
 		Action: a.applyAction,
 		OnUsageError: func(c *ucli.Context, err error, _ bool) error {
 			return usageErrorf("apply: %v (see apply --help)", err)
@@ -70,6 +73,9 @@ func (a *App) applyCommand() *ucli.Command {
 func (a *App) applyAction(c *ucli.Context) error {
 	if c.NArg() > 0 {
 		return usageErrorf("apply takes no arguments (got %q)", c.Args().Slice())
+	}
+	if c.Bool("online") || c.Bool("rollback-online") {
+		return a.applyOnlineAction(c) // cmd_apply_online.go
 	}
 	if c.Duration("lock-timeout") <= 0 || c.Duration("check-timeout") <= 0 || c.Int("lock-retries") < 0 || c.Duration("wait") < 0 {
 		return usageErrorf("--lock-timeout and --check-timeout must be positive, --lock-retries and --wait not negative")

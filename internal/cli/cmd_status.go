@@ -8,6 +8,7 @@ import (
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 )
@@ -50,9 +51,13 @@ func (a *App) statusAction(c *ucli.Context) error {
 		}
 		return withCode(ExitEnvironment, fmt.Errorf("reading the status of %s: %w", where, err))
 	}
+	on, err := onlineStatus(ctx, conn) // cmd_apply_online.go
+	if err != nil {
+		return withCode(ExitEnvironment, fmt.Errorf("reading the status of %s: %w", where, err))
+	}
 	code := ExitOK
-	if st.NeedsAttention() {
-		code = ExitFindings
+	if st.NeedsAttention() && on == nil {
+		code = ExitFindings // an online upgrade in progress is a known partial state
 	}
 	if jsonOutput(c) {
 		out := struct {
@@ -60,7 +65,8 @@ func (a *App) statusAction(c *ucli.Context) error {
 			Database string `json:"database"`
 			ExitCode int    `json:"exit_code"`
 			*upgrade.StatusReport
-		}{"status", where, code, st}
+			Online *online.StatusInfo `json:"online,omitempty"`
+		}{"status", where, code, st, on}
 		if err := writeJSON(a.Stdout, out); err != nil {
 			return err
 		}
@@ -70,6 +76,7 @@ func (a *App) statusAction(c *ucli.Context) error {
 		for _, d := range st.State.Differences {
 			fmt.Fprintf(w, "  %s\n", d)
 		}
+		writeOnlineStatus(w, on)
 		sum := "valid"
 		if !st.AtlasSum.Valid {
 			sum = "INVALID: " + st.AtlasSum.Error

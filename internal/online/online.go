@@ -192,7 +192,7 @@ func Apply(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, error) {
 			e.rep.Message = err.Error()
 		}
 		if e.rep.Outcome == upgrade.OutcomeInterrupted || e.rep.Outcome == upgrade.OutcomeFailed {
-			e.rep.Message += "; run apply --online again to continue from where it stopped (or rollback-online to undo)"
+			e.rep.Message += "; run apply --online again to continue from where it stopped (or apply --rollback-online to undo)"
 		}
 	}
 	return e.rep, err

@@ -400,7 +400,7 @@ func (e *engine) validate(ctx context.Context) error {
 			// Cannot happen after a clean backfill; if it does, the rows say
 			// what is wrong: a queue_name that is not the flow's slug.
 			e.rep.Outcome = upgrade.OutcomeRefused
-			return fmt.Errorf("%w: some pgflow.step_tasks.queue_name is not its flow_slug (set by hand?): fix them, or rollback-online: %w", ErrRefused, err)
+			return fmt.Errorf("%w: some pgflow.step_tasks.queue_name is not its flow_slug (set by hand?): fix them, or apply --rollback-online: %w", ErrRefused, err)
 		}
 		return fmt.Errorf("online validate: validating %s: %w", CheckName, err)
 	}

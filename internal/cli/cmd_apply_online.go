@@ -1,0 +1,229 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	ucli "github.com/urfave/cli/v2"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+)
+
+// onlineFlags are apply's flags for the online path (docs/online.md).
+func onlineFlags() []ucli.Flag {
+	return []ucli.Flag{
+		&ucli.BoolFlag{Name: "online", Usage: "upgrade without blocking the application: expand, batched backfill, contract, then a short switch (docs/online.md); run again to continue after an interruption"},
+		&ucli.BoolFlag{Name: "rollback-online", Usage: "undo an unfinished online upgrade (before its switch): back to the exact 0.16.0 baseline"},
+		&ucli.IntFlag{Name: "batch-size", Value: online.DefaultBatchSize, Usage: "--online: the most rows one backfill batch updates (the size adapts below it to ~100 ms batches)"},
+		&ucli.Float64Flag{Name: "max-rate", Usage: "--online: backfill rows per second at most (0: no limit)"},
+		&ucli.DurationFlag{Name: "pause", Usage: "--online: pause between backfill batches"},
+		&ucli.DurationFlag{Name: "max-replica-lag", Value: online.DefaultMaxReplicaLag, Usage: "--online: wait while a standby's replay_lag is above this (negative: do not look)"},
+	}
+}
+
+// applyOnlineAction is apply with --online or --rollback-online. The
+// table-lock flags keep their meaning; their defaults are the online ones
+// unless given.
+func (a *App) applyOnlineAction(c *ucli.Context) error {
+	if c.Bool("online") && c.Bool("rollback-online") {
+		return usageErrorf("--online and --rollback-online exclude each other")
+	}
+	if c.Bool("dry-run") {
+		return usageErrorf("--dry-run is not available with --online/--rollback-online (the online phases commit as they go); use apply --dry-run on a copy to see the migration")
+	}
+	if c.Int("batch-size") <= 0 || c.Float64("max-rate") < 0 || c.Duration("pause") < 0 {
+		return usageErrorf("--batch-size must be positive, --max-rate and --pause not negative")
+	}
+	if !c.Bool("yes") && !a.Interactive {
+		return usageErrorf("apply changes the database: pass --yes (pipelines), or run it on a terminal")
+	}
+	t, err := a.resolveTarget(c, "apply", false)
+	if err != nil {
+		return err
+	}
+	t.config.DefaultQueryExecMode = pgx.QueryExecModeExec
+	ctx := c.Context
+	conn, err := a.connect(ctx, t)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	where := dsn.Describe(t.config)
+	lockTimeout, lockRetries := online.DefaultLockTimeout, online.DefaultLockRetries
+	if c.IsSet("lock-timeout") {
+		lockTimeout = c.Duration("lock-timeout")
+	}
+	if c.IsSet("lock-retries") {
+		lockRetries = c.Int("lock-retries")
+	}
+	var prog func(online.Event)
+	if a.Interactive {
+		prog = onlineProgress(a.Stderr)
+	}
+
+	if c.Bool("rollback-online") {
+		rr, err := online.Rollback(ctx, conn, online.RollbackOptions{LockTimeout: lockTimeout, LockRetries: lockRetries, Wait: c.Duration("wait"), Progress: prog})
+		code := ExitOK
+		switch {
+		case err == nil:
+		case ctx.Err() != nil:
+			code = ExitInterrupted
+		case conn.IsClosed():
+			code = ExitEnvironment
+		default:
+			code = ExitFindings
+		}
+		if jsonOutput(c) {
+			out := struct {
+				Command  string `json:"command"`
+				Database string `json:"database"`
+				ExitCode int    `json:"exit_code"`
+				*online.RollbackReport
+			}{"apply --rollback-online", where, code, rr}
+			if werr := writeJSON(a.Stdout, out); werr != nil {
+				return werr
+			}
+		} else {
+			fmt.Fprintf(a.Stdout, "pgflow-upgrade apply --rollback-online on %s: %s (found phase %s)\n%s\n", where, rr.Outcome, rr.PhaseFound, a.redact(rr.Message))
+		}
+		if code != ExitOK {
+			return reportedError{withCode(code, err)}
+		}
+		return nil
+	}
+
+	opts := online.Options{
+		BatchSize: c.Int("batch-size"), MaxRate: c.Float64("max-rate"), Pause: c.Duration("pause"),
+		MaxReplicaLag: c.Duration("max-replica-lag"), LockTimeout: lockTimeout, LockRetries: lockRetries,
+		Wait: c.Duration("wait"), Progress: prog,
+		Preflight: audit.Options{Sample: c.Int("sample"), CheckTimeout: c.Duration("check-timeout")},
+	}
+	rep, applyErr := online.Apply(ctx, conn, opts)
+	code := onlineExitCode(rep, applyErr, conn, ctx.Err() != nil)
+	if jsonOutput(c) {
+		out := struct {
+			Command  string `json:"command"`
+			Database string `json:"database"`
+			ExitCode int    `json:"exit_code"`
+			*online.Report
+		}{"apply --online", where, code, rep}
+		if err := writeJSON(a.Stdout, out); err != nil {
+			return err
+		}
+	} else if err := writeOnlineTable(a.Stdout, where, rep); err != nil {
+		return err
+	}
+	if code == ExitOK {
+		return nil
+	}
+	if code == ExitInterrupted {
+		return reportedError{withCode(code, fmt.Errorf("interrupted: %w", applyErr))}
+	}
+	fmt.Fprintf(a.Stderr, "pgflow-upgrade apply --online: %s\n", a.redact(rep.Message))
+	return reportedError{withCode(code, applyErr)}
+}
+
+func onlineExitCode(rep *online.Report, err error, conn *pgx.Conn, interrupted bool) int {
+	if err == nil {
+		return ExitOK
+	}
+	switch {
+	case interrupted || rep.Outcome == upgrade.OutcomeInterrupted:
+		return ExitInterrupted
+	case rep.Outcome == upgrade.OutcomeInconclusive:
+		return ExitInconclusive
+	case rep.Outcome == upgrade.OutcomeFailed && conn.IsClosed():
+		return ExitEnvironment
+	}
+	return ExitFindings
+}
+
+func writeOnlineTable(w io.Writer, where string, rep *online.Report) error {
+	fmt.Fprintf(w, "pgflow-upgrade apply --online on %s: %s (started at phase %s)\n%s\n", where, rep.Outcome, rep.StartPhase, rep.Message)
+	if len(rep.Blockers) > 0 {
+		fmt.Fprintln(w, "\nblockers (fix them, then rerun; `pgflow-upgrade audit` shows the same checks):")
+		var rows [][]string
+		for _, f := range rep.Blockers {
+			rows = append(rows, []string{f.CheckID, countCell(f), f.Message, f.Remedy})
+		}
+		if err := writeTable(w, []string{"check", "count", "finding", "remedy"}, rows); err != nil {
+			return err
+		}
+	}
+	if len(rep.Phases) > 0 {
+		fmt.Fprintln(w)
+		var rows [][]string
+		for _, p := range rep.Phases {
+			rows = append(rows, []string{string(p.Phase), fmt.Sprint(p.DurationMS), p.Detail})
+		}
+		if err := writeTable(w, []string{"phase", "ms", "detail"}, rows); err != nil {
+			return err
+		}
+	}
+	b := rep.Backfill
+	fmt.Fprintf(w, "backfill: %d rows in %d batches (%d passes, %.0f rows/s, longest batch %d ms, %d rows retried as locked, %d ms waiting for replicas)\n",
+		b.Rows, b.Batches, b.Passes, b.Rate, b.LongestMS, b.SkippedLocked, b.ReplicaWaitMS)
+	for _, l := range rep.Locks {
+		fmt.Fprintf(w, "lock window %s: %d ms (%d attempt(s))\n", l.Step, l.WindowMS, l.Attempts)
+	}
+	fmt.Fprintf(w, "total %d ms\n", rep.TotalMS)
+	return nil
+}
+
+// onlineProgress prints phases and, at most once a second, backfill progress.
+func onlineProgress(w io.Writer) func(online.Event) {
+	return func(e online.Event) {
+		switch {
+		case e.Done:
+			fmt.Fprintf(w, "  %s done in %s\n", e.Phase, e.Elapsed.Round(time.Millisecond))
+		case e.Phase == online.PhaseBackfill && e.Total > 0:
+			pct := 100 * float64(e.Rows) / float64(e.Total)
+			fmt.Fprintf(w, "    backfill %d / ~%d rows (%.0f%%), %.0f rows/s: %s\n", e.Rows, e.Total, min(pct, 100), e.Rate, e.Detail)
+		default:
+			fmt.Fprintf(w, "- %s: %s\n", e.Phase, e.Detail)
+		}
+	}
+}
+
+// onlineStatus reads the online upgrade's state for `status` in a READ
+// ONLY transaction with timeouts (catalog and one one-row table).
+func onlineStatus(ctx context.Context, conn *pgx.Conn) (*online.StatusInfo, error) {
+	tx, err := audit.BeginReadOnly(ctx, conn, 10*time.Second, time.Second, "pgflow-upgrade status")
+	if err != nil {
+		return nil, err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	info, err := online.Status(ctx, tx)
+	if err != nil {
+		return nil, fmt.Errorf("reading the online upgrade's progress: %w", err)
+	}
+	if info.Phase == online.PhaseNone || info.Phase == online.PhaseDone {
+		return nil, nil // nothing in progress: status says nothing about it
+	}
+	return info, nil
+}
+
+// writeOnlineStatus prints an online upgrade in progress.
+func writeOnlineStatus(w io.Writer, info *online.StatusInfo) {
+	if info == nil {
+		return
+	}
+	fmt.Fprintf(w, "online upgrade in progress: phase %s (apply --online continues it; apply --rollback-online undoes it)\n", info.Phase)
+	if p := info.Progress; p != nil {
+		fmt.Fprintf(w, "  backfill: %d rows done, ~%d left (of ~%d), pass %d, %d batches, %.0f rows/s, updated %s",
+			p.RowsDone, info.RowsLeft, p.RowsTotal, p.Pass, p.Batches, p.Rate, p.UpdatedAt.UTC().Format(time.RFC3339))
+		if info.ETASeconds > 0 {
+			fmt.Fprintf(w, ", ~%s left at that rate", (time.Duration(info.ETASeconds) * time.Second).Round(time.Second))
+		}
+		fmt.Fprintln(w)
+	}
+	s := info.Shape
+	fmt.Fprintf(w, "  column %v, insert trigger %v, check %v (validated %v), address index %v (valid %v)\n",
+		s.Column, s.Trigger, s.Check, s.CheckValid, s.Index, s.IndexValid)
+}
