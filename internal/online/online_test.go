@@ -2,6 +2,8 @@ package online_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -11,6 +13,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 )
 
 // inflight returns a fresh database holding fixtures' inflight state.
@@ -112,23 +115,110 @@ func TestApplyOnlineInflight(t *testing.T) {
 	}
 }
 
-func TestSwitchSteps(t *testing.T) {
+// An online upgrade stopped in each phase rolls back to the exact 0.16.0
+// baseline: same schema state, every row identical, no trigger, check,
+// index or schema of ours; and it can then be upgraded again.
+func TestRollbackOnline(t *testing.T) {
+	for _, stopAt := range []string{online.PointBatch, online.PointCheck, online.PointValidate, online.PointIndex, online.PointSwitch} {
+		t.Run(stopAt, func(t *testing.T) {
+			ctx := context.Background()
+			db := inflight(t)
+			before, err := fingerprint.Take(ctx, db.Pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			conn := connect(t, db)
+			seen := 0
+			stop := errors.New("stop")
+			_, err = online.Apply(ctx, conn, online.Options{BatchSize: 7, Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
+				if p == stopAt {
+					seen++
+					if p != online.PointBatch || seen == 3 {
+						return stop
+					}
+				}
+				return nil
+			}}})
+			if !errors.Is(err, stop) {
+				t.Fatalf("did not stop at %s: %v", stopAt, err)
+			}
+			if s := mustShape(t, db); !s.Started() {
+				t.Fatalf("nothing of the online upgrade is there after stopping at %s: %+v", stopAt, s)
+			}
+			rr, err := online.Rollback(ctx, conn, online.RollbackOptions{})
+			if err != nil || rr.Outcome != "rolled_back" {
+				t.Fatalf("rollback: %v %+v", err, rr)
+			}
+			st, err := upgrade.DetectState(ctx, db.Pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.State != "baseline" {
+				t.Fatalf("after rollback: state %s %v", st.State, st.Differences)
+			}
+			if s := mustShape(t, db); s.Started() || s.Column {
+				t.Fatalf("leftovers after rollback: %+v", s)
+			}
+			after, err := fingerprint.Take(ctx, db.Pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := fingerprint.Compare(before, after); len(d) > 0 {
+				t.Fatalf("rollback changed rows:\n%s", fingerprint.Format(d, 20))
+			}
+			if d := fingerprint.Added(before, after); len(d) > 0 {
+				t.Fatalf("rollback left rows or tables:\n%s", fingerprint.Format(d, 20))
+			}
+			rr, err = online.Rollback(ctx, conn, online.RollbackOptions{})
+			if err != nil || rr.Outcome != "nothing_to_do" {
+				t.Fatalf("second rollback: %v %+v", err, rr)
+			}
+			rep, err := online.Apply(ctx, conn, online.Options{})
+			if err != nil || rep.Outcome != upgrade.OutcomeApplied {
+				t.Fatalf("apply --online after the rollback: %v %+v", err, rep)
+			}
+			checkUpgraded(t, db, before)
+		})
+	}
+}
+
+// The migration file, run by hand (psql -1) on an online-prepared database,
+// finishes the upgrade too: its guard accepts the prepared shape.
+func TestMigrationFileOnPreparedShape(t *testing.T) {
 	ctx := context.Background()
 	db := inflight(t)
 	conn := connect(t, db)
-	rep, err := online.Apply(ctx, conn, online.Options{})
+	stop := errors.New("stop")
+	_, err := online.Apply(ctx, conn, online.Options{Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
+		if p == online.PointSwitch {
+			return stop
+		}
+		return nil
+	}}})
+	if !errors.Is(err, stop) {
+		t.Fatal(err)
+	}
+	if s := mustShape(t, db); !s.Prepared() {
+		t.Fatalf("not prepared: %+v", s)
+	}
+	ms, err := migrations.All()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range rep.Switch.Steps {
-		t.Logf("%s %d ms", s.Step, s.DurationMS)
+	if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { _, err := tx.Exec(ctx, ms[0].SQL); return err }); err != nil {
+		t.Fatalf("the file on the prepared shape: %v", err)
 	}
-	for _, s := range rep.Switch.Statements {
-		if s.DurationMS > 1 {
-			t.Logf("stmt %d %s %d ms", s.Index, s.Summary, s.DurationMS)
-		}
+	v, err := upgrade.Verify(ctx, conn)
+	if err != nil || !v.OK {
+		t.Fatalf("verify: %v %+v", err, v)
 	}
-	for _, c := range rep.Switch.Preflight {
-		t.Logf("check %s %d ms", c.ID, c.DurationMS)
+	// A column that is there in another shape is refused, not rewritten.
+	db2 := inflight(t)
+	if _, err := db2.Pool.Exec(ctx, `alter table pgflow.step_tasks add column queue_name text`); err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, db2.Pool, func(tx pgx.Tx) error { _, err := tx.Exec(ctx, ms[0].SQL); return err })
+	if err == nil || !strings.Contains(err.Error(), "not in the shape an online upgrade prepares") {
+		t.Fatalf("file on a half-made column: %v", err)
 	}
 }
