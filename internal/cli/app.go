@@ -11,8 +11,11 @@ import (
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
@@ -31,6 +34,9 @@ type App struct {
 	Getenv func(string) string
 	// Interactive says stdin/stdout are a terminal (prompts, progress).
 	Interactive bool
+
+	// dsnSeen is the DSN given on the command line, so errors can be redacted.
+	dsnSeen string
 }
 
 // Run executes args (args[0] is the program name) and returns the exit code.
@@ -65,7 +71,7 @@ func isReported(err error) bool {
 
 // redact removes any password the user gave us from text.
 func (a *App) redact(text string) string {
-	for _, d := range []string{a.Getenv("PGFLOW_UPGRADE_DSN"), a.Getenv("DATABASE_URL"), lastDSN} {
+	for _, d := range []string{a.Getenv("PGFLOW_UPGRADE_DSN"), a.Getenv("DATABASE_URL"), a.dsnSeen} {
 		if d != "" {
 			text = dsn.RedactText(text, d)
 		}
@@ -75,9 +81,6 @@ func (a *App) redact(text string) string {
 	}
 	return text
 }
-
-// lastDSN remembers the --dsn value of this process so errors can be redacted.
-var lastDSN string
 
 func (a *App) build() *ucli.App {
 	app := &ucli.App{
@@ -96,7 +99,7 @@ func (a *App) build() *ucli.App {
 			&ucli.StringFlag{Name: "format", Value: "table", Usage: "output format: table or json"},
 		},
 		Before: func(c *ucli.Context) error {
-			lastDSN = c.String("dsn")
+			a.dsnSeen = c.String("dsn")
 			switch f := c.String("format"); f {
 			case "table", "json":
 			default:
@@ -132,7 +135,17 @@ type target struct {
 // resolveTarget reads --dsn and the environment. With allowNone false, a
 // missing DSN is a usage error that says how to give one.
 func (a *App) resolveTarget(c *ucli.Context, command string, allowNone bool) (*target, error) {
-	r := dsn.Resolve(c.String("dsn"), a.Getenv)
+	return a.resolveWith(c.String("dsn"), command, allowNone)
+}
+
+// resolveWith resolves a DSN given as value (a flag of the command itself, or
+// the global --dsn) and prepares the connection settings every command
+// shares.
+func (a *App) resolveWith(value, command string, allowNone bool) (*target, error) {
+	if value != "" {
+		a.dsnSeen = value
+	}
+	r := dsn.Resolve(value, a.Getenv)
 	if r.Source == dsn.SourceNone {
 		if allowNone {
 			return &target{resolved: r}, nil
@@ -141,12 +154,30 @@ func (a *App) resolveTarget(c *ucli.Context, command string, allowNone bool) (*t
 	}
 	cfg, err := dsn.ParseConfig(r.DSN)
 	if err != nil {
-		return nil, withCode(ExitUsage, fmt.Errorf("%s from %s: %w", "connection string", r.Source, err))
+		return nil, withCode(ExitUsage, fmt.Errorf("connection string from %s: %w; give a postgres:// URL or key=value pairs (https://www.postgresql.org/docs/current/libpq-connect.html#LIBPQ-CONNSTRING)", r.Source, err))
 	}
+	prepareConfig(cfg, r.DSN, command)
+	return &target{resolved: r, config: cfg}, nil
+}
+
+// prepareConfig applies what every command needs from its connection.
+func prepareConfig(cfg *pgx.ConnConfig, raw, command string) {
 	if _, set := cfg.RuntimeParams["application_name"]; !set {
 		cfg.RuntimeParams["application_name"] = "pgflow-upgrade " + command
 	}
-	return &target{resolved: r, config: cfg}, nil
+	// No named prepared statements (pgx's statement cache): they do not
+	// survive a transaction-mode pooler, and no command needs them. A DSN
+	// that names an exec mode (simple_protocol for a pooler) keeps it.
+	if !strings.Contains(raw, "default_query_exec_mode") {
+		cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
+	}
+	// Ctrl-C: send the server a cancel request and wait for its answer, so
+	// the running statement is really cancelled (and its transaction rolled
+	// back) before the process exits; pgx's default only closes the socket,
+	// which can leave the statement running or queued for a lock.
+	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: 5 * time.Second}
+	}
 }
 
 // connect opens one connection to the target.
@@ -156,7 +187,7 @@ func (a *App) connect(ctx context.Context, t *target) (*pgx.Conn, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, withCode(ExitEnvironment, fmt.Errorf("connecting to %s (%s): %s", dsn.Describe(t.config), t.resolved.Source, a.redact(err.Error())))
+		return nil, withCode(ExitEnvironment, fmt.Errorf("connecting to %s (%s): %s; check the host, port, user, password and database, and that the server accepts connections from here", dsn.Describe(t.config), t.resolved.Source, a.redact(err.Error())))
 	}
 	return conn, nil
 }

@@ -64,26 +64,6 @@ func dsnValue(c *ucli.Context) string {
 	return ""
 }
 
-// resolveWith is resolveTarget with an explicit --dsn value.
-func (a *App) resolveWith(value, command string, allowNone bool) (*target, error) {
-	lastDSN = value
-	r := dsn.Resolve(value, a.Getenv)
-	if r.Source == dsn.SourceNone {
-		if allowNone {
-			return &target{resolved: r}, nil
-		}
-		return nil, usageErrorf("no database given: pass --dsn, or set PGFLOW_UPGRADE_DSN, DATABASE_URL or the libpq PG* variables")
-	}
-	cfg, err := dsn.ParseConfig(r.DSN)
-	if err != nil {
-		return nil, withCode(ExitUsage, fmt.Errorf("connection string from %s: %w", r.Source, err))
-	}
-	if _, set := cfg.RuntimeParams["application_name"]; !set {
-		cfg.RuntimeParams["application_name"] = "pgflow-upgrade " + command
-	}
-	return &target{resolved: r, config: cfg}, nil
-}
-
 type replayReport struct {
 	Provider  string            `json:"provider"`
 	From      string            `json:"from,omitempty"`

@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Source says where a connection string came from, for messages.
@@ -80,9 +81,12 @@ var keyValuePassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)
 var urlUserinfo = regexp.MustCompile(`(?i)(postgres(?:ql)?://[^:/@\s]*:)([^@\s]*)(@)`)
 
 // Redact returns the connection string with any password replaced by "xxxxx".
-// It works on URLs and on key/value strings, and on malformed input too.
+// It works on URLs and on key/value strings, and on malformed input too: it
+// starts from pgx's own redaction, which splits a URL exactly as pgx's parser
+// does (a space or an '@' typed in a password included), then masks what
+// net/url and the patterns below recognise on top.
 func Redact(dsn string) string {
-	out := dsn
+	out := pgxRedact(dsn)
 	if u, err := url.Parse(dsn); err == nil && u.User != nil {
 		if _, has := u.User.Password(); has {
 			u.User = url.UserPassword(u.User.Username(), "xxxxx")
@@ -100,9 +104,24 @@ func Redact(dsn string) string {
 	return out
 }
 
+// pgxRedact returns pgx's redaction of dsn: the text between the backquotes
+// of its parse-error message ("cannot parse `...`: ").
+func pgxRedact(dsn string) string {
+	msg := pgconn.NewParseConfigError(dsn, "", nil).Error()
+	start, end := strings.Index(msg, "`"), strings.LastIndex(msg, "`")
+	if start < 0 || end <= start {
+		return dsn
+	}
+	return msg[start+1 : end]
+}
+
 // RedactText removes every password that appears in dsn from an arbitrary
-// text (an error message, a log line).
+// text (an error message, a log line): the whole connection string first,
+// then each spelling of its password.
 func RedactText(text, dsn string) string {
+	if dsn != "" {
+		text = strings.ReplaceAll(text, dsn, Redact(dsn))
+	}
 	for _, pw := range passwords(dsn) {
 		if pw != "" && len(pw) >= 1 {
 			text = strings.ReplaceAll(text, pw, "xxxxx")

@@ -93,9 +93,6 @@ func FuzzRedact(f *testing.F) {
 			t.Skip("not a raw URL password")
 		}
 
-		if knownGap(input) {
-			t.Skip("known gap of Redact (TestRedactKnownLeaks)")
-		}
 		checkNoPassword(t, "Redact", Redact(input), input, spellings, without)
 
 		cfg, err := ParseConfig(input)
@@ -140,9 +137,6 @@ func FuzzParseConfigArbitrary(f *testing.F) {
 			return // the error is checked against known passwords in FuzzRedact
 		}
 		pw := cfg.Password
-		if knownGap(input) {
-			t.Skip("known gap of Redact (TestRedactKnownLeaks)")
-		}
 		if pw == "" || len(pw) < 4 || strings.Count(input, pw) != 1 {
 			return // too short to tell apart, or also part of another field
 		}
@@ -156,12 +150,11 @@ func FuzzParseConfigArbitrary(f *testing.F) {
 	})
 }
 
-// knownLeaks are inputs the fuzzers found where Redact (and so the error of
-// ParseConfig, which quotes Redact's result) still shows the password: raw
+// formerLeaks are inputs the fuzzers found where Redact (and so the error of
+// ParseConfig, which quotes Redact's result) used to show the password: raw
 // URL passwords that net/url rejects but pgx's own URL parser accepts or
-// splits differently. They are skipped, not deleted, until dsn.Redact follows
-// pgx's parser (docs/hardening.md, "Known gaps").
-var knownLeaks = []struct{ dsn, password string }{
+// splits differently. Redact now starts from pgx's own redaction.
+var formerLeaks = []struct{ dsn, password string }{
 	{"postgres://u:my pass@host/db", "my pass"}, // a space typed in the password
 	{"postgres://u:p@ss@host:x/db", "p@ss"},     // an '@' typed in the password, bad port
 	{"postgres://0:000\r@0/db?0", "000\r"},      // a control character
@@ -169,27 +162,16 @@ var knownLeaks = []struct{ dsn, password string }{
 	{"postgres://#:0000@", "0000"},              // pgx takes '#' as part of the user
 }
 
-// knownGap says whether input is of the kind knownLeaks shows: a URL that
-// net/url cannot parse, where Redact falls back to a regular expression that
-// does not split the URL the way pgx does. Remove its uses once Redact
-// follows pgx's parser.
-func knownGap(input string) bool {
-	if !strings.HasPrefix(input, "postgres://") && !strings.HasPrefix(input, "postgresql://") {
-		return false
-	}
-	_, err := url.Parse(input)
-	return err != nil
-}
-
-func TestRedactKnownLeaks(t *testing.T) {
-	for _, c := range knownLeaks {
-		_, err := ParseConfig(c.dsn)
-		leak := strings.Contains(Redact(c.dsn), c.password) || (err != nil && strings.Contains(err.Error(), c.password))
-		if leak {
-			t.Logf("known leak still open: %q", c.dsn)
-			continue
+func TestRedactFormerLeaks(t *testing.T) {
+	for _, c := range formerLeaks {
+		if got := Redact(c.dsn); strings.Contains(got, c.password) {
+			t.Errorf("Redact(%q) = %q shows the password", c.dsn, got)
 		}
-		t.Logf("fixed: %q (move it to the seeds of FuzzParseConfigArbitrary)", c.dsn)
+		if _, err := ParseConfig(c.dsn); err != nil && strings.Contains(err.Error(), c.password) {
+			t.Errorf("ParseConfig(%q) error %q shows the password", c.dsn, err)
+		}
+		if got := RedactText("failed: "+c.dsn, c.dsn); strings.Contains(got, c.password) {
+			t.Errorf("RedactText over %q = %q shows the password", c.dsn, got)
+		}
 	}
-	t.Skip("known gaps of dsn.Redact, see docs/hardening.md")
 }
