@@ -219,8 +219,15 @@ func (e *engine) batch(ctx context.Context, k key, size int) (*batchResult, erro
 	// A batch never waits for a row lock (SKIP LOCKED); the timeouts only
 	// bound a batch that is slower than it should be (then it gets smaller).
 	st := max(20*e.opts.BatchTime, 5*time.Second)
+	// The batch is a key range: index scans and nested loops by primary
+	// key, never a hash join over the whole table (the planner's estimate
+	// of a row-comparison range is poor, and a wrong guess costs a scan of
+	// millions of rows per batch).
 	if _, err := tx.Exec(ctx, `select pg_catalog.set_config('statement_timeout', $1, true),
-	                                  pg_catalog.set_config('lock_timeout', $2, true)`, pgMillis(st), pgMillis(e.opts.LockTimeout)); err != nil {
+	                                  pg_catalog.set_config('lock_timeout', $2, true),
+	                                  pg_catalog.set_config('enable_seqscan', 'off', true),
+	                                  pg_catalog.set_config('enable_hashjoin', 'off', true),
+	                                  pg_catalog.set_config('enable_mergejoin', 'off', true)`, pgMillis(st), pgMillis(e.opts.LockTimeout)); err != nil {
 		return nil, fmt.Errorf("online backfill: setting timeouts: %w", err)
 	}
 	b := &batchResult{tx: tx}
