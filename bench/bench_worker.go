@@ -1,0 +1,463 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/oldworker"
+	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
+	"github.com/pgflow-upgrade/pgflow-upgrade/worker"
+)
+
+// worker: tasks per second claimed and completed with no-op handlers, the new
+// protocol (package worker on an upgraded database: claim_tasks +
+// complete_task) against the 0.16.0 two-phase path (fixtures/oldworker on a
+// baseline database: read_with_poll + start_tasks + complete_task), in one
+// run, at 1, 4 and 16 workers.
+//
+// Method (BENCHMARKS.md repeats it):
+//   - every measurement gets a fresh database: a 0.16.0 clone, upgraded with
+//     the embedded migration (one transaction) for the new protocol;
+//   - the flow is compiled, then all workers start (each its own pool) and
+//     poll the empty queue; only then is the whole workload enqueued in one
+//     transaction, so every message becomes visible at its commit;
+//   - the clock runs from that commit (the first claim follows within one poll
+//     interval, 10 ms on both paths) to the last complete_task's completed_at,
+//     both read from the server's clock;
+//   - same batch size, concurrency, visibility timeout and polling on both
+//     paths; cases alternate old/new (the order flips every repetition) so a
+//     drift in machine load hits both; the median of env.Repeat is reported;
+//   - each measurement is checked: every task completed, on its first
+//     attempt, every run completed (exactly once), no worker error.
+func init() {
+	Register(Benchmark{
+		Name: "worker",
+		Goal: "new protocol (claim_tasks) at least as many tasks/s as 0.16.0's read_with_poll + start_tasks at 1, 4 and 16 workers",
+		Run:  benchWorker,
+	})
+}
+
+// Per-worker settings, identical on both paths.
+const (
+	wbBatchSize    = 10
+	wbConcurrency  = 10
+	wbPoolConns    = wbConcurrency + 2 // handlers' completions + the claim + the heartbeat
+	wbVisibility   = 60                // seconds: no lease expires during a measurement
+	wbPollSeconds  = 2
+	wbPollInterval = 10 * time.Millisecond
+)
+
+var wbWorkerCounts = []int{1, 4, 16}
+
+// workerShape is one workload.
+type workerShape struct {
+	Name        string
+	Map         bool // one root map step; else one root single step
+	Runs        int
+	TasksPerRun int // map only (single: 1)
+}
+
+func (s workerShape) tasks() int {
+	if s.Map {
+		return s.Runs * s.TasksPerRun
+	}
+	return s.Runs
+}
+
+// Both shapes are 10,000 tasks: a few big runs (every completion of a run
+// locks the same run row) and many small ones (claims spread over 10,000
+// runs, each completion also completes its run).
+var workerShapes = []workerShape{
+	{Name: "root map, 20 runs x 500 tasks", Map: true, Runs: 20, TasksPerRun: 500},
+	{Name: "single step, 10000 runs", Map: false, Runs: 10000},
+}
+
+type protocol string
+
+const (
+	protoOld protocol = "0.16.0 read_with_poll+start_tasks"
+	protoNew protocol = "claim_tasks"
+)
+
+const wbFlowSlug = "bench_worker"
+
+func (s workerShape) newFlow() worker.Flow {
+	st := worker.Step{Slug: "work", Type: worker.StepSingle}
+	if s.Map {
+		st.Type = worker.StepMap
+	}
+	return worker.Flow{Slug: wbFlowSlug, Steps: []worker.Step{st}}
+}
+
+func (s workerShape) oldFlow() oldworker.Flow {
+	st := oldworker.Step{Slug: "work", Type: "single"}
+	if s.Map {
+		st.Type = "map"
+	}
+	return oldworker.Flow{Slug: wbFlowSlug, Steps: []oldworker.Step{st}}
+}
+
+// workerSample is one measurement.
+type workerSample struct {
+	Elapsed     time.Duration
+	Tasks       int
+	ExtraReads  int64   // sum(read_ct) - messages: reads that did not end in a claim
+	ClaimCalls  int64   // new protocol: claim_tasks calls that returned
+	ClaimedMean float64 // new protocol: tasks per claim_tasks call
+}
+
+func (s workerSample) rate() float64 { return float64(s.Tasks) / s.Elapsed.Seconds() }
+
+func benchWorker(ctx context.Context, env *Env) ([]Row, error) {
+	var rows []Row
+	for _, shape := range workerShapes {
+		samples := map[protocol]map[int][]workerSample{protoOld: {}, protoNew: {}}
+		for i := 0; i < env.Repeat; i++ {
+			for _, n := range wbWorkerCounts {
+				order := []protocol{protoOld, protoNew}
+				if i%2 == 1 {
+					order = []protocol{protoNew, protoOld}
+				}
+				for _, p := range order {
+					s, err := measureWorkers(ctx, env, p, shape, n)
+					if err != nil {
+						return nil, fmt.Errorf("%s, %s, %d workers: %w", shape.Name, p, n, err)
+					}
+					env.Logf("bench: worker: %s, %s, %d workers: %.0f tasks/s (%s, extra reads %d)",
+						shape.Name, p, n, s.rate(), s.Elapsed.Round(time.Millisecond), s.ExtraReads)
+					samples[p][n] = append(samples[p][n], s)
+				}
+			}
+		}
+		for _, n := range wbWorkerCounts {
+			o, nw := medianSample(samples[protoOld][n]), medianSample(samples[protoNew][n])
+			rows = append(rows, Row{Benchmark: "worker", Case: fmt.Sprintf("%s, %d worker(s) x %d concurrency, batch %d", shape.Name, n, wbConcurrency, wbBatchSize),
+				Metrics: []Metric{
+					{"0.16.0", o.rate() / 1000, "k tasks/s"},
+					{"claim_tasks", nw.rate() / 1000, "k tasks/s"},
+					{"new/old", nw.rate() / o.rate(), "x"},
+					{"extra reads old", float64(o.ExtraReads), ""},
+					{"extra reads new", float64(nw.ExtraReads), ""},
+					{"tasks per claim new", nw.ClaimedMean, ""},
+				}})
+		}
+	}
+	return rows, nil
+}
+
+// medianSample is the sample of median throughput.
+func medianSample(ss []workerSample) workerSample {
+	s := append([]workerSample(nil), ss...)
+	sort.Slice(s, func(i, j int) bool { return s[i].rate() < s[j].rate() })
+	return s[len(s)/2]
+}
+
+// measureWorkers runs one measurement on a fresh database.
+func measureWorkers(ctx context.Context, env *Env, p protocol, shape workerShape, n int) (workerSample, error) {
+	dsn, drop, err := env.CloneBaseline(ctx)
+	if err != nil {
+		return workerSample{}, err
+	}
+	defer drop()
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return workerSample{}, err
+	}
+	defer admin.Close(context.WithoutCancel(ctx))
+
+	if p == protoNew {
+		if err := applyMigrations(ctx, admin); err != nil {
+			return workerSample{}, err
+		}
+		if _, err := worker.EnsureFlow(ctx, admin, shape.newFlow()); err != nil {
+			return workerSample{}, fmt.Errorf("compiling the bench flow: %w", err)
+		}
+	} else {
+		if _, err := admin.Exec(ctx, `select pgflow.ensure_flow_compiled($1::text, $2::jsonb)`, wbFlowSlug, string(shape.oldFlow().MustShape())); err != nil {
+			return workerSample{}, fmt.Errorf("compiling the bench flow: %w", err)
+		}
+	}
+	// Fresh statistics, so the planner sees the empty tables as they are.
+	if _, err := admin.Exec(ctx, "analyze"); err != nil {
+		return workerSample{}, err
+	}
+
+	ws, err := startBenchWorkers(ctx, p, shape, dsn, n)
+	if err != nil {
+		return workerSample{}, err
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = ws.stop()
+		}
+	}()
+
+	// Enqueue everything in one transaction: the messages become visible at
+	// its commit, which starts the clock. (The map input refers to r so that
+	// start_flow is called once per row, not once and rescanned.)
+	tx, err := admin.Begin(ctx)
+	if err != nil {
+		return workerSample{}, err
+	}
+	if shape.Map {
+		_, err = tx.Exec(ctx, `select count(*) from generate_series(1, $2::int) r,
+		    lateral pgflow.start_flow($1::text, (select jsonb_agg(i) from generate_series(1, $3::int) i where r > 0))`,
+			wbFlowSlug, shape.Runs, shape.TasksPerRun)
+	} else {
+		_, err = tx.Exec(ctx, `select count(*) from generate_series(1, $2::int) r,
+		    lateral pgflow.start_flow($1::text, jsonb_build_object('run', r))`, wbFlowSlug, shape.Runs)
+	}
+	if err != nil {
+		_ = tx.Rollback(ctx)
+		return workerSample{}, fmt.Errorf("starting %d runs: %w", shape.Runs, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return workerSample{}, err
+	}
+	var t0 time.Time
+	if err := admin.QueryRow(ctx, `select clock_timestamp()`).Scan(&t0); err != nil {
+		return workerSample{}, err
+	}
+
+	// Wait for the last run (a bounded guard, never part of the result).
+	guard := time.Now().Add(10 * time.Minute)
+	for {
+		var open int64
+		if err := admin.QueryRow(ctx, `select count(*) from pgflow.runs where status <> 'completed'`).Scan(&open); err != nil {
+			return workerSample{}, err
+		}
+		if open == 0 {
+			break
+		}
+		if err := ws.err(); err != nil {
+			return workerSample{}, fmt.Errorf("a worker stopped with %d runs open: %w", open, err)
+		}
+		if time.Now().After(guard) {
+			return workerSample{}, fmt.Errorf("gave up: %d runs still open after 10 minutes", open)
+		}
+		select {
+		case <-ctx.Done():
+			return workerSample{}, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	stopped = true
+	if err := ws.stop(); err != nil {
+		return workerSample{}, err
+	}
+
+	var s workerSample
+	var tEnd time.Time
+	var tasks, completedOnce int64
+	if err := admin.QueryRow(ctx, `select max(completed_at), count(*),
+	        count(*) filter (where status = 'completed' and attempts_count = 1)
+	      from pgflow.step_tasks`).Scan(&tEnd, &tasks, &completedOnce); err != nil {
+		return workerSample{}, err
+	}
+	if tasks != int64(shape.tasks()) || completedOnce != tasks {
+		return workerSample{}, fmt.Errorf("%d tasks, %d completed on their first attempt; want %d each", tasks, completedOnce, shape.tasks())
+	}
+	var reads, archived int64
+	if err := admin.QueryRow(ctx, `select coalesce(sum(read_ct), 0), count(*) from pgmq.`+pgx.Identifier{"a_" + wbFlowSlug}.Sanitize()).
+		Scan(&reads, &archived); err != nil {
+		return workerSample{}, fmt.Errorf("reading the archive: %w", err)
+	}
+	if archived != tasks {
+		return workerSample{}, fmt.Errorf("%d messages archived, want %d", archived, tasks)
+	}
+	s.Elapsed = tEnd.Sub(t0)
+	s.Tasks = int(tasks)
+	s.ExtraReads = reads - archived
+	s.ClaimCalls, s.ClaimedMean = ws.claimStats()
+	if ws.completed() != -1 && ws.completed() != tasks {
+		return workerSample{}, fmt.Errorf("workers counted %d completions, want %d", ws.completed(), tasks)
+	}
+	return s, nil
+}
+
+// applyMigrations upgrades the database the way the worker tests do: every
+// embedded migration in one transaction.
+func applyMigrations(ctx context.Context, conn *pgx.Conn) error {
+	all, err := migrations.All()
+	if err != nil {
+		return err
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	for _, m := range all {
+		if _, err := tx.Exec(ctx, m.SQL); err != nil {
+			return fmt.Errorf("applying %s: %w", m.File, err)
+		}
+	}
+	return tx.Commit(ctx)
+}
+
+// benchWorkers is a set of running workers of one protocol.
+type benchWorkers struct {
+	pools []*pgxpool.Pool
+	news  []*worker.Worker
+	// old workers: cancel stops them, done reports their Run errors.
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	errs   []error
+}
+
+func (b *benchWorkers) err() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, w := range b.news {
+		select {
+		case <-w.Stopping():
+			return fmt.Errorf("worker %s stopped: %v", w.ID(), w.Err())
+		default:
+		}
+	}
+	return errors.Join(b.errs...)
+}
+
+func (b *benchWorkers) stop() error {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []error
+	for _, w := range b.news {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := w.Stop(ctx); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if b.cancel != nil {
+		b.cancel()
+	}
+	b.wg.Wait()
+	for _, p := range b.pools {
+		p.Close()
+	}
+	b.mu.Lock()
+	errs = append(errs, b.errs...)
+	b.mu.Unlock()
+	for _, w := range b.news {
+		if st := w.Stats(); st.WriteErrors > 0 || st.Fatal > 0 || st.Failed > 0 {
+			errs = append(errs, fmt.Errorf("worker %s: %+v", w.ID(), st))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// claimStats: claim_tasks calls and tasks per call (new protocol only).
+func (b *benchWorkers) claimStats() (int64, float64) {
+	var calls, claimed int64
+	for _, w := range b.news {
+		st := w.Stats()
+		calls += st.ClaimCalls
+		claimed += st.Claimed
+	}
+	if calls == 0 {
+		return 0, 0
+	}
+	return calls, float64(claimed) / float64(calls)
+}
+
+// completed is the new workers' completion count, -1 for old workers (they
+// keep none; the database check covers them).
+func (b *benchWorkers) completed() int64 {
+	if len(b.news) == 0 {
+		return -1
+	}
+	var n int64
+	for _, w := range b.news {
+		n += w.Stats().Completed
+	}
+	return n
+}
+
+var discardLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+var noOutput = json.RawMessage("true") // the same output on both paths (0.16.0 sends falsy outputs as null)
+
+func startBenchWorkers(ctx context.Context, p protocol, shape workerShape, dsn string, n int) (*benchWorkers, error) {
+	b := &benchWorkers{}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = wbPoolConns
+	for range n {
+		pool, err := pgxpool.NewWithConfig(ctx, cfg.Copy())
+		if err != nil {
+			_ = b.stop()
+			return nil, err
+		}
+		b.pools = append(b.pools, pool)
+	}
+	if p == protoNew {
+		for _, pool := range b.pools {
+			w, err := worker.New(pool, worker.Config{
+				Flow:              shape.newFlow(),
+				Handlers:          map[string]worker.HandlerFunc{"work": func(context.Context, *worker.Task) (any, error) { return noOutput, nil }},
+				BatchSize:         wbBatchSize,
+				Concurrency:       wbConcurrency,
+				VisibilityTimeout: wbVisibility * time.Second,
+				PollInterval:      wbPollInterval,
+				MaxPollSeconds:    wbPollSeconds,
+				Logger:            discardLogger,
+			})
+			if err == nil {
+				err = w.Start(context.WithoutCancel(ctx))
+			}
+			if err != nil {
+				_ = b.stop()
+				return nil, err
+			}
+			b.news = append(b.news, w)
+		}
+		return b, nil
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	b.cancel = cancel
+	for _, pool := range b.pools {
+		w := oldworker.New(pool, oldworker.Config{
+			FlowSlug:          wbFlowSlug,
+			Shape:             shape.oldFlow().MustShape(),
+			Handlers:          map[string]oldworker.Handler{"work": func(context.Context, oldworker.Task) (any, error) { return noOutput, nil }},
+			BatchSize:         wbBatchSize,
+			MaxConcurrent:     wbConcurrency,
+			VisibilityTimeout: wbVisibility,
+			MaxPollSeconds:    wbPollSeconds,
+			PollIntervalMs:    int(wbPollInterval / time.Millisecond),
+			Logger:            discardLogger,
+		})
+		if err := w.Start(ctx); err != nil {
+			_ = b.stop()
+			return nil, err
+		}
+		b.wg.Go(func() {
+			if err := w.Run(runCtx); err != nil {
+				b.mu.Lock()
+				b.errs = append(b.errs, err)
+				b.mu.Unlock()
+			}
+		})
+	}
+	return b, nil
+}
