@@ -187,9 +187,27 @@ func (a *App) connect(ctx context.Context, t *target) (*pgx.Conn, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, withCode(ExitEnvironment, fmt.Errorf("connecting to %s (%s): %s; check the host, port, user, password and database, and that the server accepts connections from here", dsn.Describe(t.config), t.resolved.Source, a.redact(err.Error())))
+		return nil, withCode(ExitEnvironment, fmt.Errorf("connecting to %s (%s): %s; %s", dsn.Describe(t.config), t.resolved.Source, a.redact(err.Error()), connectHint(err)))
 	}
 	return conn, nil
+}
+
+// connectHint says what to do about a failed connection, by SQLSTATE.
+func connectHint(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "28P01":
+			return "check the password (in the DSN or PGPASSWORD)"
+		case "28000":
+			return "check the role: it needs LOGIN (ALTER ROLE ... LOGIN) and a pg_hba.conf entry that lets it connect from here"
+		case "3D000":
+			return "check the database name"
+		case "53300":
+			return "the server has no connection slots left: retry later or raise max_connections"
+		}
+	}
+	return "check the host, port, user, password and database, and that the server accepts connections from here"
 }
 
 // jsonOutput says whether --format json was chosen.

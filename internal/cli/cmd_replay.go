@@ -86,7 +86,7 @@ func (a *App) fixturesReplay(c *ucli.Context) error {
 		captured, err = scenario.ReadCapture(f)
 		f.Close()
 		if err != nil {
-			return withCode(ExitUsage, fmt.Errorf("--from %s: %w", from, err))
+			return withCode(ExitUsage, fmt.Errorf("--from %s: %w; capture the database again with `pgflow-upgrade fixtures capture --out FILE`", from, err))
 		}
 		if captured.Header.PgflowState != "baseline" {
 			return withCode(ExitFindings, fmt.Errorf("--from %s: %w (state %q): nothing to replay", from, scenario.ErrNotBaseline, captured.Header.PgflowState))

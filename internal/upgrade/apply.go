@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -152,11 +153,13 @@ type StatementReport struct {
 
 // Report says what apply did. It is returned also with an error.
 type Report struct {
-	Outcome    Outcome           `json:"outcome"`
-	DryRun     bool              `json:"dry_run"`
-	Message    string            `json:"message"`
-	State      audit.SchemaInfo  `json:"state_before"`
-	Pending    []string          `json:"pending"`
+	Outcome Outcome          `json:"outcome"`
+	DryRun  bool             `json:"dry_run"`
+	Message string           `json:"message"`
+	State   audit.SchemaInfo `json:"state_before"`
+	Pending []string         `json:"pending"`
+	// Unknown: revisions recorded in the database that no embedded migration has.
+	Unknown    []string          `json:"unknown_revisions,omitempty"`
 	Steps      []StepTiming      `json:"steps"`
 	Statements []StatementReport `json:"statements"`
 	// LockAttempts: how many times the table locks were tried.
@@ -179,6 +182,7 @@ type Report struct {
 var (
 	ErrIntegrity      = errors.New("integrity check failed, refusing to run the migrations")
 	ErrNotBaseline    = errors.New("the database is not the pgflow 0.16.0 baseline this migration starts from")
+	ErrNewerSchema    = errors.New("the database has a newer, unknown schema revision")
 	ErrPreflight      = errors.New("the preflight refused the upgrade: nothing was changed")
 	ErrInconclusive   = errors.New("a preflight check ran out of time: nothing was changed")
 	ErrPostConditions = errors.New("the post-conditions failed after the migration: rolled back, nothing was changed")
@@ -323,14 +327,29 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 		if err != nil {
 			return err
 		}
+		known := map[string]bool{}
 		for _, m := range all {
+			known[m.Version] = true
 			if !applied[m.Version] {
 				r.Pending = append(r.Pending, m.Version+"_"+m.Name)
 			}
 		}
+		for v := range applied {
+			if !known[v] {
+				r.Unknown = append(r.Unknown, v)
+			}
+		}
+		sort.Strings(r.Unknown)
 		return nil
 	}); err != nil {
 		return err
+	}
+	if len(r.Unknown) > 0 {
+		// A revision we do not ship: a newer tool upgraded this database
+		// further, and this one must not "re-apply" or touch it.
+		r.Outcome = OutcomeRefused
+		return fmt.Errorf("%w: pgflow.schema_revisions records %s, which this pgflow-upgrade (migrations up to %s) does not know; use the newer pgflow-upgrade that applied it (`pgflow-upgrade status` lists the revisions)",
+			ErrNewerSchema, strings.Join(r.Unknown, ", "), Version)
 	}
 	accepted := false
 	if opts.AcceptState != nil && r.State.State != audit.StateBaseline && len(r.Pending) > 0 {
