@@ -351,9 +351,7 @@ func TestPoolerConcurrentAudits(t *testing.T) {
 		t.Fatalf("concurrent audits with default_query_exec_mode=simple_protocol failed:\n%s", strings.Join(failed, "\n"))
 	}
 	if failed := audits(""); len(failed) > 0 {
-		t.Skipf("known gap: audit keeps pgx's statement cache unless the DSN says otherwise (internal/cli/app.go resolveTarget "+
-			"or cmd_audit.go should set QueryExecModeExec as cmd_apply.go does); %d of 6 concurrent audits through PgBouncer failed:\n%s",
-			len(failed), strings.Join(failed, "\n"))
+		t.Fatalf("%d of 6 concurrent audits through PgBouncer with a plain DSN failed:\n%s", len(failed), strings.Join(failed, "\n"))
 	}
 }
 
@@ -374,8 +372,6 @@ func TestPoolerConcurrentStatusVerify(t *testing.T) {
 		}
 	}
 	if len(failed) > 0 {
-		t.Skipf("known gap: status and verify keep pgx's statement cache (internal/cli/cmd_status.go, cmd_verify.go, or "+
-			"resolveTarget in app.go, should set QueryExecModeExec as cmd_apply.go and cmd_audit.go do); %d of %d failed through PgBouncer:\n%s",
-			len(failed), len(procs), strings.Join(failed, "\n"))
+		t.Fatalf("%d of %d status/verify runs through PgBouncer with a plain DSN failed:\n%s", len(failed), len(procs), strings.Join(failed, "\n"))
 	}
 }

@@ -70,13 +70,15 @@ func (e *Env) NewDB(ctx context.Context) (*DB, error) { return e.newDB(ctx, e.te
 
 func (e *Env) newDB(ctx context.Context, template string) (*DB, error) {
 	name := pgprovider.RandomName("pgflow_upgrade_replay")
-	if err := e.Server.CreateDatabase(ctx, name, template); err != nil {
-		return nil, err
-	}
 	db := &DB{Name: name, DSN: e.Server.DSNFor(name)}
+	// Recorded before CREATE DATABASE: a create cancelled by Ctrl-C can still
+	// complete on the server, and cleanup drops with IF EXISTS.
 	e.mu.Lock()
 	e.dbs = append(e.dbs, db)
 	e.mu.Unlock()
+	if err := e.Server.CreateDatabase(ctx, name, template); err != nil {
+		return nil, err
+	}
 	cfg, err := pgxpool.ParseConfig(db.DSN)
 	if err != nil {
 		return nil, err
