@@ -660,7 +660,7 @@ begin
 
   -- A failed (or finished) run: no-op.
   if v_run.status <> 'started' then
-    return next v_task;
+    return query select st.* from pgflow.step_tasks st where (st.run_id, st.step_slug, st.task_index) = (complete_task.run_id, complete_task.step_slug, complete_task.task_index);
     return;
   end if;
 
@@ -668,14 +668,14 @@ begin
   -- Same for a late call on a task that already finished.
   if v_state.status <> 'started' or v_task.status in ('completed', 'failed') then
     perform pgflow._archive_task_message(complete_task.run_id, complete_task.step_slug, complete_task.task_index);
-    return next v_task;
+    return query select st.* from pgflow.step_tasks st where (st.run_id, st.step_slug, st.task_index) = (complete_task.run_id, complete_task.step_slug, complete_task.task_index);
     return;
   end if;
 
   -- A queued task (requeued as stalled, or waiting for a retry) is not the
   -- caller's any more; its message must stay for the next claim.
   if v_task.status <> 'started' then
-    return next v_task;
+    return query select st.* from pgflow.step_tasks st where (st.run_id, st.step_slug, st.task_index) = (complete_task.run_id, complete_task.step_slug, complete_task.task_index);
     return;
   end if;
 
@@ -698,7 +698,7 @@ begin
     returning st.* into v_task;
     perform pgflow._archive_task_message(complete_task.run_id, complete_task.step_slug, complete_task.task_index);
     perform pgflow._fail_run(complete_task.run_id, complete_task.step_slug, v_task.error_message);
-    return next v_task;
+    return query select st.* from pgflow.step_tasks st where (st.run_id, st.step_slug, st.task_index) = (complete_task.run_id, complete_task.step_slug, complete_task.task_index);
     return;
   end if;
 
@@ -729,7 +729,7 @@ begin
   perform pgflow.start_ready_steps(complete_task.run_id);
   perform pgflow.maybe_complete_run(complete_task.run_id);
 
-  return next v_task;
+  return query select st.* from pgflow.step_tasks st where (st.run_id, st.step_slug, st.task_index) = (complete_task.run_id, complete_task.step_slug, complete_task.task_index);
 end;
 $$;
 
@@ -775,20 +775,20 @@ begin
       and st.task_index = fail_task.task_index and st.status in ('queued', 'started')
     returning st.* into v_task;
     perform pgflow._archive_task_message(fail_task.run_id, fail_task.step_slug, fail_task.task_index);
-    return next v_task;
+    return query select st.* from pgflow.step_tasks st where (st.run_id, st.step_slug, st.task_index) = (fail_task.run_id, fail_task.step_slug, fail_task.task_index);
     return;
   end if;
 
   -- Completed run, step no longer running, or a finished task: archive only.
   if v_run.status <> 'started' or v_state.status <> 'started' or v_task.status in ('completed', 'failed') then
     perform pgflow._archive_task_message(fail_task.run_id, fail_task.step_slug, fail_task.task_index);
-    return next v_task;
+    return query select st.* from pgflow.step_tasks st where (st.run_id, st.step_slug, st.task_index) = (fail_task.run_id, fail_task.step_slug, fail_task.task_index);
     return;
   end if;
 
   -- A queued task (requeued as stalled, or released) is not the caller's any more.
   if v_task.status <> 'started' then
-    return next v_task;
+    return query select st.* from pgflow.step_tasks st where (st.run_id, st.step_slug, st.task_index) = (fail_task.run_id, fail_task.step_slug, fail_task.task_index);
     return;
   end if;
 
@@ -812,7 +812,7 @@ begin
     if v_task.message_id is not null then
       perform pgmq.set_vt(v_task.queue_name, v_task.message_id, v_delay);
     end if;
-    return next v_task;
+    return query select st.* from pgflow.step_tasks st where (st.run_id, st.step_slug, st.task_index) = (fail_task.run_id, fail_task.step_slug, fail_task.task_index);
     return;
   end if;
 
@@ -834,7 +834,7 @@ begin
     perform pgflow.maybe_complete_run(fail_task.run_id);
   end if;
 
-  return next v_task;
+  return query select st.* from pgflow.step_tasks st where (st.run_id, st.step_slug, st.task_index) = (fail_task.run_id, fail_task.step_slug, fail_task.task_index);
 end;
 $$;
 

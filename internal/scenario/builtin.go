@@ -591,8 +591,8 @@ func concurrentTraffic(ctx context.Context, env *Env) error {
 	if applyRep != nil {
 		lockWindow, attempts = applyRep.LockWindowMS, applyRep.LockAttempts
 	}
-	env.Notef("longest application wait %s over %d ops (%d lock timeouts); apply lock window %d ms, %d lock attempts",
-		tr.longest().Round(time.Millisecond), tr.ops(), tr.timeouts(), lockWindow, attempts)
+	env.Notef("longest application wait %s over %d ops (%d lock timeouts, %d calls in flight across the row-type change failed with 42804 and were retried); apply lock window %d ms, %d lock attempts",
+		tr.longest().Round(time.Millisecond), tr.ops(), tr.timeouts(), tr.stale(), lockWindow, attempts)
 	return nil
 }
 

@@ -189,9 +189,22 @@ type lockResult struct {
 // first LOCK, which releases every table this attempt had locked, so the
 // application is blocked at most one lock_timeout per attempt; then it backs
 // off with jitter and tries again, retries times at most.
+//
+// Deadlocks: the application takes these tables in both orders (start_flow
+// flows then runs, complete_task runs then flows through a foreign-key
+// check), so no fixed order avoids a cycle with it. Once the first table is
+// held, the remaining locks share a budget below the server's
+// deadlock_timeout: apply gives up and releases everything before an
+// application session that waits on us reaches its deadlock check, so the
+// application never sees 40P01; apply retries instead.
 func lockTables(ctx context.Context, tx pgx.Tx, timeout time.Duration, retries int, onRetry func(attempt int, table string, wait time.Duration)) (lockResult, error) {
 	var res lockResult
 	delay := 200 * time.Millisecond
+	var deadlockMS float64
+	if err := tx.QueryRow(ctx, `select extract(epoch from pg_catalog.current_setting('deadlock_timeout')::interval) * 1000`).Scan(&deadlockMS); err != nil {
+		return res, fmt.Errorf("reading deadlock_timeout: %w", err)
+	}
+	rest := min(timeout, time.Duration(deadlockMS/2)*time.Millisecond)
 	for attempt := 1; ; attempt++ {
 		res.Attempts = attempt
 		if _, err := tx.Exec(ctx, `savepoint pgflow_upgrade_locks`); err != nil {
@@ -200,7 +213,14 @@ func lockTables(ctx context.Context, tx pgx.Tx, timeout time.Duration, retries i
 		start := time.Now()
 		failed, lockErr := "", error(nil)
 		mode := ""
-		for _, l := range LockPlan {
+		var firstHeld time.Time
+		for i, l := range LockPlan {
+			if i > 0 {
+				left := rest - time.Since(firstHeld)
+				if _, err := tx.Exec(ctx, fmt.Sprintf(`set local lock_timeout = %d`, max(left.Milliseconds(), 1))); err != nil {
+					return res, fmt.Errorf("setting the lock budget: %w", err)
+				}
+			}
 			// Identifiers and modes are constants of LockPlan.
 			if _, err := tx.Exec(ctx, `lock table pgflow.`+l.Table+` in `+l.Mode+` mode`); err != nil {
 				var pgErr *pgconn.PgError
@@ -215,8 +235,15 @@ func lockTables(ctx context.Context, tx pgx.Tx, timeout time.Duration, retries i
 				}
 				return res, fmt.Errorf("lock table pgflow.%s in %s mode: %w", l.Table, l.Mode, err)
 			}
+			if i == 0 {
+				firstHeld = time.Now()
+			}
 		}
 		if failed == "" {
+			// The statements after the locks get the full lock_timeout back.
+			if _, err := tx.Exec(ctx, fmt.Sprintf(`set local lock_timeout = %d`, timeout.Milliseconds())); err != nil {
+				return res, fmt.Errorf("restoring lock_timeout: %w", err)
+			}
 			if _, err := tx.Exec(ctx, `release savepoint pgflow_upgrade_locks`); err != nil {
 				return res, fmt.Errorf("release savepoint after table locks: %w", err)
 			}
