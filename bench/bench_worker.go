@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -114,6 +116,11 @@ type workerSample struct {
 	ExtraReads  int64   // sum(read_ct) - messages: reads that did not end in a claim
 	ClaimCalls  int64   // new protocol: claim_tasks calls that returned
 	ClaimedMean float64 // new protocol: tasks per claim_tasks call
+	// ServerCPU is the CPU time the workers' backends used between the
+	// enqueue commit and the last completion, RunQueue the time they waited
+	// for a CPU (from /proc/<pid>/schedstat; 0 when the server is not local).
+	// Less sensitive to other load on the machine than the wall time.
+	ServerCPU, RunQueue time.Duration
 }
 
 func (s workerSample) rate() float64 { return float64(s.Tasks) / s.Elapsed.Seconds() }
@@ -133,8 +140,9 @@ func benchWorker(ctx context.Context, env *Env) ([]Row, error) {
 					if err != nil {
 						return nil, fmt.Errorf("%s, %s, %d workers: %w", shape.Name, p, n, err)
 					}
-					env.Logf("bench: worker: %s, %s, %d workers: %.0f tasks/s (%s, extra reads %d)",
-						shape.Name, p, n, s.rate(), s.Elapsed.Round(time.Millisecond), s.ExtraReads)
+					env.Logf("bench: worker: %s, %s, %d workers: %.0f tasks/s (%s, extra reads %d, tasks/claim %.2f, server CPU %s = %.3f ms/task, run queue %s)",
+						shape.Name, p, n, s.rate(), s.Elapsed.Round(time.Millisecond), s.ExtraReads, s.ClaimedMean,
+						s.ServerCPU.Round(time.Millisecond), cpuPerTask(s), s.RunQueue.Round(time.Millisecond))
 					samples[p][n] = append(samples[p][n], s)
 				}
 			}
@@ -149,10 +157,16 @@ func benchWorker(ctx context.Context, env *Env) ([]Row, error) {
 					{"extra reads old", float64(o.ExtraReads), ""},
 					{"extra reads new", float64(nw.ExtraReads), ""},
 					{"tasks per claim new", nw.ClaimedMean, ""},
+					{"server CPU/task old", cpuPerTask(o), "ms"},
+					{"server CPU/task new", cpuPerTask(nw), "ms"},
 				}})
 		}
 	}
 	return rows, nil
+}
+
+func cpuPerTask(s workerSample) float64 {
+	return float64(s.ServerCPU) / float64(time.Millisecond) / float64(s.Tasks)
 }
 
 // medianSample is the sample of median throughput.
@@ -177,6 +191,9 @@ func measureWorkers(ctx context.Context, env *Env, p protocol, shape workerShape
 
 	if p == protoNew {
 		if err := applyMigrations(ctx, admin); err != nil {
+			return workerSample{}, err
+		}
+		if err := applyProposal(ctx, admin); err != nil {
 			return workerSample{}, err
 		}
 		if _, err := worker.EnsureFlow(ctx, admin, shape.newFlow()); err != nil {
@@ -229,6 +246,7 @@ func measureWorkers(ctx context.Context, env *Env, p protocol, shape workerShape
 	if err := admin.QueryRow(ctx, `select clock_timestamp()`).Scan(&t0); err != nil {
 		return workerSample{}, err
 	}
+	cpu0 := backendCPU(ctx, admin)
 
 	// Wait for the last run (a bounded guard, never part of the result).
 	guard := time.Now().Add(10 * time.Minute)
@@ -252,6 +270,7 @@ func measureWorkers(ctx context.Context, env *Env, p protocol, shape workerShape
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+	cpu1 := backendCPU(ctx, admin)
 	stopped = true
 	if err := ws.stop(); err != nil {
 		return workerSample{}, err
@@ -276,14 +295,103 @@ func measureWorkers(ctx context.Context, env *Env, p protocol, shape workerShape
 	if archived != tasks {
 		return workerSample{}, fmt.Errorf("%d messages archived, want %d", archived, tasks)
 	}
+	if wbTrackFunctions() {
+		logFunctionStats(ctx, env, admin, fmt.Sprintf("%s, %s, %d workers", shape.Name, p, n))
+	}
 	s.Elapsed = tEnd.Sub(t0)
 	s.Tasks = int(tasks)
 	s.ExtraReads = reads - archived
 	s.ClaimCalls, s.ClaimedMean = ws.claimStats()
+	if cpu0 != nil && cpu1 != nil {
+		for pid, c := range cpu1 {
+			s.ServerCPU += c.run - cpu0[pid].run
+			s.RunQueue += c.queued - cpu0[pid].queued
+		}
+	}
 	if ws.completed() != -1 && ws.completed() != tasks {
 		return workerSample{}, fmt.Errorf("workers counted %d completions, want %d", ws.completed(), tasks)
 	}
 	return s, nil
+}
+
+type schedStat struct{ run, queued time.Duration }
+
+// backendCPU reads /proc/<pid>/schedstat of every other backend of conn's
+// database; nil when the server's processes are not visible here (a remote or
+// containerized server).
+func backendCPU(ctx context.Context, conn *pgx.Conn) map[int]schedStat {
+	rows, err := conn.Query(ctx, `select pid from pg_catalog.pg_stat_activity
+	    where datname = pg_catalog.current_database() and pid <> pg_catalog.pg_backend_pid()`)
+	if err != nil {
+		return nil
+	}
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	if err != nil {
+		return nil
+	}
+	out := map[int]schedStat{}
+	for _, pid := range pids {
+		cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil || !strings.Contains(string(cmd), "postgres") {
+			return nil
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
+		if err != nil {
+			return nil
+		}
+		var run, queued int64
+		if _, err := fmt.Sscan(string(b), &run, &queued); err != nil {
+			return nil
+		}
+		out[int(pid)] = schedStat{time.Duration(run), time.Duration(queued)}
+	}
+	return out
+}
+
+// wbTrackFunctions: PGFLOW_BENCH_WORKER_TRACK=1 turns on track_functions in
+// the workers' sessions (superuser only) and logs the server time per
+// function after each measurement. A diagnostic: it adds overhead, so results
+// measured with it are not the headline numbers.
+func wbTrackFunctions() bool { return os.Getenv("PGFLOW_BENCH_WORKER_TRACK") == "1" }
+
+func logFunctionStats(ctx context.Context, env *Env, conn *pgx.Conn, what string) {
+	// Workers' sessions flushed their counters when their pools closed.
+	rows, err := conn.Query(ctx, `select schemaname || '.' || funcname, calls, total_time, self_time
+	    from pg_catalog.pg_stat_user_functions where schemaname in ('pgflow', 'pgmq') order by total_time desc limit 12`)
+	if err != nil {
+		env.Logf("bench: worker: function stats: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var name string
+		var calls int64
+		var total, self float64
+		if err := rows.Scan(&name, &calls, &total, &self); err != nil {
+			env.Logf("bench: worker: function stats: %v", err)
+			return
+		}
+		env.Logf("bench: worker: %s: %-40s calls %7d total %9.0f ms self %9.0f ms (%.3f ms/call)", what, name, calls, total, self, total/float64(max(calls, 1)))
+	}
+}
+
+// applyProposal runs the SQL file named by PGFLOW_BENCH_WORKER_SQL after the
+// migration (upgraded databases only): how a proposed change to claim_tasks or
+// complete_task is measured in this benchmark before it goes into the
+// migration. Results measured with it say so in the log.
+func applyProposal(ctx context.Context, conn *pgx.Conn) error {
+	path := os.Getenv("PGFLOW_BENCH_WORKER_SQL")
+	if path == "" {
+		return nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("reading PGFLOW_BENCH_WORKER_SQL: %w", err)
+	}
+	if _, err := conn.Exec(ctx, string(b)); err != nil {
+		return fmt.Errorf("applying PGFLOW_BENCH_WORKER_SQL %s: %w", path, err)
+	}
+	return nil
 }
 
 // applyMigrations upgrades the database the way the worker tests do: every
@@ -402,6 +510,9 @@ func startBenchWorkers(ctx context.Context, p protocol, shape workerShape, dsn s
 		return nil, err
 	}
 	cfg.MaxConns = wbPoolConns
+	if wbTrackFunctions() {
+		cfg.ConnConfig.RuntimeParams["track_functions"] = "all"
+	}
 	for range n {
 		pool, err := pgxpool.NewWithConfig(ctx, cfg.Copy())
 		if err != nil {
