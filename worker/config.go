@@ -71,9 +71,12 @@ const (
 	DefaultHeartbeatInterval = 5 * time.Second
 	DefaultShutdownTimeout   = 30 * time.Second
 	DefaultWriteTimeout      = 30 * time.Second
+	DefaultClaimLinger       = 20 * time.Millisecond
 
 	// NoServerPoll as Config.MaxPollSeconds makes each claim read once.
 	NoServerPoll = -1
+	// NoClaimLinger as Config.ClaimLinger claims as soon as one slot is free.
+	NoClaimLinger = -1
 )
 
 // Config configures a Worker. Zero values take the defaults above; New
@@ -113,6 +116,16 @@ type Config struct {
 	// claim in flight (a claim is never cut off halfway, so nothing it
 	// claimed is stranded), so this bounds how long stopping takes to begin.
 	MaxPollSeconds int
+	// ClaimLinger is how long the claim loop, once a slot is free while other
+	// handlers still run, waits for more of them to finish before it claims
+	// fewer than BatchSize tasks. Every claim_tasks call has a fixed cost (a
+	// pgmq read and a few statements); claiming one task per freed slot pays
+	// it per task, which with short handlers costs the server more than the
+	// 0.16.0 worker's whole-batch polling (BENCHMARKS.md, "worker"). A free
+	// slot idles at most this long; an idle worker (every slot free) claims at
+	// once. 0 means DefaultClaimLinger; NoClaimLinger (-1) claims as soon as
+	// one slot is free.
+	ClaimLinger time.Duration
 	// HeartbeatInterval is how often the worker updates last_heartbeat_at and
 	// checks whether it was deprecated.
 	HeartbeatInterval time.Duration
@@ -152,6 +165,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxPollSeconds == 0 {
 		c.MaxPollSeconds = DefaultMaxPollSeconds
+	}
+	if c.ClaimLinger == 0 {
+		c.ClaimLinger = DefaultClaimLinger
 	}
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = DefaultHeartbeatInterval
@@ -206,6 +222,8 @@ func (c Config) validate() error {
 		return &ConfigError{Field: "PollInterval", Reason: fmt.Sprintf("%s is less than 1ms", c.PollInterval)}
 	case c.MaxPollSeconds < NoServerPoll || c.MaxPollSeconds > 60:
 		return &ConfigError{Field: "MaxPollSeconds", Reason: fmt.Sprintf("%d is not between -1 and 60", c.MaxPollSeconds)}
+	case c.ClaimLinger < NoClaimLinger || c.ClaimLinger > time.Minute:
+		return &ConfigError{Field: "ClaimLinger", Reason: fmt.Sprintf("%s is negative (NoClaimLinger disables it) or longer than 1m", c.ClaimLinger)}
 	case c.HeartbeatInterval < 10*time.Millisecond:
 		return &ConfigError{Field: "HeartbeatInterval", Reason: fmt.Sprintf("%s is less than 10ms", c.HeartbeatInterval)}
 	case c.ShutdownTimeout < 0:

@@ -35,6 +35,7 @@ func TestConfigDefaults(t *testing.T) {
 		{"HeartbeatInterval", c.HeartbeatInterval, DefaultHeartbeatInterval},
 		{"ShutdownTimeout", c.ShutdownTimeout, DefaultShutdownTimeout},
 		{"WriteTimeout", c.WriteTimeout, DefaultWriteTimeout},
+		{"ClaimLinger", c.ClaimLinger, DefaultClaimLinger},
 		{"FunctionName", c.FunctionName, "go:greet"},
 	}
 	for _, ch := range checks {
@@ -83,6 +84,8 @@ func TestConfigValidation(t *testing.T) {
 		{"sub-second visibility", func(c *Config) { c.VisibilityTimeout = 500 * time.Millisecond }, "VisibilityTimeout"},
 		{"max poll too long", func(c *Config) { c.MaxPollSeconds = 61 }, "MaxPollSeconds"},
 		{"max poll below -1", func(c *Config) { c.MaxPollSeconds = -2 }, "MaxPollSeconds"},
+		{"claim linger below -1", func(c *Config) { c.ClaimLinger = -2 }, "ClaimLinger"},
+		{"claim linger too long", func(c *Config) { c.ClaimLinger = time.Hour }, "ClaimLinger"},
 		{"heartbeat too often", func(c *Config) { c.HeartbeatInterval = time.Millisecond }, "HeartbeatInterval"},
 		{"negative shutdown timeout", func(c *Config) { c.ShutdownTimeout = -time.Second }, "ShutdownTimeout"},
 	}

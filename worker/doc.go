@@ -24,9 +24,10 @@
 //
 // # Claiming and running
 //
-// The claim loop waits for a free slot, then calls pgflow.claim_tasks for as
-// many tasks as there are free slots (at most BatchSize), so nothing is
-// claimed that cannot start at once. Results are typed: ClaimedTask, or
+// The claim loop waits for a free slot (and, while other handlers still run,
+// up to ClaimLinger for more, so that one claim serves several tasks), then
+// calls pgflow.claim_tasks for as many tasks as there are free slots (at most
+// BatchSize), so nothing is claimed that cannot start at once. Results are typed: ClaimedTask, or
 // FatalClaimError for a message claim_tasks refused (no task, wrong flow,
 // different work). Fatal messages are logged with their address (queue_name,
 // message_id), counted in Stats and passed to Config.OnFatal; they stay in

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/worker"
 )
@@ -290,5 +291,99 @@ func TestPanickingHandlerFailsItsTaskAndTheWorkerKeepsRunning(t *testing.T) {
 	ev.waitUntil(t, "the second run", func() bool { return runStatus(t, db.Pool, good) == "completed" })
 	if s := w.Stats(); s.Panicked != 1 || s.Completed != 1 || s.Failed != 1 {
 		t.Errorf("stats %+v", s)
+	}
+}
+
+// claimWaves runs 8 map tasks on one worker with 4 slots. The first claim
+// takes 4 tasks whose handlers hold their slots until released; release
+// frees them one at a time, and the remaining 4 tasks report how many
+// claim_tasks calls had returned when each of their handlers started, in the
+// order they started.
+func claimWaves(t *testing.T, linger time.Duration, release func(gate chan<- struct{}, ev *events)) []int64 {
+	t.Helper()
+	db := upgraded(t)
+	ev := newEvents()
+	var w atomic.Pointer[worker.Worker]
+	var starts atomic.Int64
+	first := make(chan struct{}, 4)
+	gate := make(chan struct{})
+	later := make(chan int64, 4)
+	flow := worker.Flow{Slug: "waves", Steps: []worker.Step{{Slug: "item", Type: worker.StepMap}}}
+	if _, err := worker.EnsureFlow(context.Background(), db.Pool, flow); err != nil {
+		t.Fatal(err)
+	}
+	startRun(t, db.Pool, "waves", []int{0, 1, 2, 3, 4, 5, 6, 7})
+	wk, err := worker.New(db.Pool, worker.Config{
+		Flow: flow, Concurrency: 4, BatchSize: 4, ClaimLinger: linger, OnResult: ev.onResult, Logger: testLogger(t),
+		Handlers: map[string]worker.HandlerFunc{"item": func(ctx context.Context, _ *worker.Task) (any, error) {
+			if starts.Add(1) <= 4 {
+				first <- struct{}{}
+				select {
+				case <-gate:
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				}
+				return nil, nil
+			}
+			later <- w.Load().Stats().ClaimCalls
+			return nil, nil
+		}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Store(wk)
+	if err := wk.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := wk.Stop(context.Background()); err != nil {
+			t.Errorf("stopping worker: %v", err)
+		}
+	})
+	for range 4 {
+		recv(t, "a first-wave handler to start", first)
+	}
+	release(gate, ev)
+	var got []int64
+	for range 4 {
+		got = append(got, recv(t, "a later task's handler", later))
+	}
+	return got
+}
+
+// With a linger, slots freed one at a time while other handlers still run
+// are claimed together: the 4 later tasks all came from the second claim.
+func TestClaimLingerClaimsFreedSlotsTogether(t *testing.T) {
+	t.Parallel()
+	got := claimWaves(t, time.Minute, func(gate chan<- struct{}, ev *events) {
+		for range 4 {
+			gate <- struct{}{}
+			recv(t, "the released task's outcome", ev.ch) // only first-wave tasks can finish before all 4 are free
+		}
+	})
+	for i, calls := range got {
+		if calls != 2 {
+			t.Errorf("later task %d started after %d claim calls, want 2 (all 4 in one claim): %v", i, calls, got)
+		}
+	}
+}
+
+// Without it, every freed slot is claimed at once: one slot freed, and the 4
+// later tasks run through it one claim each.
+func TestNoClaimLingerClaimsEachFreedSlot(t *testing.T) {
+	t.Parallel()
+	got := claimWaves(t, worker.NoClaimLinger, func(gate chan<- struct{}, _ *events) {
+		gate <- struct{}{}
+		go func() { // the other 3 once the later tasks are done (the test reads them first)
+			for range 3 {
+				gate <- struct{}{}
+			}
+		}()
+	})
+	for i, calls := range got {
+		if calls != int64(i+2) {
+			t.Errorf("later task %d started after %d claim calls, want %d (one claim per freed slot): %v", i, calls, i+2, got)
+		}
 	}
 }

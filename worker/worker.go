@@ -378,6 +378,10 @@ func (w *Worker) claimLoop() {
 				break more
 			}
 		}
+		if !w.linger(&n) {
+			w.freeSlots(n)
+			return
+		}
 
 		// The claim runs on hardCtx, not fetchCtx: a soft stop never cuts a
 		// claim off after the database has handed tasks over.
@@ -436,6 +440,29 @@ func (w *Worker) claimLoop() {
 			}
 		}
 	}
+}
+
+// linger waits up to ClaimLinger for more slots while handlers still run,
+// so one claim serves several tasks; n counts the slots taken. It returns
+// false when the claim loop is stopped meanwhile.
+func (w *Worker) linger(n *int) bool {
+	want := min(w.cfg.BatchSize, w.cfg.Concurrency)
+	if w.cfg.ClaimLinger <= 0 || *n >= want || len(w.slots) == *n {
+		return true // nothing to gain, or no handler running that could free a slot
+	}
+	t := time.NewTimer(w.cfg.ClaimLinger)
+	defer t.Stop()
+	for *n < want {
+		select {
+		case w.slots <- struct{}{}:
+			*n++
+		case <-t.C:
+			return true
+		case <-w.fetchCtx.Done():
+			return false
+		}
+	}
+	return true
 }
 
 func (w *Worker) freeSlots(n int) {
