@@ -314,6 +314,24 @@ func measureWorkers(ctx context.Context, env *Env, p protocol, shape workerShape
 	return s, nil
 }
 
+// wbClaimLinger: the new workers' ClaimLinger, the worker's default unless
+// PGFLOW_BENCH_WORKER_LINGER (a Go duration, or "off") says otherwise (a
+// diagnostic: the headline numbers use the default).
+func wbClaimLinger() time.Duration {
+	switch v := os.Getenv("PGFLOW_BENCH_WORKER_LINGER"); v {
+	case "":
+		return 0
+	case "off":
+		return worker.NoClaimLinger
+	default:
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			return 0
+		}
+		return d
+	}
+}
+
 type schedStat struct{ run, queued time.Duration }
 
 // backendCPU reads /proc/<pid>/schedstat of every other backend of conn's
@@ -531,6 +549,7 @@ func startBenchWorkers(ctx context.Context, p protocol, shape workerShape, dsn s
 				VisibilityTimeout: wbVisibility * time.Second,
 				PollInterval:      wbPollInterval,
 				MaxPollSeconds:    wbPollSeconds,
+				ClaimLinger:       wbClaimLinger(),
 				Logger:            discardLogger,
 			})
 			if err == nil {
