@@ -122,9 +122,12 @@ type Config struct {
 	// pgmq read and a few statements); claiming one task per freed slot pays
 	// it per task, which with short handlers costs the server more than the
 	// 0.16.0 worker's whole-batch polling (BENCHMARKS.md, "worker"). A free
-	// slot idles at most this long; an idle worker (every slot free) claims at
-	// once. 0 means DefaultClaimLinger; NoClaimLinger (-1) claims as soon as
-	// one slot is free.
+	// slot idles at most this long, plus, while the database is slow to take
+	// outcomes, the recent complete_task round trip (up to 10x ClaimLinger
+	// more: when completions queue in the database, claiming more often only
+	// adds to its load). An idle worker (every slot free) claims at once. 0
+	// means DefaultClaimLinger; NoClaimLinger (-1) claims as soon as one slot
+	// is free.
 	ClaimLinger time.Duration
 	// HeartbeatInterval is how often the worker updates last_heartbeat_at and
 	// checks whether it was deprecated.

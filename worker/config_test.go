@@ -140,3 +140,23 @@ func TestMarshalOutput(t *testing.T) {
 		}
 	}
 }
+
+// The claim linger grows with slow completions, within its cap.
+func TestLingerForFollowsCompletionLatency(t *testing.T) {
+	w := &Worker{cfg: Config{ClaimLinger: 20 * time.Millisecond}}
+	if got := w.lingerFor(); got != 20*time.Millisecond {
+		t.Errorf("no completions yet: linger %s, want 20ms", got)
+	}
+	for range 100 {
+		w.observeWrite(50 * time.Millisecond)
+	}
+	if got := w.lingerFor(); got < 65*time.Millisecond || got > 70*time.Millisecond {
+		t.Errorf("after 50ms completions: linger %s, want about 70ms", got)
+	}
+	for range 100 {
+		w.observeWrite(time.Minute)
+	}
+	if got := w.lingerFor(); got != 220*time.Millisecond {
+		t.Errorf("after 1m completions: linger %s, want the cap 220ms", got)
+	}
+}

@@ -73,6 +73,9 @@ type Worker struct {
 	err          error // why the worker stopped on its own, if it did
 
 	n counters
+	// writeNanos is a moving average of complete_task round trips: how slow
+	// the database is to take outcomes (see lingerFor).
+	writeNanos atomic.Int64
 }
 
 // New validates cfg (after filling in defaults) and returns a worker that has
@@ -442,15 +445,33 @@ func (w *Worker) claimLoop() {
 	}
 }
 
-// linger waits up to ClaimLinger for more slots while handlers still run,
-// so one claim serves several tasks; n counts the slots taken. It returns
-// false when the claim loop is stopped meanwhile.
+// observeWrite folds one complete_task round trip into writeNanos (an
+// exponential moving average, weight 1/8; a lost update under concurrency
+// only makes it a little less smooth).
+func (w *Worker) observeWrite(d time.Duration) {
+	old := w.writeNanos.Load()
+	w.writeNanos.Store(old + (int64(d)-old)/8)
+}
+
+// lingerFor is how long the claim loop may wait for more free slots:
+// ClaimLinger, plus the recent complete_task round trip (at most 10x
+// ClaimLinger more). When completions queue in the database (many workers on
+// one busy run, an overloaded server), slots free slowly and claiming each
+// one at once only adds claim_tasks calls to the load that slows them; a
+// fast database keeps the wait at ClaimLinger.
+func (w *Worker) lingerFor() time.Duration {
+	return w.cfg.ClaimLinger + min(time.Duration(w.writeNanos.Load()), 10*w.cfg.ClaimLinger)
+}
+
+// linger waits up to lingerFor for more slots while handlers still run, so
+// one claim serves several tasks; n counts the slots taken. It returns false
+// when the claim loop is stopped meanwhile.
 func (w *Worker) linger(n *int) bool {
 	want := min(w.cfg.BatchSize, w.cfg.Concurrency)
 	if w.cfg.ClaimLinger <= 0 || *n >= want || len(w.slots) == *n {
 		return true // nothing to gain, or no handler running that could free a slot
 	}
-	t := time.NewTimer(w.cfg.ClaimLinger)
+	t := time.NewTimer(w.lingerFor())
 	defer t.Stop()
 	for *n < want {
 		select {
@@ -567,9 +588,11 @@ func (w *Worker) complete(t ClaimedTask, out any) {
 	ctx, cancel := w.writeCtx()
 	defer cancel()
 	var status string
+	began := time.Now()
 	err = w.pool.QueryRow(ctx,
 		`select coalesce((select c.status from pgflow.complete_task($1::uuid, $2::text, $3::integer, $4::jsonb) c), 'missing')`,
 		t.RunID, t.StepSlug, t.TaskIndex, output).Scan(&status)
+	w.observeWrite(time.Since(began))
 	if err != nil {
 		w.writeFailed(t, fmt.Errorf("completing task %s/%s[%d]: %w", t.RunID, t.StepSlug, t.TaskIndex, err))
 		return
