@@ -88,10 +88,6 @@ func (a *App) applyAction(c *ucli.Context) error {
 	if err != nil {
 		return err
 	}
-	// No named prepared statements: they do not survive a transaction-mode
-	// pooler, and apply does not need them. A DSN asking for the simple
-	// protocol keeps it.
-	noStatementCache(t)
 	ctx := c.Context
 	conn, err := a.connect(ctx, t)
 	if err != nil {
@@ -160,15 +156,6 @@ func (a *App) applyAction(c *ucli.Context) error {
 	}
 	fmt.Fprintf(a.Stderr, "pgflow-upgrade apply: %s\n", a.redact(rep.Message))
 	return reportedError{withCode(code, applyErr)}
-}
-
-// noStatementCache turns pgx's statement cache (named prepared statements)
-// off unless the DSN chose an exec mode itself: named statements do not
-// survive a transaction-mode pooler (pgbouncer, Supavisor).
-func noStatementCache(t *target) {
-	if t.config.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
-		t.config.DefaultQueryExecMode = pgx.QueryExecModeExec
-	}
 }
 
 func applyExitCode(rep *upgrade.Report, err error, conn *pgx.Conn, interrupted bool) int {

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
@@ -64,12 +63,6 @@ func (a *App) auditAction(c *ucli.Context) error {
 	t, err := a.resolveTarget(c, "audit", false)
 	if err != nil {
 		return err
-	}
-	// No named prepared statements (pgx's statement cache): they do not
-	// survive a transaction-mode pooler. A DSN asking for the simple
-	// protocol keeps it.
-	if t.config.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
-		t.config.DefaultQueryExecMode = pgx.QueryExecModeExec
 	}
 	ctx := c.Context
 	conn, err := a.connect(ctx, t)

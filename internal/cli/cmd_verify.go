@@ -34,7 +34,6 @@ func (a *App) verifyAction(c *ucli.Context) error {
 	if err != nil {
 		return err
 	}
-	noStatementCache(t) // works through a transaction-mode pooler
 	ctx := c.Context
 	conn, err := a.connect(ctx, t)
 	if err != nil {
