@@ -133,7 +133,7 @@ func (a *App) applyAction(c *ucli.Context) error {
 	if prog != nil {
 		prog.stop()
 	}
-	code := applyExitCode(rep, applyErr, conn, ctx.Err() != nil)
+	code := applyExitCode(rep.Outcome, applyErr, conn, ctx.Err() != nil)
 
 	if jsonOutput(c) {
 		out := struct {
@@ -158,16 +158,18 @@ func (a *App) applyAction(c *ucli.Context) error {
 	return reportedError{withCode(code, applyErr)}
 }
 
-func applyExitCode(rep *upgrade.Report, err error, conn *pgx.Conn, interrupted bool) int {
+// applyExitCode maps the outcome of apply, transactional or online, to the
+// exit code.
+func applyExitCode(outcome upgrade.Outcome, err error, conn *pgx.Conn, interrupted bool) int {
 	if err == nil {
 		return ExitOK
 	}
 	switch {
-	case interrupted || rep.Outcome == upgrade.OutcomeInterrupted:
+	case interrupted || outcome == upgrade.OutcomeInterrupted:
 		return ExitInterrupted
-	case rep.Outcome == upgrade.OutcomeInconclusive:
+	case outcome == upgrade.OutcomeInconclusive:
 		return ExitInconclusive
-	case rep.Outcome == upgrade.OutcomeFailed && conn.IsClosed():
+	case outcome == upgrade.OutcomeFailed && conn.IsClosed():
 		// The connection went away mid-transaction: the server rolled back.
 		return ExitEnvironment
 	}

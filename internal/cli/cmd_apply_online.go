@@ -12,7 +12,6 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
 // onlineFlags are apply's flags for the online path (docs/online.md).
@@ -105,7 +104,7 @@ func (a *App) applyOnlineAction(c *ucli.Context) error {
 		Preflight: audit.Options{Sample: c.Int("sample"), CheckTimeout: c.Duration("check-timeout")},
 	}
 	rep, applyErr := online.Apply(ctx, conn, opts)
-	code := onlineExitCode(rep, applyErr, conn, ctx.Err() != nil)
+	code := applyExitCode(rep.Outcome, applyErr, conn, ctx.Err() != nil)
 	if jsonOutput(c) {
 		out := struct {
 			Command  string `json:"command"`
@@ -127,21 +126,6 @@ func (a *App) applyOnlineAction(c *ucli.Context) error {
 	}
 	fmt.Fprintf(a.Stderr, "pgflow-upgrade apply --online: %s\n", a.redact(rep.Message))
 	return reportedError{withCode(code, applyErr)}
-}
-
-func onlineExitCode(rep *online.Report, err error, conn *pgx.Conn, interrupted bool) int {
-	if err == nil {
-		return ExitOK
-	}
-	switch {
-	case interrupted || rep.Outcome == upgrade.OutcomeInterrupted:
-		return ExitInterrupted
-	case rep.Outcome == upgrade.OutcomeInconclusive:
-		return ExitInconclusive
-	case rep.Outcome == upgrade.OutcomeFailed && conn.IsClosed():
-		return ExitEnvironment
-	}
-	return ExitFindings
 }
 
 func writeOnlineTable(w io.Writer, where string, rep *online.Report) error {
