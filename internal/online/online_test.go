@@ -222,3 +222,75 @@ func TestMigrationFileOnPreparedShape(t *testing.T) {
 		t.Fatalf("file on a half-made column: %v", err)
 	}
 }
+
+// An online upgrade stopped at each point continues to a correct upgraded
+// database when apply --online runs again (no rollback in between). The
+// stop after the NOT VALID check is the case that once failed: the catalog
+// prints that check with " NOT VALID", and a rerun tried to add it again.
+func TestResumeOnlineFromEveryPoint(t *testing.T) {
+	for _, stopAt := range []string{online.PointExpand, online.PointBatch, online.PointCheck, online.PointValidate, online.PointIndex, online.PointSwitch} {
+		t.Run(stopAt, func(t *testing.T) {
+			ctx := context.Background()
+			db := inflight(t)
+			before, err := fingerprint.Take(ctx, db.Pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			conn := connect(t, db)
+			stop := errors.New("stop")
+			seen := 0
+			_, err = online.Apply(ctx, conn, online.Options{BatchSize: 7, Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
+				if p == stopAt {
+					seen++
+					if p != online.PointBatch || seen == 3 {
+						return stop
+					}
+				}
+				return nil
+			}}})
+			if !errors.Is(err, stop) {
+				t.Fatalf("did not stop at %s: %v", stopAt, err)
+			}
+			shape := mustShape(t, db)
+			if stopAt == online.PointValidate && (!shape.Check || shape.CheckValid) {
+				t.Fatalf("stopped before VALIDATE, want the check there and not validated: %+v", shape)
+			}
+			rep, err := online.Apply(ctx, conn, online.Options{BatchSize: 7})
+			if err != nil || rep.Outcome != upgrade.OutcomeApplied {
+				t.Fatalf("rerun after stopping at %s (shape %+v): %v %+v", stopAt, shape, err, rep)
+			}
+			if stopAt != online.PointExpand && !rep.Resumed {
+				t.Fatalf("rerun after %s does not say it resumed", stopAt)
+			}
+			checkUpgraded(t, db, before)
+		})
+	}
+}
+
+// A constraint that has the check's name but not its definition is refused
+// with a message naming it, not retried into "already exists".
+func TestOnlineRefusesForeignCheck(t *testing.T) {
+	ctx := context.Background()
+	db := inflight(t)
+	conn := connect(t, db)
+	stop := errors.New("stop")
+	_, err := online.Apply(ctx, conn, online.Options{Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
+		if p == online.PointCheck {
+			return stop
+		}
+		return nil
+	}}})
+	if !errors.Is(err, stop) {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `alter table pgflow.step_tasks add constraint `+online.CheckName+` check (queue_name <> '') not valid`); err != nil {
+		t.Fatal(err)
+	}
+	if s := mustShape(t, db); s.Check || !s.CheckForeign {
+		t.Fatalf("shape %+v: want CheckForeign", s)
+	}
+	rep, err := online.Apply(ctx, conn, online.Options{})
+	if !errors.Is(err, online.ErrRefused) || rep.Outcome != upgrade.OutcomeRefused || !strings.Contains(err.Error(), online.CheckName) {
+		t.Fatalf("want a refusal naming %s: %v (%s)", online.CheckName, err, rep.Outcome)
+	}
+}

@@ -344,6 +344,11 @@ func (e *engine) contract(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if s.CheckForeign {
+		e.rep.Outcome = upgrade.OutcomeRefused
+		return fmt.Errorf("%w: pgflow.step_tasks has a constraint named %s that is not the online upgrade's check (%s): drop it, or apply --rollback-online",
+			ErrRefused, CheckName, checkDef)
+	}
 	if !s.Check {
 		if err := e.hook(ctx, PointCheck); err != nil {
 			return err

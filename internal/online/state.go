@@ -46,7 +46,8 @@ const (
 	CheckName     = "step_tasks_queue_name_online_check"
 	IndexName     = "step_tasks_queue_name_message_id_key"
 	TriggerName   = "pgflow_upgrade_queue_name"
-	// checkDef is the check as pg_get_constraintdef prints it.
+	// checkDef is the check as pg_get_constraintdef prints it once it is
+	// validated; before VALIDATE it prints checkDef + " NOT VALID".
 	checkDef = "CHECK (((queue_name IS NOT NULL) AND (queue_name = flow_slug)))"
 )
 
@@ -87,7 +88,8 @@ type Shape struct {
 	ColumnNotNull bool `json:"column_not_null"` // ... and is NOT NULL
 	ColumnText    bool `json:"column_text"`     // ... and is text
 	Trigger       bool `json:"trigger"`         // the insert trigger exists
-	Check         bool `json:"check"`           // the check exists (with the expected definition)
+	Check         bool `json:"check"`           // the check exists (with the expected definition, validated or not)
+	CheckForeign  bool `json:"check_foreign"`   // a constraint has the check's name but another definition
 	CheckValid    bool `json:"check_valid"`     // ... and is validated
 	Index         bool `json:"index"`           // the address index exists
 	IndexValid    bool `json:"index_valid"`     // ... and is valid (not a leftover of a crashed CONCURRENTLY)
@@ -130,9 +132,11 @@ func Detect(ctx context.Context, q Querier) (Shape, error) {
 		with st as (select pg_catalog.to_regclass('pgflow.step_tasks') as oid),
 		     col as (select a.attnotnull, a.atttypid from pg_catalog.pg_attribute a, st
 		             where a.attrelid = st.oid and a.attname = 'queue_name' and not a.attisdropped),
-		     chk as (select c.convalidated from pg_catalog.pg_constraint c, st
-		             where c.conrelid = st.oid and c.conname = $1 and c.contype = 'c'
-		               and pg_catalog.pg_get_constraintdef(c.oid) = $2),
+		     named as (select c.oid, c.contype, c.convalidated from pg_catalog.pg_constraint c, st
+		               where c.conrelid = st.oid and c.conname = $1),
+		     chk as (select n.convalidated from named n
+		             where n.contype = 'c'
+		               and pg_catalog.pg_get_constraintdef(n.oid) in ($2, $2 || ' NOT VALID')),
 		     idx as (select i.indisvalid, i.indisunique from pg_catalog.pg_index i, st
 		             where i.indrelid = st.oid and i.indexrelid = pg_catalog.to_regclass('pgflow.' || $3))
 		select (select oid from st) is not null,
@@ -144,13 +148,14 @@ func Detect(ctx context.Context, q Querier) (Shape, error) {
 		       coalesce((select atttypid = 'pg_catalog.text'::pg_catalog.regtype from col), false),
 		       exists (select 1 from pg_catalog.pg_trigger t, st where t.tgrelid = st.oid and t.tgname = $4 and not t.tgisinternal),
 		       exists (select 1 from chk),
+		       exists (select 1 from named) and not exists (select 1 from chk),
 		       coalesce((select convalidated from chk), false),
 		       exists (select 1 from idx),
 		       coalesce((select indisvalid and indisunique from idx), false),
 		       pg_catalog.to_regclass($5) is not null`,
 		CheckName, checkDef, IndexName, TriggerName, ProgressTable).Scan(
 		&s.Pgflow, &s.Upgraded, &s.FlowsColumn, &s.Column, &s.ColumnNotNull, &s.ColumnText,
-		&s.Trigger, &s.Check, &s.CheckValid, &s.Index, &s.IndexValid, &s.Progress)
+		&s.Trigger, &s.Check, &s.CheckForeign, &s.CheckValid, &s.Index, &s.IndexValid, &s.Progress)
 	if err != nil {
 		return s, fmt.Errorf("online: reading the catalog: %w", err)
 	}
