@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -126,11 +127,15 @@ type workerSample struct {
 func (s workerSample) rate() float64 { return float64(s.Tasks) / s.Elapsed.Seconds() }
 
 func benchWorker(ctx context.Context, env *Env) ([]Row, error) {
+	shapes, counts, err := wbSelection()
+	if err != nil {
+		return nil, err
+	}
 	var rows []Row
-	for _, shape := range workerShapes {
+	for _, shape := range shapes {
 		samples := map[protocol]map[int][]workerSample{protoOld: {}, protoNew: {}}
 		for i := 0; i < env.Repeat; i++ {
-			for _, n := range wbWorkerCounts {
+			for _, n := range counts {
 				order := []protocol{protoOld, protoNew}
 				if i%2 == 1 {
 					order = []protocol{protoNew, protoOld}
@@ -147,7 +152,7 @@ func benchWorker(ctx context.Context, env *Env) ([]Row, error) {
 				}
 			}
 		}
-		for _, n := range wbWorkerCounts {
+		for _, n := range counts {
 			o, nw := medianSample(samples[protoOld][n]), medianSample(samples[protoNew][n])
 			rows = append(rows, Row{Benchmark: "worker", Case: fmt.Sprintf("%s, %d worker(s) x %d concurrency, batch %d", shape.Name, n, wbConcurrency, wbBatchSize),
 				Metrics: []Metric{
@@ -163,6 +168,37 @@ func benchWorker(ctx context.Context, env *Env) ([]Row, error) {
 		}
 	}
 	return rows, nil
+}
+
+// wbSelection narrows a diagnostic run: PGFLOW_BENCH_WORKER_SHAPES ("map",
+// "single" or both, comma separated) and PGFLOW_BENCH_WORKER_COUNTS (e.g.
+// "4,16"). Unset: every shape at 1, 4 and 16 workers (the headline numbers).
+func wbSelection() ([]workerShape, []int, error) {
+	shapes, counts := workerShapes, wbWorkerCounts
+	if v := os.Getenv("PGFLOW_BENCH_WORKER_SHAPES"); v != "" {
+		shapes = nil
+		for _, name := range strings.Split(v, ",") {
+			switch strings.TrimSpace(name) {
+			case "map":
+				shapes = append(shapes, workerShapes[0])
+			case "single":
+				shapes = append(shapes, workerShapes[1])
+			default:
+				return nil, nil, fmt.Errorf("PGFLOW_BENCH_WORKER_SHAPES: unknown shape %q (map, single)", name)
+			}
+		}
+	}
+	if v := os.Getenv("PGFLOW_BENCH_WORKER_COUNTS"); v != "" {
+		counts = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 {
+				return nil, nil, fmt.Errorf("PGFLOW_BENCH_WORKER_COUNTS: %q is not a positive worker count", f)
+			}
+			counts = append(counts, n)
+		}
+	}
+	return shapes, counts, nil
 }
 
 func cpuPerTask(s workerSample) float64 {
