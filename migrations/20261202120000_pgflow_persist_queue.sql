@@ -622,12 +622,16 @@ begin
 end;
 $$;
 
--- complete_task: the 0.16.0 body, with its parent locks taken as FOR NO KEY
--- UPDATE instead of FOR UPDATE. It never changes a key, and the weaker lock
--- does not conflict with claim_tasks' FOR KEY SHARE, so claims of a run go on
--- while its tasks complete instead of skipping the run and re-reading the
--- same messages. Replacing it also makes every session compile it afresh
--- against the new step_tasks row type.
+-- complete_task: the 0.16.0 body with three changes. Its parent locks are
+-- FOR NO KEY UPDATE instead of FOR UPDATE: it never changes a key, and the
+-- weaker lock does not conflict with claim_tasks' FOR KEY SHARE, so claims of
+-- a run go on while its tasks complete instead of skipping the run and
+-- re-reading the same messages. It archives the message by the address in
+-- the row it just updated. And it looks for what comes next (cascade, ready
+-- steps, the run's end) only when the step completed: completions of one run
+-- queue on its run lock, and for the other tasks of a map step that search
+-- finds nothing (BENCHMARKS.md, worker throughput). Replacing it also makes
+-- every session compile it afresh against the new step_tasks row type.
 create or replace function pgflow.complete_task(run_id uuid, step_slug text, task_index int, output jsonb)
 returns setof pgflow.step_tasks
 language plpgsql
@@ -713,6 +717,15 @@ begin
   where ss.run_id = complete_task.run_id and ss.step_slug = complete_task.step_slug
   returning ss.* into v_state;
 
+  -- The message is done with: archive it by the task's own address.
+  if v_task.message_id is not null then
+    perform pgmq.archive(v_task.queue_name, v_task.message_id);
+  end if;
+
+  -- Only a step that completes changes what comes next (ready steps, skip
+  -- conditions, the run's end). For the other tasks of a map step the three
+  -- calls below have nothing to do, and every completion of a run runs
+  -- under its run lock, so they would only make the others wait.
   if v_state.remaining_tasks = 0 then
     if v_step.step_type = 'map' then
       select coalesce(jsonb_agg(st.output order by st.task_index), '[]'::jsonb) into v_step_output
@@ -722,12 +735,10 @@ begin
       v_step_output := complete_task.output;
     end if;
     perform pgflow._complete_step(complete_task.run_id, complete_task.step_slug, v_step_output);
+    perform pgflow._cascade(complete_task.run_id);
+    perform pgflow.start_ready_steps(complete_task.run_id);
+    perform pgflow.maybe_complete_run(complete_task.run_id);
   end if;
-
-  perform pgflow._cascade(complete_task.run_id);
-  perform pgflow._archive_task_message(complete_task.run_id, complete_task.step_slug, complete_task.task_index);
-  perform pgflow.start_ready_steps(complete_task.run_id);
-  perform pgflow.maybe_complete_run(complete_task.run_id);
 
   return query select st.* from pgflow.step_tasks st where (st.run_id, st.step_slug, st.task_index) = (complete_task.run_id, complete_task.step_slug, complete_task.task_index);
 end;
