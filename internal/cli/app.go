@@ -181,6 +181,24 @@ func prepareConfig(cfg *pgx.ConnConfig, raw, command string) {
 }
 
 // connect opens one connection to the target.
+// connectNoArgs is the start of the commands that take no arguments and one
+// connection (status, verify): the usage check, the target, the connection,
+// and the target as printed (no password).
+func (a *App) connectNoArgs(c *ucli.Context, command string) (conn *pgx.Conn, where string, err error) {
+	if c.NArg() > 0 {
+		return nil, "", usageErrorf("%s takes no arguments (got %q)", command, c.Args().Slice())
+	}
+	t, err := a.resolveTarget(c, command, false)
+	if err != nil {
+		return nil, "", err
+	}
+	conn, err = a.connect(c.Context, t)
+	if err != nil {
+		return nil, "", err
+	}
+	return conn, dsn.Describe(t.config), nil
+}
+
 func (a *App) connect(ctx context.Context, t *target) (*pgx.Conn, error) {
 	conn, err := pgx.ConnectConfig(ctx, t.config)
 	if err != nil {

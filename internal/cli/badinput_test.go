@@ -14,7 +14,6 @@ import (
 	"testing/fstest"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
@@ -29,7 +28,7 @@ import (
 // the same) and checks: the exit code, that the message says what failed and
 // why (want) and what to do (todo), that no password is printed in either
 // output format, and that the database is byte-for-byte what it was before
-// (dbState: catalog and every row of schemas pgflow, pgmq and
+// (testdb.State: catalog and every row of schemas pgflow, pgmq and
 // supabase_migrations, and the list of schemas and extensions).
 
 // secretPassword is the password every bad-input run carries.
@@ -44,96 +43,6 @@ func withPassword(t *testing.T, dsn string) string {
 	}
 	u.User = url.UserPassword(u.User.Username(), secretPassword)
 	return u.String()
-}
-
-// dbState is a text fingerprint of everything the tool could change.
-func dbState(t *testing.T, pool *pgxpool.Pool) string {
-	t.Helper()
-	ctx := context.Background()
-	var b strings.Builder
-	q := func(sql string) {
-		rows, err := pool.Query(ctx, sql)
-		if err != nil {
-			t.Fatalf("dbState: %v\n%s", err, sql)
-		}
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatalf("dbState: %v", err)
-		}
-		for _, l := range lines {
-			b.WriteString(l)
-			b.WriteByte('\n')
-		}
-	}
-	const schemas = `('pgflow', 'pgmq', 'supabase_migrations')`
-	q(`select 'schema ' || nspname from pg_namespace order by 1`)
-	q(`select 'ext ' || extname || ' ' || extversion from pg_extension order by 1`)
-	q(`select 'rel ' || n.nspname || '.' || c.relname || ' ' || c.relkind::text || ' ' || pg_get_userbyid(c.relowner) || ' ' || coalesce(c.relacl::text, '')
-	     from pg_class c join pg_namespace n on n.oid = c.relnamespace where n.nspname in ` + schemas + ` order by 1`)
-	q(`select 'col ' || n.nspname || '.' || c.relname || '.' || a.attname || ' ' || format_type(a.atttypid, a.atttypmod) || ' ' || a.attnotnull || ' ' || coalesce(pg_get_expr(d.adbin, d.adrelid), '')
-	     from pg_attribute a join pg_class c on c.oid = a.attrelid join pg_namespace n on n.oid = c.relnamespace
-	     left join pg_attrdef d on d.adrelid = a.attrelid and d.adnum = a.attnum
-	    where n.nspname in ` + schemas + ` and a.attnum > 0 and not a.attisdropped order by 1`)
-	q(`select 'con ' || n.nspname || '.' || c.relname || ' ' || k.conname || ' ' || pg_get_constraintdef(k.oid)
-	     from pg_constraint k join pg_class c on c.oid = k.conrelid join pg_namespace n on n.oid = c.relnamespace
-	    where n.nspname in ` + schemas + ` order by 1`)
-	q(`select 'idx ' || pg_get_indexdef(i.indexrelid)
-	     from pg_index i join pg_class c on c.oid = i.indrelid join pg_namespace n on n.oid = c.relnamespace
-	    where n.nspname in ` + schemas + ` order by 1`)
-	q(`select 'fn ' || p.oid::regprocedure::text || ' ' || md5(p.prosrc) || ' ' || coalesce(p.proconfig::text, '')
-	     from pg_proc p join pg_namespace n on n.oid = p.pronamespace where n.nspname in ` + schemas + ` order by 1`)
-	q(`select 'trg ' || t.tgrelid::regclass::text || ' ' || t.tgname
-	     from pg_trigger t join pg_class c on c.oid = t.tgrelid join pg_namespace n on n.oid = c.relnamespace
-	    where n.nspname in ` + schemas + ` and not t.tgisinternal order by 1`)
-	q(`select 'type ' || n.nspname || '.' || t.typname from pg_type t join pg_namespace n on n.oid = t.typnamespace
-	    where n.nspname in ` + schemas + ` order by 1`)
-	rows, err := pool.Query(ctx, `select format('%I.%I', n.nspname, c.relname)
-	     from pg_class c join pg_namespace n on n.oid = c.relnamespace
-	    where n.nspname in `+schemas+` and c.relkind in ('r', 'p') order by 1`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tbl := range tables {
-		var sum string
-		// Names come from the catalog, quoted by format('%I').
-		if err := pool.QueryRow(ctx, `select coalesce(md5(string_agg(x::text, '|' order by x::text)), 'empty') from `+tbl+` x`).Scan(&sum); err != nil {
-			t.Fatalf("dbState %s: %v", tbl, err)
-		}
-		b.WriteString("data " + tbl + " " + sum + "\n")
-	}
-	return b.String()
-}
-
-// sameState fails the test when the state changed, showing the lines that differ.
-func sameState(t *testing.T, before, after, what string) {
-	t.Helper()
-	if before == after {
-		return
-	}
-	in := func(s string) map[string]bool {
-		m := map[string]bool{}
-		for _, l := range strings.Split(s, "\n") {
-			m[l] = true
-		}
-		return m
-	}
-	mb, ma := in(before), in(after)
-	var d []string
-	for l := range mb {
-		if !ma[l] {
-			d = append(d, "- "+l)
-		}
-	}
-	for l := range ma {
-		if !mb[l] {
-			d = append(d, "+ "+l)
-		}
-	}
-	t.Fatalf("%s: the database changed:\n%s", what, strings.Join(d, "\n"))
 }
 
 // sqlExec runs statements on db, failing the test on an error.
@@ -365,7 +274,7 @@ func TestBadInputs(t *testing.T) {
 			}
 			var before string
 			if db != nil {
-				before = dbState(t, db.Pool)
+				before = testdb.State(t, db.Pool)
 			}
 			replaysBefore := replayDatabases(t)
 			env := map[string]string{"PGFLOW_UPGRADE_NO_DOCKER": "1"}
@@ -395,7 +304,7 @@ func TestBadInputs(t *testing.T) {
 					}
 				}
 				if db != nil {
-					sameState(t, before, dbState(t, db.Pool), c.name+" ("+format+")")
+					testdb.SameState(t, before, testdb.State(t, db.Pool), c.name+" ("+format+")")
 				}
 			}
 			if after := replayDatabases(t); strings.Join(after, ",") != strings.Join(replaysBefore, ",") {
@@ -488,7 +397,7 @@ func TestBadInputTamperedMigration(t *testing.T) {
 		tampered[m.File] = &fstest.MapFile{Data: []byte(m.SQL)}
 	}
 	tampered[all[0].File] = &fstest.MapFile{Data: []byte(all[0].SQL + "\ndrop table pgflow.runs cascade;\n")}
-	before := dbState(t, db.Pool)
+	before := testdb.State(t, db.Pool)
 	conn, err := pgx.Connect(ctx, db.DSN)
 	if err != nil {
 		t.Fatal(err)
@@ -508,7 +417,7 @@ func TestBadInputTamperedMigration(t *testing.T) {
 			t.Fatalf("apply went on to %s after the integrity check failed", s.Step)
 		}
 	}
-	sameState(t, before, dbState(t, db.Pool), "tampered migration")
+	testdb.SameState(t, before, testdb.State(t, db.Pool), "tampered migration")
 }
 
 func dropRole(t *testing.T, role string) {

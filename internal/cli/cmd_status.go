@@ -7,7 +7,6 @@ import (
 
 	ucli "github.com/urfave/cli/v2"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
@@ -29,20 +28,12 @@ func (a *App) statusCommand() *ucli.Command {
 }
 
 func (a *App) statusAction(c *ucli.Context) error {
-	if c.NArg() > 0 {
-		return usageErrorf("status takes no arguments (got %q)", c.Args().Slice())
-	}
-	t, err := a.resolveTarget(c, "status", false)
+	conn, where, err := a.connectNoArgs(c, "status")
 	if err != nil {
 		return err
 	}
 	ctx := c.Context
-	conn, err := a.connect(ctx, t)
-	if err != nil {
-		return err
-	}
 	defer conn.Close(ctx)
-	where := dsn.Describe(t.config)
 	st, err := upgrade.Status(ctx, conn)
 	if err != nil {
 		if ctx.Err() != nil {

@@ -6,7 +6,6 @@ import (
 
 	ucli "github.com/urfave/cli/v2"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
@@ -27,20 +26,12 @@ func (a *App) verifyCommand() *ucli.Command {
 }
 
 func (a *App) verifyAction(c *ucli.Context) error {
-	if c.NArg() > 0 {
-		return usageErrorf("verify takes no arguments (got %q)", c.Args().Slice())
-	}
-	t, err := a.resolveTarget(c, "verify", false)
+	conn, where, err := a.connectNoArgs(c, "verify")
 	if err != nil {
 		return err
 	}
 	ctx := c.Context
-	conn, err := a.connect(ctx, t)
-	if err != nil {
-		return err
-	}
 	defer conn.Close(ctx)
-	where := dsn.Describe(t.config)
 	vr, err := upgrade.Verify(ctx, conn)
 	if err != nil {
 		if ctx.Err() != nil {

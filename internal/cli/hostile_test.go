@@ -166,7 +166,7 @@ func TestHostileCaseAliasesAndLengths(t *testing.T) {
 		// The engine would refuse this flow (no queue can exist for it); it
 		// is inserted directly, as a hand-edited database might hold it.
 		`insert into pgflow.flows (flow_slug) values ('`+long+`')`)
-	before := dbState(t, db.Pool)
+	before := testdb.State(t, db.Pool)
 	r := run(t, nil, "--dsn", db.DSN, "--format", "json", "audit", "--sample", "10")
 	if r.code != cli.ExitFindings {
 		t.Fatalf("audit: exit %d\n%s%s", r.code, r.stdout, r.stderr)
@@ -180,14 +180,14 @@ func TestHostileCaseAliasesAndLengths(t *testing.T) {
 	if r.code != cli.ExitFindings || !strings.Contains(r.stdout, "flows.case_alias") || !strings.Contains(r.stdout, "pgmq.flow_queue_missing") {
 		t.Fatalf("apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	sameState(t, before, dbState(t, db.Pool), "refused apply with hostile names")
+	testdb.SameState(t, before, testdb.State(t, db.Pool), "refused apply with hostile names")
 }
 
 // TestHostileArguments: SQL fragments, quotes and spaces in arguments are
 // names that do not exist, never SQL: a usage error, the database unchanged.
 func TestHostileArguments(t *testing.T) {
 	db := legacyDB(t)
-	before := dbState(t, db.Pool)
+	before := testdb.State(t, db.Pool)
 	for _, args := range [][]string{
 		{"audit", "--check", "schema.state'; drop table pgflow.flows; --"},
 		{"audit", "--check", `"schema.state"`},
@@ -201,7 +201,7 @@ func TestHostileArguments(t *testing.T) {
 			t.Errorf("%q: exit %d, want %d with a message\n%s%s", args, r.code, cli.ExitUsage, r.stdout, r.stderr)
 		}
 	}
-	sameState(t, before, dbState(t, db.Pool), "hostile arguments")
+	testdb.SameState(t, before, testdb.State(t, db.Pool), "hostile arguments")
 }
 
 // TestHostileDatabaseName: a database whose name has quotes, a space and a

@@ -212,7 +212,7 @@ func TestPoolerApplyAdvisoryLock(t *testing.T) {
 	b := pooled(t)
 	db := legacyDB(t)
 	ctx := context.Background()
-	before := dbState(t, db.Pool)
+	before := testdb.State(t, db.Pool)
 
 	connA, err := pgx.Connect(ctx, viaBouncer(t, b, db, "exec"))
 	if err != nil {
@@ -249,7 +249,7 @@ func TestPoolerApplyAdvisoryLock(t *testing.T) {
 		<-done
 		t.Fatalf("apply B through the pooler while A holds the lock: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	sameState(t, before, dbState(t, db.Pool), "apply B while A holds the advisory lock")
+	testdb.SameState(t, before, testdb.State(t, db.Pool), "apply B while A holds the advisory lock")
 	close(release)
 	o := <-done
 	if o.err != nil || o.rep.Outcome != upgrade.OutcomeApplied {
@@ -298,20 +298,20 @@ func TestPoolerApplySingleTransaction(t *testing.T) {
 	b := pooled(t)
 	db := legacyDB(t)
 	sqlExec(t, db, `select pgflow.create_flow('Legacy')`)
-	before := dbState(t, db.Pool)
+	before := testdb.State(t, db.Pool)
 	r := run(t, nil, "--dsn", viaBouncer(t, b, db, "simple_protocol"), "apply", "--yes")
 	if r.code != cli.ExitFindings || !strings.Contains(r.stdout, "flows.case_alias") {
 		t.Fatalf("apply with a blocker through the pooler: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	sameState(t, before, dbState(t, db.Pool), "refused apply through the pooler")
+	testdb.SameState(t, before, testdb.State(t, db.Pool), "refused apply through the pooler")
 
 	sqlExec(t, db, `delete from pgflow.flows where flow_slug = 'Legacy'`)
-	before = dbState(t, db.Pool)
+	before = testdb.State(t, db.Pool)
 	r = run(t, nil, "--dsn", viaBouncer(t, b, db, "simple_protocol"), "apply", "--yes", "--dry-run")
 	if r.code != cli.ExitOK || !strings.Contains(r.stdout, "dry_run") {
 		t.Fatalf("dry run through the pooler: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	sameState(t, before, dbState(t, db.Pool), "dry run through the pooler")
+	testdb.SameState(t, before, testdb.State(t, db.Pool), "dry run through the pooler")
 
 	// No lock is left behind in the pool: a direct session can take them all.
 	ctx := context.Background()

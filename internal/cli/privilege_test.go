@@ -61,7 +61,7 @@ type privilegeDoc struct {
 func TestAuditWithReadOnlyRole(t *testing.T) {
 	db := legacyDB(t)
 	_, dsnValue := roleOn(t, db, readOnlyGrants)
-	before := dbState(t, db.Pool)
+	before := testdb.State(t, db.Pool)
 	r := run(t, nil, "--dsn", dsnValue, "--format", "json", "audit")
 	if strings.Contains(r.stdout+r.stderr, secretPassword) {
 		t.Fatal("the password is printed")
@@ -78,7 +78,7 @@ func TestAuditWithReadOnlyRole(t *testing.T) {
 	if r.code != cli.ExitOK {
 		t.Fatalf("audit with the read-only role: exit %d\n%s", r.code, r.stdout)
 	}
-	sameState(t, before, dbState(t, db.Pool), "audit with a read-only role")
+	testdb.SameState(t, before, testdb.State(t, db.Pool), "audit with a read-only role")
 
 	// With blockers present the read-only role sees them as the owner does.
 	sqlExec(t, db, `select pgmq.send('legacy', '{"hello": "not a pgflow task"}'::jsonb)`, `select pgflow.create_flow('Legacy')`)
@@ -121,7 +121,7 @@ func TestApplyWithoutPrivilegesRefusesBeforeAnyChange(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			db := legacyDB(t)
 			role, dsnValue := roleOn(t, db, c.grants)
-			before := dbState(t, db.Pool)
+			before := testdb.State(t, db.Pool)
 			r := run(t, nil, "--dsn", dsnValue, "--format", "json", "apply", "--yes")
 			var doc struct {
 				Outcome  string `json:"outcome"`
@@ -152,7 +152,7 @@ func TestApplyWithoutPrivilegesRefusesBeforeAnyChange(t *testing.T) {
 			if strings.Contains(r.stdout+r.stderr, secretPassword) {
 				t.Fatal("the password is printed")
 			}
-			sameState(t, before, dbState(t, db.Pool), "apply without privileges")
+			testdb.SameState(t, before, testdb.State(t, db.Pool), "apply without privileges")
 			// The table form says it on stderr too.
 			r = run(t, nil, "--dsn", dsnValue, "apply", "--yes")
 			if r.code != cli.ExitFindings || !strings.Contains(r.stdout+r.stderr, "cannot change") {

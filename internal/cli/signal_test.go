@@ -249,7 +249,7 @@ func interrupt(t *testing.T, s *started) {
 
 func TestSignalAudit(t *testing.T) {
 	db := legacyDB(t)
-	before := dbState(t, db.Pool)
+	before := testdb.State(t, db.Pool)
 	release := holdLock(t, db, `lock table pgflow.step_tasks in access exclusive mode`)
 	s := start(t, []string{"PGFLOW_UPGRADE_DSN=" + db.DSN}, "audit", "--lock-timeout", "5m", "--check-timeout", "5m", "--timeout", "10m")
 	until(t, "the audit's backend waiting on the lock", func() bool {
@@ -271,12 +271,12 @@ func TestSignalAudit(t *testing.T) {
 	if !strings.Contains(s.output(), "interrupt") && !strings.Contains(s.output(), "cancel") {
 		t.Errorf("the output does not say it was interrupted:\n%s", s.output())
 	}
-	sameState(t, before, dbState(t, db.Pool), "interrupted audit")
+	testdb.SameState(t, before, testdb.State(t, db.Pool), "interrupted audit")
 }
 
 func TestSignalApply(t *testing.T) {
 	db := legacyDB(t)
-	before := dbState(t, db.Pool)
+	before := testdb.State(t, db.Pool)
 	// apply takes its table locks first thing after the advisory lock and the
 	// privileges check: it queues behind this one.
 	release := holdLock(t, db, `lock table pgflow.flows in access share mode`)
@@ -299,7 +299,7 @@ func TestSignalApply(t *testing.T) {
 	if !strings.Contains(s.output(), "interrupted") {
 		t.Errorf("the output does not say it was interrupted:\n%s", s.output())
 	}
-	sameState(t, before, dbState(t, db.Pool), "interrupted apply")
+	testdb.SameState(t, before, testdb.State(t, db.Pool), "interrupted apply")
 	var locks int
 	if err := db.Pool.QueryRow(context.Background(), `select count(*) from pg_locks where locktype = 'advisory' and database = (select oid from pg_database where datname = current_database())`).Scan(&locks); err != nil || locks != 0 {
 		t.Fatalf("advisory locks left: %d (%v)", locks, err)

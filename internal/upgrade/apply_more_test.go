@@ -27,7 +27,7 @@ import (
 func TestApplyDryRunChangesNothing(t *testing.T) {
 	ctx := testCtx(t)
 	db := inflightDB(t)
-	before := fingerprint(t, db.Pool)
+	before := testdb.State(t, db.Pool)
 	opts := fastOpts()
 	opts.DryRun = true
 	rep, err := upgrade.Apply(ctx, connect(t, db), opts)
@@ -37,7 +37,7 @@ func TestApplyDryRunChangesNothing(t *testing.T) {
 	if rep.Outcome != upgrade.OutcomeDryRun {
 		t.Fatalf("outcome %s", rep.Outcome)
 	}
-	assertSame(t, before, fingerprint(t, db.Pool), "dry run")
+	testdb.SameState(t, before, testdb.State(t, db.Pool), "dry run")
 	steps := map[string]bool{}
 	for _, s := range rep.Steps {
 		steps[s.Step] = true
@@ -82,7 +82,7 @@ func TestApplyRefusesTamperedMigration(t *testing.T) {
 	for _, m := range all {
 		tampered[m.File] = &fstest.MapFile{Data: []byte(m.SQL + "\ndrop table pgflow.workers;\n")}
 	}
-	before := fingerprint(t, db.Pool)
+	before := testdb.State(t, db.Pool)
 	opts := fastOpts()
 	opts.Verify = func() error { return migrations.VerifyFS(tampered) }
 	rep, err := upgrade.Apply(ctx, connect(t, db), opts)
@@ -92,7 +92,7 @@ func TestApplyRefusesTamperedMigration(t *testing.T) {
 	if rep.Outcome != upgrade.OutcomeRefused {
 		t.Fatalf("outcome %s", rep.Outcome)
 	}
-	assertSame(t, before, fingerprint(t, db.Pool), "tampered")
+	testdb.SameState(t, before, testdb.State(t, db.Pool), "tampered")
 }
 
 func TestApplyRecordsSupabaseMigration(t *testing.T) {
@@ -212,7 +212,7 @@ func TestApplyConcurrent(t *testing.T) {
 func TestApplyLockRetriesThenGivesUp(t *testing.T) {
 	ctx := testCtx(t)
 	db := inflightDB(t)
-	before := fingerprint(t, db.Pool)
+	before := testdb.State(t, db.Pool)
 
 	holder := connect(t, db)
 	holderTx, err := holder.Begin(ctx)
@@ -307,7 +307,7 @@ func TestApplyLockRetriesThenGivesUp(t *testing.T) {
 	if err := holderTx.Commit(ctx); err != nil {
 		t.Fatalf("holder commit: %v", err)
 	}
-	assertSame(t, before, fingerprint(t, db.Pool), "apply that gave up on the locks")
+	testdb.SameState(t, before, testdb.State(t, db.Pool), "apply that gave up on the locks")
 }
 
 // The backend is terminated before each statement of the migration in turn
@@ -320,7 +320,7 @@ func TestApplyKilledAtEveryStatement(t *testing.T) {
 		create table supabase_migrations.schema_migrations (version text primary key, statements text[], name text)`); err != nil {
 		t.Fatal(err)
 	}
-	before := fingerprint(t, db.Pool)
+	before := testdb.State(t, db.Pool)
 	all, err := migrations.All()
 	if err != nil {
 		t.Fatal(err)
@@ -377,9 +377,7 @@ func TestApplyKilledAtEveryStatement(t *testing.T) {
 		if strings.Contains(err.Error(), "test hook") || !dead {
 			t.Fatalf("kill at %s: apply failed otherwise: %v", point, err)
 		}
-		if got := fingerprint(t, db.Pool); got != before {
-			t.Fatalf("kill at %s: the database is not the baseline:\n%s", point, diffLines(before, got))
-		}
+		testdb.SameState(t, before, testdb.State(t, db.Pool), "kill at "+point+": the database is not the baseline")
 	}
 	rep, err := upgrade.Apply(ctx, connect(t, db), fastOpts())
 	if err != nil || rep.Outcome != upgrade.OutcomeApplied {
@@ -495,7 +493,7 @@ func TestApplyRefusesRoleWithoutOwnership(t *testing.T) {
 			t.Errorf("drop role %s: %v", role, err)
 		}
 	})
-	before := fingerprint(t, db.Pool)
+	before := testdb.State(t, db.Pool)
 	u, err := url.Parse(db.DSN)
 	if err != nil {
 		t.Fatal(err)
@@ -513,7 +511,7 @@ func TestApplyRefusesRoleWithoutOwnership(t *testing.T) {
 	if rep.LockAttempts != 0 || len(rep.Blockers) != 1 || rep.Blockers[0].CheckID != preflight.PrivilegesCheckID {
 		t.Fatalf("lock attempts %d, blockers %+v", rep.LockAttempts, rep.Blockers)
 	}
-	assertSame(t, before, fingerprint(t, db.Pool), "refused non-owner")
+	testdb.SameState(t, before, testdb.State(t, db.Pool), "refused non-owner")
 }
 
 // An application transaction holds runs, and once apply holds flows and
@@ -578,7 +576,7 @@ func TestApplyBacksOffFromDeadlock(t *testing.T) {
 // Ctrl-C in the middle of the migration: rolled back, reported as interrupted.
 func TestApplyInterrupted(t *testing.T) {
 	db := inflightDB(t)
-	before := fingerprint(t, db.Pool)
+	before := testdb.State(t, db.Pool)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	opts := fastOpts()
@@ -592,14 +590,14 @@ func TestApplyInterrupted(t *testing.T) {
 	if !errors.Is(err, context.Canceled) || rep.Outcome != upgrade.OutcomeInterrupted {
 		t.Fatalf("interrupted apply: %v %s", err, rep.Outcome)
 	}
-	assertSame(t, before, fingerprint(t, db.Pool), "interrupted apply")
+	testdb.SameState(t, before, testdb.State(t, db.Pool), "interrupted apply")
 }
 
 // A preflight check that runs out of its time: nothing changed, inconclusive.
 func TestApplyPreflightInconclusive(t *testing.T) {
 	ctx := testCtx(t)
 	db := testdb.Baseline(t)
-	before := fingerprint(t, db.Pool)
+	before := testdb.State(t, db.Pool)
 	opts := fastOpts()
 	opts.Preflight = audit.Options{CheckTimeout: 50 * time.Millisecond, Extra: []audit.Check{{
 		ID: "test.slow", Title: "slower than its budget", Severity: audit.Blocker, Preflight: true,
@@ -612,7 +610,7 @@ func TestApplyPreflightInconclusive(t *testing.T) {
 	if !errors.Is(err, upgrade.ErrInconclusive) || rep.Outcome != upgrade.OutcomeInconclusive {
 		t.Fatalf("apply with a slow preflight check: %v %s", err, rep.Outcome)
 	}
-	assertSame(t, before, fingerprint(t, db.Pool), "inconclusive preflight")
+	testdb.SameState(t, before, testdb.State(t, db.Pool), "inconclusive preflight")
 }
 
 // Two tasks of one flow sharing a message id: the check is deferred to the
@@ -630,7 +628,7 @@ func TestApplyRefusesDuplicateMessageIDs(t *testing.T) {
 	if err != nil || tag.RowsAffected() != 1 {
 		t.Fatalf("making a duplicate: %v %d", err, tag.RowsAffected())
 	}
-	before := fingerprint(t, db.Pool)
+	before := testdb.State(t, db.Pool)
 	rep, err := upgrade.Apply(ctx, connect(t, db), fastOpts())
 	if !errors.Is(err, upgrade.ErrPreflight) || rep.Outcome != upgrade.OutcomeRefused {
 		t.Fatalf("apply with a duplicate message id: %v %s", err, rep.Outcome)
@@ -652,5 +650,5 @@ func TestApplyRefusesDuplicateMessageIDs(t *testing.T) {
 	if runs != 1 {
 		t.Fatalf("the deferred check ran %d times", runs)
 	}
-	assertSame(t, before, fingerprint(t, db.Pool), "refused duplicate message ids")
+	testdb.SameState(t, before, testdb.State(t, db.Pool), "refused duplicate message ids")
 }

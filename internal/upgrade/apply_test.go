@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
@@ -59,7 +60,7 @@ func TestApplyInflight(t *testing.T) {
 	}
 
 	// A rerun is a no-op that says so.
-	before := fingerprint(t, db.Pool)
+	before := testdb.State(t, db.Pool)
 	rep2, err := upgrade.Apply(ctx, connect(t, db), fastOpts())
 	if err != nil {
 		t.Fatalf("rerun: %v", err)
@@ -70,7 +71,7 @@ func TestApplyInflight(t *testing.T) {
 	if rep2.LockAttempts != 0 {
 		t.Fatalf("the rerun took table locks (%d attempts)", rep2.LockAttempts)
 	}
-	assertSame(t, before, fingerprint(t, db.Pool), "rerun")
+	testdb.SameState(t, before, testdb.State(t, db.Pool), "rerun")
 
 	vr, err := upgrade.Verify(ctx, connect(t, db))
 	if err != nil || !vr.OK {
@@ -85,7 +86,7 @@ func TestApplyRefusesCaseAliases(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, `insert into pgflow.flows (flow_slug) values ('Foo'), ('foo')`); err != nil {
 		t.Fatal(err)
 	}
-	before := fingerprint(t, db.Pool)
+	before := testdb.State(t, db.Pool)
 	rep, err := upgrade.Apply(ctx, connect(t, db), fastOpts())
 	if !errors.Is(err, upgrade.ErrPreflight) {
 		t.Fatalf("apply: %v, want ErrPreflight (%+v)", err, rep)
@@ -107,5 +108,5 @@ func TestApplyRefusesCaseAliases(t *testing.T) {
 			t.Fatalf("the migration ran despite a blocker")
 		}
 	}
-	assertSame(t, before, fingerprint(t, db.Pool), "refused apply")
+	testdb.SameState(t, before, testdb.State(t, db.Pool), "refused apply")
 }
