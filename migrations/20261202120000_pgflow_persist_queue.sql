@@ -480,7 +480,8 @@ $$;
 -- 9. Queue-aware engine functions: same signatures as 0.16.0, but every
 --    message is addressed by the task's own queue_name (new tasks get their
 --    flow's queue_name). Functions that reach pgmq only through the helpers
---    below (complete_task, _fail_run, _skip_step) are unchanged.
+--    below (_fail_run, _skip_step) are unchanged; complete_task is replaced
+--    further down (its locks and its completion path).
 -- ---------------------------------------------------------------------------
 
 -- A new flow's queue is named as its slug (the naming rule); the queue is
