@@ -87,6 +87,27 @@ func checkUpgraded(t *testing.T, db *testdb.DB, before *fingerprint.Fingerprint)
 	}
 }
 
+// stopOnlineAt runs apply --online until it reaches point (for PointBatch,
+// the third batch, so that some rows are filled and some are not) and stops
+// it there, as an interrupt would.
+func stopOnlineAt(t *testing.T, conn *pgx.Conn, point string) {
+	t.Helper()
+	stop := errors.New("stop")
+	seen := 0
+	_, err := online.Apply(context.Background(), conn, online.Options{BatchSize: 7, Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
+		if p == point {
+			seen++
+			if p != online.PointBatch || seen == 3 {
+				return stop
+			}
+		}
+		return nil
+	}}})
+	if !errors.Is(err, stop) {
+		t.Fatalf("did not stop at %s: %v", point, err)
+	}
+}
+
 func TestApplyOnlineInflight(t *testing.T) {
 	ctx := context.Background()
 	db := inflight(t)
@@ -128,20 +149,7 @@ func TestRollbackOnline(t *testing.T) {
 				t.Fatal(err)
 			}
 			conn := connect(t, db)
-			seen := 0
-			stop := errors.New("stop")
-			_, err = online.Apply(ctx, conn, online.Options{BatchSize: 7, Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
-				if p == stopAt {
-					seen++
-					if p != online.PointBatch || seen == 3 {
-						return stop
-					}
-				}
-				return nil
-			}}})
-			if !errors.Is(err, stop) {
-				t.Fatalf("did not stop at %s: %v", stopAt, err)
-			}
+			stopOnlineAt(t, conn, stopAt)
 			if s := mustShape(t, db); !s.Started() {
 				t.Fatalf("nothing of the online upgrade is there after stopping at %s: %+v", stopAt, s)
 			}
@@ -188,16 +196,7 @@ func TestMigrationFileOnPreparedShape(t *testing.T) {
 	ctx := context.Background()
 	db := inflight(t)
 	conn := connect(t, db)
-	stop := errors.New("stop")
-	_, err := online.Apply(ctx, conn, online.Options{Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
-		if p == online.PointSwitch {
-			return stop
-		}
-		return nil
-	}}})
-	if !errors.Is(err, stop) {
-		t.Fatal(err)
-	}
+	stopOnlineAt(t, conn, online.PointSwitch)
 	if s := mustShape(t, db); !s.Prepared() {
 		t.Fatalf("not prepared: %+v", s)
 	}
@@ -237,20 +236,7 @@ func TestResumeOnlineFromEveryPoint(t *testing.T) {
 				t.Fatal(err)
 			}
 			conn := connect(t, db)
-			stop := errors.New("stop")
-			seen := 0
-			_, err = online.Apply(ctx, conn, online.Options{BatchSize: 7, Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
-				if p == stopAt {
-					seen++
-					if p != online.PointBatch || seen == 3 {
-						return stop
-					}
-				}
-				return nil
-			}}})
-			if !errors.Is(err, stop) {
-				t.Fatalf("did not stop at %s: %v", stopAt, err)
-			}
+			stopOnlineAt(t, conn, stopAt)
 			shape := mustShape(t, db)
 			if stopAt == online.PointValidate && (!shape.Check || shape.CheckValid) {
 				t.Fatalf("stopped before VALIDATE, want the check there and not validated: %+v", shape)
@@ -273,16 +259,7 @@ func TestOnlineRefusesForeignCheck(t *testing.T) {
 	ctx := context.Background()
 	db := inflight(t)
 	conn := connect(t, db)
-	stop := errors.New("stop")
-	_, err := online.Apply(ctx, conn, online.Options{Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
-		if p == online.PointCheck {
-			return stop
-		}
-		return nil
-	}}})
-	if !errors.Is(err, stop) {
-		t.Fatal(err)
-	}
+	stopOnlineAt(t, conn, online.PointCheck)
 	if _, err := db.Pool.Exec(ctx, `alter table pgflow.step_tasks add constraint `+online.CheckName+` check (queue_name <> '') not valid`); err != nil {
 		t.Fatal(err)
 	}
