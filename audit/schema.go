@@ -12,7 +12,7 @@ type SchemaState string
 
 const (
 	StateBaseline  SchemaState = "baseline"   // pgflow 0.16.0, not upgraded
-	StateUpgraded  SchemaState = "upgraded"   // queue persistence applied
+	StateUpgraded  SchemaState = "upgraded"   // pgflow 0.17.0 (by this tool or by pgflow's own migration)
 	StatePartial   SchemaState = "partial"    // pgflow tables, but neither shape exactly
 	StateUnknown   SchemaState = "unknown"    // a pgflow schema without the pgflow tables
 	StateNotPgflow SchemaState = "not_pgflow" // no schema pgflow
@@ -121,13 +121,14 @@ var legacyFunctions = []string{
 	"start_tasks(text, bigint[], uuid)",
 }
 
-// What the upgrade adds (docs/design.md, "The new protocol").
-var upgradeColumns = [][2]string{{"flows", "queue_name"}, {"step_tasks", "queue_name"}}
-var upgradeTables = []string{"schema_revisions"}
+// What pgflow 0.17.0 adds (facts: pgflow-0.17.md §2), whoever applied it:
+// this tool, or pgflow's own migration 20260915074120.
+var upgradeColumns = [][2]string{{"flows", "queue_mode"}, {"steps", "queue_name"}, {"step_tasks", "queue_name"}}
+var upgradeTables = []string{}
 var upgradeFunctions = []string{
-	"queue_protocol_version()",
-	"ensure_flow_compiled(text, jsonb, boolean)",
-	"claim_tasks(text, uuid, integer, integer, integer, integer)",
+	"start_tasks(text, bigint[], uuid, text, text)",
+	"ensure_flow_compiled(text, jsonb, text, jsonb)",
+	"is_valid_queue_name(text)",
 }
 
 // DetectSchema compares the live catalog with the 0.16.0 baseline and the
@@ -292,7 +293,7 @@ func (s SchemaInfo) describe() string {
 	case StateBaseline:
 		return "pgflow 0.16.0 baseline, not upgraded"
 	case StateUpgraded:
-		return "queue persistence already applied (apply is a no-op)"
+		return "pgflow 0.17.0: already upgraded (apply is a no-op)"
 	case StatePartial:
 		return "partially upgraded or modified pgflow schema: " + strings.Join(s.Differences, "; ")
 	case StateUnknown:
