@@ -395,7 +395,8 @@ begin
 
   for v_skipped in
     select x.slug, x.reason, x.at
-      from pg_catalog.unnest(v_slugs, v_reasons, v_times) as x(slug, reason, at)
+      -- unnest of several arrays is FROM-clause syntax and cannot be schema-qualified.
+      from unnest(v_slugs, v_reasons, v_times) as x(slug, reason, at)
       join pgflow.steps s on s.flow_slug = v_flow_slug and s.step_slug = x.slug
      order by s.step_index
   loop
@@ -1587,7 +1588,8 @@ begin
          t.message_id as msg_id,
          t.task_index,
          case when s.step_type = 'single' and s.deps_count = 0 then r.input end as flow_input
-    from pg_catalog.unnest(v_keys.run_ids, v_keys.step_slugs, v_keys.task_indexes) as k(run_id, step_slug, task_index)
+    -- unnest of several arrays is FROM-clause syntax and cannot be schema-qualified.
+    from unnest(v_keys.run_ids, v_keys.step_slugs, v_keys.task_indexes) as k(run_id, step_slug, task_index)
     join pgflow.step_tasks t on t.run_id = k.run_id and t.step_slug = k.step_slug and t.task_index = k.task_index
     join pgflow.runs r on r.run_id = t.run_id
     join pgflow.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
