@@ -134,8 +134,9 @@ create unique index idx_steps_normalized_slug on pgflow.steps (flow_slug, pg_cat
 -- C1. Queue-name helpers.
 
 -- The spelling pgmq lists for a queue, matched case-insensitively (pgmq keeps
--- the name as created but names its tables in lowercase). NULL when none;
--- more than one listed spelling is ambiguous.
+-- the name as created but names its tables in lowercase). A name pgmq does
+-- not list is returned as given (pgmq then answers for it); more than one
+-- listed spelling is ambiguous.
 create function pgflow._listed_queue_name(p_queue_name text)
 returns text
 language plpgsql
@@ -149,6 +150,9 @@ begin
     into v_names
     from pgmq.list_queues() q
    where pg_catalog.lower(q.queue_name::text) = pg_catalog.lower(p_queue_name);
+  if v_names is null then
+    return p_queue_name;
+  end if;
   if pg_catalog.cardinality(v_names) > 1 then
     raise exception 'pgmq lists more than one queue named % in some case: %', p_queue_name, v_names
       using errcode = 'ambiguous_alias',
@@ -1100,7 +1104,7 @@ begin
 
   select * into v_flow from pgflow.flows f where f.flow_slug = create_flow.flow_slug;
   if not found then
-    if pgflow._listed_queue_name(v_queue) is not null then
+    if exists (select 1 from pgmq.list_queues() q where pg_catalog.lower(q.queue_name::text) = v_queue) then
       raise exception 'cannot create flow %: pgmq already lists a queue named %', create_flow.flow_slug, v_queue
         using errcode = 'unique_violation',
               hint = 'Queues are pgflow''s own: drop the stray queue, or choose another slug.';
@@ -1113,7 +1117,8 @@ begin
     returning * into v_flow;
   end if;
 
-  if v_flow.queue_mode = 'flow' and pgflow._listed_queue_name(v_queue) is null then
+  if v_flow.queue_mode = 'flow'
+     and not exists (select 1 from pgmq.list_queues() q where pg_catalog.lower(q.queue_name::text) = v_queue) then
     perform pgmq.create(v_queue);
   end if;
   return v_flow;
@@ -1196,7 +1201,6 @@ as $$
 declare
   v_mode text;
   v_queue text;
-  v_listed text;
 begin
   perform pg_catalog.pg_advisory_xact_lock(1, pg_catalog.hashtext(pg_catalog.lower(p_flow_slug)));
 
@@ -1208,9 +1212,9 @@ begin
       select pg_catalog.lower(p_flow_slug) where v_mode = 'flow'
       order by 1
     loop
-      v_listed := pgflow._listed_queue_name(v_queue);
-      if v_listed is not null then
-        perform pgmq.drop_queue(v_listed);
+      -- Only queues pgmq lists (pgmq 1.5.1's drop_queue raises on others).
+      if exists (select 1 from pgmq.list_queues() q where pg_catalog.lower(q.queue_name::text) = v_queue) then
+        perform pgmq.drop_queue(pgflow._listed_queue_name(v_queue));
       end if;
     end loop;
   end if;
