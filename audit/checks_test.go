@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
-	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -24,17 +23,30 @@ func oneFlow(t *testing.T) *testdb.DB {
 	return db
 }
 
-// inflight is a fresh database with the fixtures' inflight state: runs,
-// steps and tasks in every status, one live worker per flow.
+// inflight is a real 0.16.0 baseline in flight, driven through its own
+// engine: two flows (a DAG and a map), started runs, tasks claimed by a
+// registered worker with start_tasks, one completed; two live workers and
+// a stopped one.
 func inflight(t *testing.T) *testdb.DB {
 	t.Helper()
-	db := testdb.PGMQ(t)
-	st, err := fixtures.Lookup("inflight")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Load(context.Background(), db.Pool); err != nil {
-		t.Fatalf("loading inflight: %v", err)
+	db := testdb.Baseline(t)
+	exec(t, db,
+		`select pgflow.create_flow('alpha')`, `select pgflow.add_step('alpha', 'a')`, `select pgflow.add_step('alpha', 'b', array['a'])`,
+		`select pgflow.create_flow('beta')`, `select pgflow.add_step('beta', 'items', step_type => 'map')`,
+		`select pgflow.start_flow('alpha', '{"n": 1}'::jsonb)`, `select pgflow.start_flow('alpha', '{"n": 2}'::jsonb)`,
+		`select pgflow.start_flow('beta', '[1, 2, 3]'::jsonb)`,
+		`insert into pgflow.workers (worker_id, queue_name, function_name) values
+		   ('00000000-0000-4000-8000-00000000aa01', 'alpha', 'alpha-worker'),
+		   ('00000000-0000-4000-8000-00000000aa02', 'beta', 'beta-worker')`,
+		`insert into pgflow.workers (worker_id, queue_name, function_name, stopped_at) values
+		   ('00000000-0000-4000-8000-00000000aa03', 'alpha', 'old', now())`,
+		`select pgflow.start_tasks('alpha', array(select msg_id from pgmq.read('alpha', 30, 10)), '00000000-0000-4000-8000-00000000aa01')`,
+		`select pgflow.complete_task(t.run_id, t.step_slug, t.task_index, '{"ok": true}'::jsonb)
+		   from pgflow.step_tasks t where t.flow_slug = 'alpha' and t.status = 'started' order by t.message_id limit 1`,
+		`analyze`)
+	var started int
+	if err := db.Pool.QueryRow(context.Background(), `select count(*) from pgflow.step_tasks where status in ('started', 'completed')`).Scan(&started); err != nil || started != 2 {
+		t.Fatalf("in-flight state: %d claimed tasks (%v), want 2", started, err)
 	}
 	return db
 }
@@ -63,8 +75,8 @@ func TestHealthyDatabasesHaveNoBlockers(t *testing.T) {
 			mustBeOK(t, rep, "sessions.locks_on_pgflow")
 			mustBeOK(t, rep, "sessions.long_transactions")
 			if name == "inflight" {
-				// One live 0.16.0 worker per flow; the stopped one is not counted.
-				if f := mustFire(t, rep, "workers.legacy_alive", audit.Warning); f.Count != 3 {
+				// Two live 0.16.0 workers; the stopped one is not counted.
+				if f := mustFire(t, rep, "workers.legacy_alive", audit.Warning); f.Count != 2 {
 					t.Fatalf("live workers: %+v", f)
 				}
 			} else {

@@ -145,8 +145,8 @@ func manyTasks(t *testing.T, db *testdb.DB, n int) {
 	exec(t, db,
 		`insert into pgflow.runs (run_id, flow_slug, status, input, remaining_steps, started_at, completed_at)
 		 values ('00000000-0000-4000-8000-0000000000aa', 'm', 'completed', '[]', 0, now() - interval '1 day', now())`,
-		`insert into pgflow.step_states (flow_slug, run_id, step_slug, status, remaining_tasks, initial_tasks, remaining_deps, started_at, completed_at)
-		 values ('m', '00000000-0000-4000-8000-0000000000aa', 'items', 'completed', 0, `+itoa(int64(n))+`, 0, now() - interval '1 day', now())`,
+		`insert into pgflow.step_states (flow_slug, run_id, step_slug, status, remaining_tasks, initial_tasks, remaining_deps, created_at, started_at, completed_at)
+		 values ('m', '00000000-0000-4000-8000-0000000000aa', 'items', 'completed', 0, `+itoa(int64(n))+`, 0, now() - interval '2 days', now() - interval '1 day', now())`,
 		`insert into pgflow.step_tasks (flow_slug, run_id, step_slug, message_id, task_index, status, attempts_count, queued_at, started_at, completed_at)
 		 select 'm', '00000000-0000-4000-8000-0000000000aa', 'items', 1000000 + i, i, 'completed', 1, now() - interval '1 day', now() - interval '1 day', now()
 		 from generate_series(1, `+itoa(int64(n))+`) i`,
