@@ -22,6 +22,17 @@
 -- post-conditions; run by hand, it fails atomically on the same data that
 -- makes upstream's migration fail (the preflight explains each case).
 -- It reads pgmq only through pgmq's public functions.
+--
+-- Online-prepared start (`pgflow-upgrade apply --online`, docs/online.md):
+-- the file also accepts a 0.16.0 database on which the online path has
+-- already added steps.queue_name and step_tasks.queue_name (nullable, every
+-- row filled), their validated CHECKs queue_name_is_valid and
+-- queue_name_online_not_null, the three unique indexes (built concurrently,
+-- valid), pgflow.is_valid_queue_name and the insert triggers
+-- pgflow_upgrade_online_queue_name. Then B3/B4 only SET NOT NULL (proven by
+-- the validated check, no scan) and drop the temporary check and trigger;
+-- the resulting catalog is the same as from plain 0.16.0. The guard (A1)
+-- refuses any other shape that has those columns.
 
 -- ---------------------------------------------------------------------------
 -- A1. Guard: the pgflow 0.16.0 shape, or refuse with a reason.
@@ -52,6 +63,74 @@ begin
 end
 $guard$;
 
+-- A1b. Guard, online-prepared start: either none of the online path's objects
+--      (plain 0.16.0), or all of them exactly as `apply --online` prepares them.
+--      Definitions are printed with search_path pg_catalog (fully qualified),
+--      then the caller's search_path is restored.
+do $guard_online$
+declare
+  v_path text := pg_catalog.current_setting('search_path');
+  v_cols integer;
+  v_bad text[] := '{}';
+  v_want record;
+begin
+  perform pg_catalog.set_config('search_path', 'pg_catalog', true);
+  select pg_catalog.count(*)::integer into v_cols
+    from pg_catalog.pg_attribute a
+   where a.attrelid in ('pgflow.steps'::pg_catalog.regclass, 'pgflow.step_tasks'::pg_catalog.regclass)
+     and a.attname = 'queue_name' and not a.attisdropped;
+  if v_cols = 0 then
+    select pg_catalog.array_agg(c.relname::text) into v_bad
+      from pg_catalog.pg_class c
+     where c.relnamespace = 'pgflow'::pg_catalog.regnamespace
+       and c.relname in ('idx_flows_normalized_slug', 'idx_steps_normalized_slug', 'idx_step_tasks_queue_message');
+    if v_bad is not null then
+      raise exception 'pgflow_private_step_queues: pgflow already has %, but not the queue_name columns: not a 0.16.0 database', v_bad
+        using hint = 'Run `pgflow-upgrade status`; an unfinished `apply --online` is finished by running it again or undone by `apply --rollback-online`.';
+    end if;
+  else
+    for v_want in
+      select * from (values
+        ('column', 'steps', 'queue_name', 'text null'),
+        ('column', 'step_tasks', 'queue_name', 'text null'),
+        ('check', 'steps', 'queue_name_is_valid', 'CHECK (pgflow.is_valid_queue_name(queue_name))'),
+        ('check', 'step_tasks', 'queue_name_is_valid', 'CHECK (pgflow.is_valid_queue_name(queue_name))'),
+        ('check', 'steps', 'queue_name_online_not_null', 'CHECK ((queue_name IS NOT NULL))'),
+        ('check', 'step_tasks', 'queue_name_online_not_null', 'CHECK ((queue_name IS NOT NULL))'),
+        ('index', 'flows', 'idx_flows_normalized_slug', 'CREATE UNIQUE INDEX idx_flows_normalized_slug ON pgflow.flows USING btree (lower(flow_slug))'),
+        ('index', 'steps', 'idx_steps_normalized_slug', 'CREATE UNIQUE INDEX idx_steps_normalized_slug ON pgflow.steps USING btree (flow_slug, lower(step_slug))'),
+        ('index', 'step_tasks', 'idx_step_tasks_queue_message', 'CREATE UNIQUE INDEX idx_step_tasks_queue_message ON pgflow.step_tasks USING btree (queue_name, message_id) WHERE (message_id IS NOT NULL)')
+      ) w(kind, tbl, name, def)
+    loop
+      if not exists (
+        select 1 from pg_catalog.pg_attribute a
+         where v_want.kind = 'column' and a.attrelid = ('pgflow.' || v_want.tbl)::pg_catalog.regclass
+           and a.attname = v_want.name and not a.attisdropped and not a.attnotnull
+           and a.atttypid = 'pg_catalog.text'::pg_catalog.regtype
+        union all
+        select 1 from pg_catalog.pg_constraint c
+         where v_want.kind = 'check' and c.conrelid = ('pgflow.' || v_want.tbl)::pg_catalog.regclass
+           and c.conname = v_want.name and c.contype = 'c' and c.convalidated
+           and pg_catalog.pg_get_constraintdef(c.oid) = v_want.def
+        union all
+        select 1 from pg_catalog.pg_index i
+         where v_want.kind = 'index' and i.indrelid = ('pgflow.' || v_want.tbl)::pg_catalog.regclass
+           and i.indexrelid = pg_catalog.to_regclass('pgflow.' || v_want.name)
+           and i.indisvalid and i.indisready
+           and pg_catalog.pg_get_indexdef(i.indexrelid) = v_want.def)
+      then
+        v_bad := v_bad || (v_want.kind || ' pgflow.' || v_want.tbl || ' ' || v_want.name);
+      end if;
+    end loop;
+    if pg_catalog.cardinality(v_bad) > 0 then
+      raise exception 'pgflow_private_step_queues: pgflow has queue_name columns but is not the online-prepared 0.16.0; missing or different: %', pg_catalog.array_to_string(v_bad, ', ')
+        using hint = 'Run `pgflow-upgrade apply --online` again to finish preparing (or `apply --rollback-online` to undo it).';
+    end if;
+  end if;
+  perform pg_catalog.set_config('search_path', v_path, true);
+end
+$guard_online$;
+
 -- ---------------------------------------------------------------------------
 -- A2. Locks, in the documented order (docs/design.md "Lock order"):
 --     flows, steps, deps, runs, step_states, step_tasks, workers. The altered
@@ -76,11 +155,11 @@ alter table pgflow.flows
   add column queue_mode text not null default 'flow'
   constraint queue_mode_is_valid check (queue_mode in ('flow', 'step'));
 
-create unique index idx_flows_normalized_slug on pgflow.flows (pg_catalog.lower(flow_slug));
+create unique index if not exists idx_flows_normalized_slug on pgflow.flows (pg_catalog.lower(flow_slug));
 
 -- B2. The queue-name rule the CHECKs below use (pgmq's 47-character limit,
 --     already lowercase, as pgmq names its tables).
-create function pgflow.is_valid_queue_name(queue_name text)
+create or replace function pgflow.is_valid_queue_name(queue_name text)
 returns boolean
 language sql
 immutable
@@ -104,26 +183,52 @@ $$;
 -- ---------------------------------------------------------------------------
 drop index pgflow.idx_step_tasks_message_id;
 
-alter table pgflow.step_tasks add column queue_name text;
-
-alter table pgflow.step_tasks
-  alter column queue_name type text using pg_catalog.lower(flow_slug),
-  add constraint queue_name_is_valid check (pgflow.is_valid_queue_name(queue_name)),
-  alter column queue_name set not null;
+--     Online-prepared (A1b): the rows are filled and the validated
+--     queue_name_online_not_null proves NOT NULL, so SET NOT NULL reads no row.
+do $b3$
+begin
+  if exists (select 1 from pg_catalog.pg_attribute a
+             where a.attrelid = 'pgflow.step_tasks'::pg_catalog.regclass
+               and a.attname = 'queue_name' and not a.attisdropped) then
+    alter table pgflow.step_tasks alter column queue_name set not null;
+    alter table pgflow.step_tasks drop constraint queue_name_online_not_null;
+    drop trigger if exists pgflow_upgrade_online_queue_name on pgflow.step_tasks;
+  else
+    alter table pgflow.step_tasks add column queue_name text;
+    alter table pgflow.step_tasks
+      alter column queue_name type text using pg_catalog.lower(flow_slug),
+      add constraint queue_name_is_valid check (pgflow.is_valid_queue_name(queue_name)),
+      alter column queue_name set not null;
+  end if;
+end
+$b3$;
 
 -- The durable address of a message. Two tasks of one queue sharing a message
 -- id make this build fail (23505); `apply` then names them.
-create unique index idx_step_tasks_queue_message
+create unique index if not exists idx_step_tasks_queue_message
   on pgflow.step_tasks (queue_name, message_id)
   where message_id is not null;
 
 -- B4. steps.queue_name: a small table, so the plain three stages.
-alter table pgflow.steps add column queue_name text;
-update pgflow.steps s set queue_name = pg_catalog.lower(s.flow_slug) where s.queue_name is null;
-alter table pgflow.steps add constraint queue_name_is_valid check (pgflow.is_valid_queue_name(queue_name));
-alter table pgflow.steps alter column queue_name set not null;
+--     Online-prepared: as in B3.
+do $b4$
+begin
+  if exists (select 1 from pg_catalog.pg_attribute a
+             where a.attrelid = 'pgflow.steps'::pg_catalog.regclass
+               and a.attname = 'queue_name' and not a.attisdropped) then
+    alter table pgflow.steps alter column queue_name set not null;
+    alter table pgflow.steps drop constraint queue_name_online_not_null;
+    drop trigger if exists pgflow_upgrade_online_queue_name on pgflow.steps;
+  else
+    alter table pgflow.steps add column queue_name text;
+    update pgflow.steps s set queue_name = pg_catalog.lower(s.flow_slug) where s.queue_name is null;
+    alter table pgflow.steps add constraint queue_name_is_valid check (pgflow.is_valid_queue_name(queue_name));
+    alter table pgflow.steps alter column queue_name set not null;
+  end if;
+end
+$b4$;
 
-create unique index idx_steps_normalized_slug on pgflow.steps (flow_slug, pg_catalog.lower(step_slug));
+create unique index if not exists idx_steps_normalized_slug on pgflow.steps (flow_slug, pg_catalog.lower(step_slug));
 
 -- ===========================================================================
 -- C. Function replacement block. Every message operation below uses the
