@@ -27,7 +27,7 @@
 -- the file also accepts a 0.16.0 database on which the online path has
 -- already added steps.queue_name and step_tasks.queue_name (nullable, every
 -- row filled), their validated CHECKs queue_name_is_valid and
--- queue_name_online_not_null, the three unique indexes (built concurrently,
+-- queue_name_online_check, the three unique indexes (built concurrently,
 -- valid), pgflow.is_valid_queue_name and the insert triggers
 -- pgflow_upgrade_online_queue_name. Then B3/B4 only SET NOT NULL (proven by
 -- the validated check, no scan) and drop the temporary check and trigger;
@@ -95,8 +95,8 @@ begin
         ('column', 'step_tasks', 'queue_name', 'text null'),
         ('check', 'steps', 'queue_name_is_valid', 'CHECK (pgflow.is_valid_queue_name(queue_name))'),
         ('check', 'step_tasks', 'queue_name_is_valid', 'CHECK (pgflow.is_valid_queue_name(queue_name))'),
-        ('check', 'steps', 'queue_name_online_not_null', 'CHECK ((queue_name IS NOT NULL))'),
-        ('check', 'step_tasks', 'queue_name_online_not_null', 'CHECK ((queue_name IS NOT NULL))'),
+        ('check', 'steps', 'queue_name_online_check', 'CHECK (((queue_name IS NOT NULL) AND (queue_name = lower(flow_slug))))'),
+        ('check', 'step_tasks', 'queue_name_online_check', 'CHECK (((queue_name IS NOT NULL) AND (queue_name = lower(flow_slug))))'),
         ('index', 'flows', 'idx_flows_normalized_slug', 'CREATE UNIQUE INDEX idx_flows_normalized_slug ON pgflow.flows USING btree (lower(flow_slug))'),
         ('index', 'steps', 'idx_steps_normalized_slug', 'CREATE UNIQUE INDEX idx_steps_normalized_slug ON pgflow.steps USING btree (flow_slug, lower(step_slug))'),
         ('index', 'step_tasks', 'idx_step_tasks_queue_message', 'CREATE UNIQUE INDEX idx_step_tasks_queue_message ON pgflow.step_tasks USING btree (queue_name, message_id) WHERE (message_id IS NOT NULL)')
@@ -184,14 +184,15 @@ $$;
 drop index pgflow.idx_step_tasks_message_id;
 
 --     Online-prepared (A1b): the rows are filled and the validated
---     queue_name_online_not_null proves NOT NULL, so SET NOT NULL reads no row.
+--     queue_name_online_check (queue_name IS NOT NULL AND = lower(flow_slug))
+--     proves NOT NULL, so SET NOT NULL reads no row.
 do $b3$
 begin
   if exists (select 1 from pg_catalog.pg_attribute a
              where a.attrelid = 'pgflow.step_tasks'::pg_catalog.regclass
                and a.attname = 'queue_name' and not a.attisdropped) then
     alter table pgflow.step_tasks alter column queue_name set not null;
-    alter table pgflow.step_tasks drop constraint queue_name_online_not_null;
+    alter table pgflow.step_tasks drop constraint queue_name_online_check;
     drop trigger if exists pgflow_upgrade_online_queue_name on pgflow.step_tasks;
   else
     alter table pgflow.step_tasks add column queue_name text;
@@ -217,7 +218,7 @@ begin
              where a.attrelid = 'pgflow.steps'::pg_catalog.regclass
                and a.attname = 'queue_name' and not a.attisdropped) then
     alter table pgflow.steps alter column queue_name set not null;
-    alter table pgflow.steps drop constraint queue_name_online_not_null;
+    alter table pgflow.steps drop constraint queue_name_online_check;
     drop trigger if exists pgflow_upgrade_online_queue_name on pgflow.steps;
   else
     alter table pgflow.steps add column queue_name text;
