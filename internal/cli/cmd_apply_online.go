@@ -187,7 +187,7 @@ func onlineStatus(ctx context.Context, conn *pgx.Conn) (*online.StatusInfo, erro
 	if err != nil {
 		return nil, fmt.Errorf("reading the online upgrade's progress: %w", err)
 	}
-	if info.Phase == online.PhaseNone || info.Phase == online.PhaseDone {
+	if !info.InProgress() {
 		return nil, nil // nothing in progress: status says nothing about it
 	}
 	return info, nil
@@ -198,7 +198,7 @@ func writeOnlineStatus(w io.Writer, info *online.StatusInfo) {
 	if info == nil {
 		return
 	}
-	fmt.Fprintf(w, "online upgrade in progress: phase %s (apply --online continues it; apply --rollback-online undoes it)\n", info.Phase)
+	fmt.Fprintf(w, "online upgrade in progress: phase %s; next: %s (continues it), or %s (undoes it)\n", info.Phase, info.Next, info.Undo)
 	if p := info.Progress; p != nil {
 		fmt.Fprintf(w, "  backfill: %d rows done, ~%d left (of ~%d), pass %d, %d batches, %.0f rows/s, updated %s",
 			p.RowsDone, info.RowsLeft, p.RowsTotal, p.Pass, p.Batches, p.Rate, p.UpdatedAt.UTC().Format(time.RFC3339))
@@ -208,6 +208,6 @@ func writeOnlineStatus(w io.Writer, info *online.StatusInfo) {
 		fmt.Fprintln(w)
 	}
 	s := info.Shape
-	fmt.Fprintf(w, "  column %v, insert trigger %v, check %v (validated %v), address index %v (valid %v)\n",
-		s.Column, s.Trigger, s.Check, s.CheckValid, s.Index, s.IndexValid)
+	fmt.Fprintf(w, "  queue_name columns %d/2, insert triggers %d/2, is_valid_queue_name %v, checks %d/4 (validated %d), unique indexes %d/3 (valid %d)\n",
+		s.Columns, s.Triggers, s.Function, s.Checks, s.ChecksValid, len(s.Indexes), len(s.IndexesValid))
 }

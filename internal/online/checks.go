@@ -8,11 +8,15 @@ import (
 )
 
 // onlineDifference: a difference from the 0.16.0 baseline that an online
-// upgrade in progress makes (audit.DetectSchema's wording): the new
-// step_tasks column, the upgrade objects that are still missing, and the
-// 0.16.0 functions that are still there.
+// upgrade in progress makes (audit.DetectSchema's wording): the new steps
+// and step_tasks columns and pgflow.is_valid_queue_name, the upgrade
+// objects that are still missing, and the 0.16.0 functions still there.
+// flows.queue_mode and the 0.17 protocol functions come with the switch
+// only, so their presence is never an online difference.
 func onlineDifference(d string) bool {
-	return d == "has column pgflow.step_tasks.queue_name (upgrade)" ||
+	return d == "has column pgflow.steps.queue_name (upgrade)" ||
+		d == "has column pgflow.step_tasks.queue_name (upgrade)" ||
+		d == "has function pgflow.is_valid_queue_name(text) (upgrade)" ||
 		(strings.HasPrefix(d, "lacks ") && strings.HasSuffix(d, " (upgrade)")) ||
 		(strings.HasPrefix(d, "still has ") && strings.HasSuffix(d, " (0.16.0, dropped by the upgrade)"))
 }
@@ -45,7 +49,7 @@ const (
 func stateCheck() audit.Check {
 	return audit.Check{
 		ID: CheckStateID, Title: "pgflow 0.16.0, or 0.16.0 with an unfinished online upgrade", Severity: audit.Blocker, Preflight: true,
-		Meaning: "apply --online starts from the 0.16.0 baseline, or continues its own unfinished run (step_tasks.queue_name, its trigger, check and index); anything else blocks.",
+		Meaning: "apply --online starts from the 0.16.0 baseline, or continues its own unfinished run (steps/step_tasks.queue_name, their insert triggers and checks, pgflow.is_valid_queue_name, the unique indexes); anything else blocks.",
 		Remedy:  "Run `pgflow-upgrade status` and `pgflow-upgrade audit`: a partial schema must be repaired (or rolled back with `pgflow-upgrade apply --rollback-online` when it is an online upgrade's) first.",
 		Run: func(ctx context.Context, q audit.Querier, env audit.Env) ([]audit.Finding, error) {
 			if baselineOrOnline(env.Schema) {
@@ -56,8 +60,8 @@ func stateCheck() audit.Check {
 				return nil, err
 			}
 			msg := "schema state " + string(env.Schema.State) + ": " + strings.Join(env.Schema.Differences, "; ")
-			if s.FlowsColumn {
-				msg += " (pgflow.flows.queue_name exists: not a shape apply --online makes)"
+			if s.Upgraded {
+				msg += " (pgflow.flows.queue_mode exists: not a shape apply --online makes before its switch)"
 			}
 			return []audit.Finding{finding(CheckStateID, msg, "Run `pgflow-upgrade status`; restore the 0.16.0 schema (or roll back an online upgrade) first.")}, nil
 		},
@@ -66,15 +70,15 @@ func stateCheck() audit.Check {
 
 // preparedCheck replaces schema.state and tasks.duplicate_message_id in the
 // switch transaction, under its locks: the shape is exactly what the
-// contract phase left, so the validated check (queue_name = flow_slug on
-// every row) and the valid unique index on (queue_name, message_id) prove,
-// from the catalog, that no two tasks of one flow share a message id — the
-// exact answer the scan of duplicate_message_id gives, without reading 5M
-// rows while the tables are locked.
+// contract phase left, so the validated check (queue_name = lower(flow_slug)
+// on every row) and the valid unique index idx_step_tasks_queue_message
+// prove, from the catalog, that no two tasks share a (queue, message id) —
+// the exact answer the duplicate scan gives, without reading 5M rows while
+// the tables are locked.
 func preparedCheck() audit.Check {
 	return audit.Check{
-		ID: CheckPreparedID, Title: "online-prepared shape (column, validated check, valid unique address index)", Severity: audit.Blocker, Preflight: true,
-		Meaning: "The switch starts only from the shape the contract phase prepared; its validated check and valid unique index also prove that no two tasks of a flow share a message id.",
+		ID: CheckPreparedID, Title: "online-prepared shape (columns, validated checks, valid unique indexes)", Severity: audit.Blocker, Preflight: true,
+		Meaning: "The switch starts only from the shape the contract phase prepared; its validated checks and valid unique indexes also prove that no two tasks share a (queue, message id).",
 		Remedy:  "Run `pgflow-upgrade apply --online` again: it redoes what is missing.",
 		Run: func(ctx context.Context, q audit.Querier, env audit.Env) ([]audit.Finding, error) {
 			s, err := Detect(ctx, q)

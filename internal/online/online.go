@@ -69,9 +69,9 @@ const (
 	PointPreflight = "preflight"
 	PointExpand    = "expand"
 	PointBatch     = "backfill.batch"
-	PointCheck     = "contract.check"
+	PointCheck     = "contract.check" // the function and the checks NOT VALID
 	PointValidate  = "contract.validate"
-	PointIndex     = "contract.index"
+	PointIndex     = "contract.index" // before each unique index build
 	PointSwitch    = "switch"
 )
 
@@ -132,7 +132,8 @@ type LockWindow struct {
 
 // BackfillStats is what this run's backfill did.
 type BackfillStats struct {
-	Rows          int64   `json:"rows"`
+	Steps         int64   `json:"steps"` // pgflow.steps rows filled
+	Rows          int64   `json:"rows"`  // pgflow.step_tasks rows filled
 	Batches       int64   `json:"batches"`
 	Passes        int     `json:"passes"`
 	SkippedLocked int64   `json:"skipped_locked"` // rows busy in an application transaction, retried
@@ -161,7 +162,7 @@ type Report struct {
 // Errors of Apply (refusals: exit 1).
 var (
 	ErrRefused   = errors.New("apply --online refused")
-	ErrDuplicate = errors.New("tasks sharing a message id within a flow: the unique address index cannot be built")
+	ErrDuplicate = errors.New("rows 0.17.0's unique indexes refuse (slugs differing only by case, or tasks sharing a (queue, message id)): the unique index cannot be built")
 )
 
 type engine struct {
@@ -255,8 +256,9 @@ func (e *engine) run(ctx context.Context) error {
 		return fmt.Errorf("%w: %w: no pgflow.step_tasks", ErrRefused, upgrade.ErrNotBaseline)
 	}
 	if s.Upgraded {
-		// Already switched; a crash right after the switch cannot leave our
-		// schema behind (the switch drops it), but a hand-run file can.
+		// Already switched (or 0.17 reached another way): the switch
+		// transaction reports it; a hand-run file can leave our progress
+		// table behind, which goes.
 		return e.finishSwitch(ctx, s)
 	}
 
@@ -265,8 +267,8 @@ func (e *engine) run(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	if !s.Column || !s.Trigger || !s.Progress {
-		if err := e.phase(PhaseExpand, "step_tasks.queue_name nullable, insert trigger, progress table", func() error {
+	if s.Columns < len(Tables) || s.Triggers < len(Tables) || !s.Progress {
+		if err := e.phase(PhaseExpand, "steps.queue_name and step_tasks.queue_name nullable, insert triggers, progress table", func() error {
 			return e.expand(ctx)
 		}); err != nil {
 			return err
@@ -279,12 +281,12 @@ func (e *engine) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if !s.Check && p.Phase != string(PhaseContract) {
-		if err := e.phase(PhaseBackfill, "key-ordered batches", func() error { return e.backfill(ctx) }); err != nil {
+	if s.Checks == 0 && p.Phase != string(PhaseContract) {
+		if err := e.phase(PhaseBackfill, "steps in one statement, step_tasks in key-ordered batches", func() error { return e.backfill(ctx) }); err != nil {
 			return err
 		}
 	}
-	if err := e.phase(PhaseContract, "check NOT VALID, VALIDATE, unique index CONCURRENTLY", func() error {
+	if err := e.phase(PhaseContract, "checks NOT VALID, VALIDATE, three unique indexes CONCURRENTLY", func() error {
 		return e.contract(ctx)
 	}); err != nil {
 		return err
@@ -331,11 +333,9 @@ func (e *engine) preflightBefore(ctx context.Context) error {
 // finishSwitch runs the switch on a prepared shape, or reports an upgraded
 // database (dropping our schema if something left it).
 func (e *engine) finishSwitch(ctx context.Context, s Shape) error {
-	if s.Upgraded {
-		if s.Progress {
-			if _, err := e.conn.Exec(ctx, `drop schema if exists pgflow_upgrade cascade`); err != nil {
-				return fmt.Errorf("online: dropping the leftover schema pgflow_upgrade: %w", err)
-			}
+	if s.Upgraded && s.Progress {
+		if _, err := e.conn.Exec(ctx, dropBookkeeping); err != nil {
+			return fmt.Errorf("online: dropping the leftover online bookkeeping: %w", err)
 		}
 	}
 	var sw *upgrade.Report
@@ -377,10 +377,10 @@ func (e *engine) switchOptions() upgrade.Options {
 	po := e.opts.Preflight
 	// Under the locks every check runs exact, except two answered from the
 	// catalog by preparedCheck: the schema state (partial by design here) and
-	// the duplicate message id scan, which the validated check and the valid
-	// unique index prove. tasks.message_missing is a warning that reads every
-	// active task; it ran exactly in the first preflight and cannot block.
-	po.Checks = preflightIDs("schema.state", "tasks.duplicate_message_id", "tasks.message_missing")
+	// the duplicate (queue, message id) scan, which the validated checks
+	// (queue_name = lower(flow_slug) everywhere) and the valid unique index
+	// idx_step_tasks_queue_message prove without reading step_tasks.
+	po.Checks = preflightIDs("schema.state", "tasks.duplicate_message_id")
 	po.Extra = append(append([]audit.Check(nil), po.Extra...), preparedCheck())
 	po.CheckTimeout = e.opts.Switch.Preflight.CheckTimeout
 	if po.CheckTimeout <= 0 {
@@ -395,10 +395,11 @@ func (e *engine) switchOptions() upgrade.Options {
 		return s.Prepared() && baselineOrOnline(st), nil
 	}
 	o.BeforeCommit = func(ctx context.Context, tx pgx.Tx) error {
-		// Our schema goes with the switch: nothing of the online upgrade is
-		// left once the upgrade is committed.
-		if _, err := tx.Exec(ctx, `drop schema if exists pgflow_upgrade cascade`); err != nil {
-			return fmt.Errorf("online: dropping schema pgflow_upgrade in the switch: %w", err)
+		// The online bookkeeping goes with the switch (the file has dropped
+		// the triggers): nothing of the online upgrade is left once the
+		// upgrade is committed. Schema pgflow_upgrade stays: the ledger.
+		if _, err := tx.Exec(ctx, dropBookkeeping); err != nil {
+			return fmt.Errorf("online: dropping the online bookkeeping in the switch: %w", err)
 		}
 		return nil
 	}

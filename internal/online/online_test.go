@@ -3,12 +3,14 @@ package online_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -16,16 +18,38 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 )
 
-// inflight returns a fresh database holding fixtures' inflight state.
+// inflight returns a fresh real pgflow 0.16.0 database with runs in flight,
+// driven through its own engine: a mixed-case flow (queue 'Legacy_Flow',
+// 0.17.0 queue_name 'legacy_flow'), a root map of 40 tasks (several
+// backfill batches of 7), started, completed, retried and failed tasks.
 func inflight(t *testing.T) *testdb.DB {
 	t.Helper()
-	db := testdb.Empty(t)
-	st, err := fixtures.LookupModel("inflight")
-	if err != nil {
-		t.Fatal(err)
+	db := testdb.Baseline(t)
+	ctx := context.Background()
+	items := make([]string, 40)
+	for i := range items {
+		items[i] = fmt.Sprint(i)
 	}
-	if err := st.Load(context.Background(), db.Pool); err != nil {
-		t.Fatalf("loading inflight: %v", err)
+	for _, s := range []string{
+		`select pgflow.create_flow('Legacy_Flow')`,
+		`select pgflow.add_step('Legacy_Flow', 'first')`,
+		`select pgflow.add_step('Legacy_Flow', 'items', array['first'], step_type => 'map')`,
+		`select pgflow.create_flow('root_map', max_attempts => 2, base_delay => 0)`,
+		`select pgflow.add_step('root_map', 'each', step_type => 'map')`,
+		`select pgflow.start_flow('Legacy_Flow', '{"n": 1}', '00000000-0000-0000-0000-000000000001')`,
+		`select pgflow.start_flow('root_map', '[` + strings.Join(items, ",") + `]', '00000000-0000-0000-0000-000000000002')`,
+		`select pgflow.start_flow('root_map', '[4]', '00000000-0000-0000-0000-000000000003')`,
+		`insert into pgflow.workers (worker_id, queue_name, function_name) values ('00000000-0000-0000-0000-0000000000aa', 'Legacy_Flow', 'fn')`,
+		`select count(*) from pgflow.start_tasks('Legacy_Flow', array(select msg_id from pgmq.read('Legacy_Flow', 30, 10)), '00000000-0000-0000-0000-0000000000aa')`,
+		`select count(*) from pgflow.complete_task('00000000-0000-0000-0000-000000000001', 'first', 0, '[1, 2]')`,
+		`select count(*) from pgflow.start_tasks('root_map', array(select msg_id from pgmq.read('root_map', 30, 60)), '00000000-0000-0000-0000-0000000000aa')`,
+		`select count(*) from pgflow.fail_task('00000000-0000-0000-0000-000000000002', 'each', 0, 'retry me')`,
+		`select count(*) from pgflow.complete_task('00000000-0000-0000-0000-000000000002', 'each', 1, '"one"')`,
+		`select count(*) from pgflow.fail_task('00000000-0000-0000-0000-000000000003', 'each', 0, 'boom')`,
+	} {
+		if _, err := db.Pool.Exec(ctx, s); err != nil {
+			t.Fatalf("building the in-flight state: %s: %v", s, err)
+		}
 	}
 	return db
 }
@@ -49,11 +73,36 @@ func mustShape(t *testing.T, db *testdb.DB) online.Shape {
 	return s
 }
 
-// checkUpgraded: verify passes, every row and message survived, the new
-// columns are right, and nothing of the online upgrade is left.
+func readCatalog(t *testing.T, pool *pgxpool.Pool) *catalog.Catalog {
+	t.Helper()
+	c, err := catalog.Read(context.Background(), pool, "pgflow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// sameCatalog fails unless got equals want exactly (pgmq's version aside:
+// it is the test server's).
+func sameCatalog(t *testing.T, what string, want, got *catalog.Catalog) {
+	t.Helper()
+	got.PGMQ = want.PGMQ
+	if d := catalog.Diff(want, got); len(d) > 0 {
+		t.Fatalf("%s: the catalog differs:\n  %s", what, strings.Join(catalog.Strings(d), "\n  "))
+	}
+}
+
+// checkUpgraded: the catalog is exactly upstream's 0.17.0 (no trigger, no
+// online check left), verify passes, every row and message survived, the new
+// columns are right, and nothing of the online bookkeeping is left.
 func checkUpgraded(t *testing.T, db *testdb.DB, before *fingerprint.Fingerprint) {
 	t.Helper()
 	ctx := context.Background()
+	want, err := upgrade.Want017()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sameCatalog(t, "after apply --online, against pgflow 0.17.0", want, readCatalog(t, db.Pool))
 	conn := connect(t, db)
 	v, err := upgrade.Verify(ctx, conn)
 	if err != nil {
@@ -79,17 +128,26 @@ func checkUpgraded(t *testing.T, db *testdb.DB, before *fingerprint.Fingerprint)
 		t.Fatalf("new columns wrong:\n%s", fingerprint.Format(d, 20))
 	}
 	var leftovers int
-	if err := db.Pool.QueryRow(ctx, `select count(*) from pg_namespace where nspname = 'pgflow_upgrade'`).Scan(&leftovers); err != nil {
+	if err := db.Pool.QueryRow(ctx, `select (select count(*) from pg_class c join pg_namespace n on n.oid = c.relnamespace
+		                                      where n.nspname = 'pgflow_upgrade' and c.relname = 'online_progress')
+		                              + (select count(*) from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+		                                 where n.nspname = 'pgflow_upgrade')
+		                              + (select count(*) from pg_trigger where tgname = $1)`, online.TriggerName).Scan(&leftovers); err != nil {
 		t.Fatal(err)
 	}
 	if leftovers != 0 {
-		t.Fatal("schema pgflow_upgrade left behind after the switch")
+		t.Fatalf("%d objects of the online upgrade left behind after the switch", leftovers)
+	}
+	var revision bool
+	if err := db.Pool.QueryRow(ctx, `select exists (select 1 from pgflow_upgrade.schema_revisions where version = $1)`, upgrade.Version).Scan(&revision); err != nil || !revision {
+		t.Fatalf("the revision is not recorded in pgflow_upgrade.schema_revisions: %v", err)
 	}
 }
 
 // stopOnlineAt runs apply --online until it reaches point (for PointBatch,
-// the third batch, so that some rows are filled and some are not) and stops
-// it there, as an interrupt would.
+// the third batch, so that some rows are filled and some are not; for
+// PointIndex, the second index, so that one is built and two are not) and
+// stops it there, as an interrupt would.
 func stopOnlineAt(t *testing.T, conn *pgx.Conn, point string) {
 	t.Helper()
 	stop := errors.New("stop")
@@ -97,7 +155,7 @@ func stopOnlineAt(t *testing.T, conn *pgx.Conn, point string) {
 	_, err := online.Apply(context.Background(), conn, online.Options{BatchSize: 7, Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
 		if p == point {
 			seen++
-			if p != online.PointBatch || seen == 3 {
+			if (p != online.PointBatch || seen == 3) && (p != online.PointIndex || seen == 2) {
 				return stop
 			}
 		}
@@ -107,6 +165,8 @@ func stopOnlineAt(t *testing.T, conn *pgx.Conn, point string) {
 		t.Fatalf("did not stop at %s: %v", point, err)
 	}
 }
+
+var allPoints = []string{online.PointPreflight, online.PointExpand, online.PointBatch, online.PointCheck, online.PointValidate, online.PointIndex, online.PointSwitch}
 
 func TestApplyOnlineInflight(t *testing.T) {
 	ctx := context.Background()
@@ -123,8 +183,13 @@ func TestApplyOnlineInflight(t *testing.T) {
 	if rep.Outcome != upgrade.OutcomeApplied {
 		t.Fatalf("outcome %s: %s", rep.Outcome, rep.Message)
 	}
-	if rep.Backfill.Batches < 2 || rep.Backfill.Rows == 0 {
-		t.Fatalf("backfill did %d rows in %d batches; want several batches", rep.Backfill.Rows, rep.Backfill.Batches)
+	if rep.Backfill.Batches < 5 || rep.Backfill.Rows < 40 || rep.Backfill.Steps != 3 {
+		t.Fatalf("backfill did %d tasks in %d batches and %d steps; want several batches, every task, 3 steps", rep.Backfill.Rows, rep.Backfill.Batches, rep.Backfill.Steps)
+	}
+	// The switch's SET NOT NULL was proven by the validated check: the
+	// migration ran on the prepared shape (no rewrite statement reported rows).
+	if rep.Switch == nil || rep.Switch.Outcome != upgrade.OutcomeApplied {
+		t.Fatalf("switch: %+v", rep.Switch)
 	}
 	t.Logf("report: %s; phases %+v; locks %+v; backfill %+v", rep.Message, rep.Phases, rep.Locks, rep.Backfill)
 	checkUpgraded(t, db, before)
@@ -136,11 +201,48 @@ func TestApplyOnlineInflight(t *testing.T) {
 	}
 }
 
-// An online upgrade stopped in each phase rolls back to the exact 0.16.0
-// baseline: same schema state, every row identical, no trigger, check,
-// index or schema of ours; and it can then be upgraded again.
+// While the online upgrade is prepared but not switched, the 0.16.0 engine
+// keeps working: new flows, steps and tasks get queue_name = lower(flow_slug)
+// from the insert triggers, and the switch then ends at 0.17.0 exactly.
+func TestZeroSixteenEngineDuringOnline(t *testing.T) {
+	ctx := context.Background()
+	db := inflight(t)
+	conn := connect(t, db)
+	for _, point := range []string{online.PointBatch, online.PointSwitch} {
+		stopOnlineAt(t, conn, point)
+		flow := "Late_" + strings.ReplaceAll(point, ".", "_")
+		for _, s := range []string{
+			`select pgflow.create_flow('` + flow + `')`,
+			`select pgflow.add_step('` + flow + `', 'only')`,
+			`select pgflow.start_flow('` + flow + `', '{}')`,
+			`select pgflow.start_flow('root_map', '[7, 8, 9]')`,
+			`select count(*) from pgflow.start_tasks('root_map', array(select msg_id from pgmq.read('root_map', 30, 5)), '00000000-0000-0000-0000-0000000000aa')`,
+		} {
+			if _, err := db.Pool.Exec(ctx, s); err != nil {
+				t.Fatalf("0.16.0 engine after stopping at %s: %s: %v", point, s, err)
+			}
+		}
+		var wrong int
+		if err := db.Pool.QueryRow(ctx, `select (select count(*) from pgflow.steps where flow_slug = $1 and queue_name is distinct from lower(flow_slug))
+			+ (select count(*) from pgflow.step_tasks where flow_slug = $1 and queue_name is distinct from lower(flow_slug))`, flow).Scan(&wrong); err != nil {
+			t.Fatal(err)
+		}
+		if wrong != 0 {
+			t.Fatalf("%d new rows without queue_name = lower(flow_slug) after stopping at %s", wrong, point)
+		}
+	}
+	rep, err := online.Apply(ctx, conn, online.Options{BatchSize: 7})
+	if err != nil || rep.Outcome != upgrade.OutcomeApplied {
+		t.Fatalf("apply --online: %v %+v", err, rep)
+	}
+	checkUpgraded(t, db, nil)
+}
+
+// An online upgrade stopped at each point rolls back to the exact 0.16.0
+// catalog (compared object by object with the catalog read before) and
+// rows; it can then be upgraded again.
 func TestRollbackOnline(t *testing.T) {
-	for _, stopAt := range []string{online.PointBatch, online.PointCheck, online.PointValidate, online.PointIndex, online.PointSwitch} {
+	for _, stopAt := range allPoints[2:] { // from the first batch on, something is there to undo
 		t.Run(stopAt, func(t *testing.T) {
 			ctx := context.Background()
 			db := inflight(t)
@@ -148,6 +250,7 @@ func TestRollbackOnline(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			cat016 := readCatalog(t, db.Pool)
 			conn := connect(t, db)
 			stopOnlineAt(t, conn, stopAt)
 			if s := mustShape(t, db); !s.Started() {
@@ -157,6 +260,7 @@ func TestRollbackOnline(t *testing.T) {
 			if err != nil || rr.Outcome != "rolled_back" {
 				t.Fatalf("rollback: %v %+v", err, rr)
 			}
+			sameCatalog(t, "after rollback-online, against the 0.16.0 catalog before", cat016, readCatalog(t, db.Pool))
 			st, err := upgrade.DetectState(ctx, db.Pool)
 			if err != nil {
 				t.Fatal(err)
@@ -164,8 +268,12 @@ func TestRollbackOnline(t *testing.T) {
 			if st.State != "baseline" {
 				t.Fatalf("after rollback: state %s %v", st.State, st.Differences)
 			}
-			if s := mustShape(t, db); s.Started() || s.Column {
+			if s := mustShape(t, db); s.Started() {
 				t.Fatalf("leftovers after rollback: %+v", s)
+			}
+			var schema bool
+			if err := db.Pool.QueryRow(ctx, `select exists (select 1 from pg_namespace where nspname = 'pgflow_upgrade')`).Scan(&schema); err != nil || schema {
+				t.Fatalf("schema pgflow_upgrade left after rollback (%v)", err)
 			}
 			after, err := fingerprint.Take(ctx, db.Pool)
 			if err != nil {
@@ -186,18 +294,22 @@ func TestRollbackOnline(t *testing.T) {
 				t.Fatalf("apply --online after the rollback: %v %+v", err, rep)
 			}
 			checkUpgraded(t, db, before)
+			if _, err := online.Rollback(ctx, conn, online.RollbackOptions{}); !errors.Is(err, online.ErrAlreadySwitched) {
+				t.Fatalf("rollback after the switch: %v", err)
+			}
 		})
 	}
 }
 
 // The migration file, run by hand (psql -1) on an online-prepared database,
-// finishes the upgrade too: its guard accepts the prepared shape.
+// finishes the upgrade too (its guard A1b accepts the prepared shape) and
+// gives the same catalog; a half-made shape is refused, not rewritten.
 func TestMigrationFileOnPreparedShape(t *testing.T) {
 	ctx := context.Background()
 	db := inflight(t)
 	conn := connect(t, db)
 	stopOnlineAt(t, conn, online.PointSwitch)
-	if s := mustShape(t, db); !s.Prepared() {
+	if s := mustShape(t, db); !s.Prepared() || s.Triggers != 2 {
 		t.Fatalf("not prepared: %+v", s)
 	}
 	ms, err := migrations.All()
@@ -207,27 +319,37 @@ func TestMigrationFileOnPreparedShape(t *testing.T) {
 	if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { _, err := tx.Exec(ctx, ms[0].SQL); return err }); err != nil {
 		t.Fatalf("the file on the prepared shape: %v", err)
 	}
-	v, err := upgrade.Verify(ctx, conn)
-	if err != nil || !v.OK {
-		t.Fatalf("verify: %v %+v", err, v)
+	want, err := upgrade.Want017()
+	if err != nil {
+		t.Fatal(err)
 	}
-	// A column that is there in another shape is refused, not rewritten.
+	sameCatalog(t, "the file run by hand on the prepared shape", want, readCatalog(t, db.Pool))
+
+	// A column that is there without the rest is refused, not rewritten.
 	db2 := inflight(t)
 	if _, err := db2.Pool.Exec(ctx, `alter table pgflow.step_tasks add column queue_name text`); err != nil {
 		t.Fatal(err)
 	}
 	err = pgx.BeginFunc(ctx, db2.Pool, func(tx pgx.Tx) error { _, err := tx.Exec(ctx, ms[0].SQL); return err })
-	if err == nil || !strings.Contains(err.Error(), "not in the shape an online upgrade prepares") {
-		t.Fatalf("file on a half-made column: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "not the online-prepared 0.16.0") {
+		t.Fatalf("file on a half-made shape: %v", err)
+	}
+	// Prepared but one index invalid (a killed CONCURRENTLY build): refused.
+	db3 := inflight(t)
+	stopOnlineAt(t, connect(t, db3), online.PointSwitch)
+	if _, err := db3.Pool.Exec(ctx, `update pg_index set indisvalid = false where indexrelid = 'pgflow.idx_steps_normalized_slug'::regclass`); err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, db3.Pool, func(tx pgx.Tx) error { _, err := tx.Exec(ctx, ms[0].SQL); return err })
+	if err == nil || !strings.Contains(err.Error(), "idx_steps_normalized_slug") {
+		t.Fatalf("file with an invalid prepared index: %v", err)
 	}
 }
 
 // An online upgrade stopped at each point continues to a correct upgraded
-// database when apply --online runs again (no rollback in between). The
-// stop after the NOT VALID check is the case that once failed: the catalog
-// prints that check with " NOT VALID", and a rerun tried to add it again.
+// database when apply --online runs again (no rollback in between).
 func TestResumeOnlineFromEveryPoint(t *testing.T) {
-	for _, stopAt := range []string{online.PointExpand, online.PointBatch, online.PointCheck, online.PointValidate, online.PointIndex, online.PointSwitch} {
+	for _, stopAt := range allPoints {
 		t.Run(stopAt, func(t *testing.T) {
 			ctx := context.Background()
 			db := inflight(t)
@@ -238,14 +360,32 @@ func TestResumeOnlineFromEveryPoint(t *testing.T) {
 			conn := connect(t, db)
 			stopOnlineAt(t, conn, stopAt)
 			shape := mustShape(t, db)
-			if stopAt == online.PointValidate && (!shape.Check || shape.CheckValid) {
-				t.Fatalf("stopped before VALIDATE, want the check there and not validated: %+v", shape)
+			switch stopAt {
+			case online.PointValidate:
+				if shape.Checks != 4 || shape.ChecksValid != 0 {
+					t.Fatalf("stopped before VALIDATE, want the four checks there and none validated: %+v", shape)
+				}
+			case online.PointIndex:
+				if len(shape.IndexesValid) != 1 {
+					t.Fatalf("stopped before the second index, want one valid index: %+v", shape)
+				}
+			case online.PointSwitch:
+				if !shape.Prepared() {
+					t.Fatalf("stopped before the switch, want the prepared shape: %+v", shape)
+				}
+			}
+			info, err := online.Status(ctx, db.Pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if stopAt != online.PointPreflight && stopAt != online.PointExpand && (!info.InProgress() || info.Next != online.ContinueCommand) {
+				t.Fatalf("status after stopping at %s: %+v", stopAt, info)
 			}
 			rep, err := online.Apply(ctx, conn, online.Options{BatchSize: 7})
 			if err != nil || rep.Outcome != upgrade.OutcomeApplied {
 				t.Fatalf("rerun after stopping at %s (shape %+v): %v %+v", stopAt, shape, err, rep)
 			}
-			if stopAt != online.PointExpand && !rep.Resumed {
+			if stopAt != online.PointExpand && stopAt != online.PointPreflight && !rep.Resumed {
 				t.Fatalf("rerun after %s does not say it resumed", stopAt)
 			}
 			checkUpgraded(t, db, before)
@@ -253,21 +393,51 @@ func TestResumeOnlineFromEveryPoint(t *testing.T) {
 	}
 }
 
-// A constraint that has the check's name but not its definition is refused
+// A constraint that has a check's name but not its definition is refused
 // with a message naming it, not retried into "already exists".
 func TestOnlineRefusesForeignCheck(t *testing.T) {
 	ctx := context.Background()
 	db := inflight(t)
 	conn := connect(t, db)
 	stopOnlineAt(t, conn, online.PointCheck)
-	if _, err := db.Pool.Exec(ctx, `alter table pgflow.step_tasks add constraint `+online.CheckName+` check (queue_name <> '') not valid`); err != nil {
+	if _, err := db.Pool.Exec(ctx, `alter table pgflow.step_tasks add constraint `+online.OnlineCheck+` check (queue_name <> '') not valid`); err != nil {
 		t.Fatal(err)
 	}
-	if s := mustShape(t, db); s.Check || !s.CheckForeign {
+	if s := mustShape(t, db); !s.CheckForeign {
 		t.Fatalf("shape %+v: want CheckForeign", s)
 	}
 	rep, err := online.Apply(ctx, conn, online.Options{})
-	if !errors.Is(err, online.ErrRefused) || rep.Outcome != upgrade.OutcomeRefused || !strings.Contains(err.Error(), online.CheckName) {
-		t.Fatalf("want a refusal naming %s: %v (%s)", online.CheckName, err, rep.Outcome)
+	if !errors.Is(err, online.ErrRefused) || rep.Outcome != upgrade.OutcomeRefused || !strings.Contains(err.Error(), online.OnlineCheck) {
+		t.Fatalf("want a refusal naming %s: %v (%s)", online.OnlineCheck, err, rep.Outcome)
 	}
+}
+
+// A unique index build that meets duplicates (two flows differing only by
+// case, written after the preflight) drops its invalid index and refuses,
+// naming the audit check that lists them.
+func TestOnlineIndexDuplicatesRefused(t *testing.T) {
+	ctx := context.Background()
+	db := inflight(t)
+	conn := connect(t, db)
+	rep, err := online.Apply(ctx, conn, online.Options{Hooks: online.Hooks{At: func(ctx context.Context, _ uint32, p string) error {
+		if p != online.PointIndex {
+			return nil
+		}
+		_, err := db.Pool.Exec(ctx, `insert into pgflow.flows (flow_slug) values ('ROOT_MAP') on conflict do nothing`)
+		return err
+	}}})
+	if !errors.Is(err, online.ErrDuplicate) || rep.Outcome != upgrade.OutcomeRefused || !strings.Contains(err.Error(), "flows.case_alias") {
+		t.Fatalf("want a refusal naming flows.case_alias: %v (%s)", err, rep.Outcome)
+	}
+	if s := mustShape(t, db); s.HasIndex("idx_flows_normalized_slug") {
+		t.Fatalf("the invalid index was left after the refused build: %+v", s)
+	}
+	// The alias removed, a rerun finishes.
+	if _, err := db.Pool.Exec(ctx, `delete from pgflow.flows where flow_slug = 'ROOT_MAP'`); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err := online.Apply(ctx, conn, online.Options{}); err != nil || rep.Outcome != upgrade.OutcomeApplied {
+		t.Fatalf("rerun: %v %+v", err, rep)
+	}
+	checkUpgraded(t, db, nil)
 }

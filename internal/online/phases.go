@@ -14,10 +14,9 @@ import (
 )
 
 // expand: one short transaction. Our schema first (no pgflow lock), then
-// ACCESS EXCLUSIVE on step_tasks alone, under lock_timeout: ADD COLUMN
-// without a default is a catalog change, and the trigger is too, so the
-// lock is held for milliseconds. Only one pgflow table is locked, so there
-// is no lock order to get wrong against the application.
+// ACCESS EXCLUSIVE on steps and step_tasks (in the documented order) under
+// lock_timeout: ADD COLUMN without a default is a catalog change, and so are
+// the triggers, so the locks are held for milliseconds.
 func (e *engine) expand(ctx context.Context) error {
 	if err := e.hook(ctx, PointExpand); err != nil {
 		return err
@@ -25,7 +24,7 @@ func (e *engine) expand(ctx context.Context) error {
 	// Our own objects first, in a transaction that locks no pgflow table.
 	if err := pgx.BeginFunc(ctx, e.conn, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, progressDDL); err != nil {
-			return fmt.Errorf("online expand: creating schema pgflow_upgrade: %w", err)
+			return fmt.Errorf("online expand: creating pgflow_upgrade.online_progress and the trigger function: %w", err)
 		}
 		return nil
 	}); err != nil {
@@ -40,26 +39,33 @@ func (e *engine) expand(ctx context.Context) error {
 			e.rep.Outcome = upgrade.OutcomeRefused
 			return fmt.Errorf("%w: %w: state %s", ErrRefused, upgrade.ErrNotBaseline, st.State)
 		}
-		if _, err := tx.Exec(ctx, `lock table pgflow.step_tasks in access exclusive mode`); err != nil {
-			return fmt.Errorf("online expand: lock table pgflow.step_tasks: %w", err)
-		}
-		s, err := Detect(ctx, tx)
-		if err != nil {
-			return err
-		}
 		restart := false
-		if !s.Column {
-			if _, err := tx.Exec(ctx, `alter table pgflow.step_tasks add column queue_name text`); err != nil {
-				return fmt.Errorf("online expand: adding pgflow.step_tasks.queue_name: %w", err)
+		for _, t := range Tables {
+			if _, err := tx.Exec(ctx, `lock table pgflow.`+t+` in access exclusive mode`); err != nil {
+				return fmt.Errorf("online expand: lock table pgflow.%s: %w", t, err)
 			}
 		}
-		if !s.Trigger {
-			// Rows inserted while the trigger was missing (it was dropped by
-			// hand) have no queue_name: the backfill starts over then.
-			restart = s.Column
-			if _, err := tx.Exec(ctx, `create trigger `+TriggerName+` before insert on pgflow.step_tasks
-				for each row execute function pgflow_upgrade.step_tasks_queue_name()`); err != nil {
-				return fmt.Errorf("online expand: creating the insert trigger: %w", err)
+		for _, t := range Tables {
+			var col, trg bool
+			if err := tx.QueryRow(ctx, `
+				select exists (select 1 from pg_catalog.pg_attribute a where a.attrelid = $1::pg_catalog.regclass and a.attname = 'queue_name' and not a.attisdropped),
+				       exists (select 1 from pg_catalog.pg_trigger g where g.tgrelid = $1::pg_catalog.regclass and g.tgname = $2 and not g.tgisinternal)`,
+				"pgflow."+t, TriggerName).Scan(&col, &trg); err != nil {
+				return fmt.Errorf("online expand: reading pgflow.%s: %w", t, err)
+			}
+			if !col {
+				if _, err := tx.Exec(ctx, `alter table pgflow.`+t+` add column queue_name text`); err != nil {
+					return fmt.Errorf("online expand: adding pgflow.%s.queue_name: %w", t, err)
+				}
+			}
+			if !trg {
+				// Rows inserted while the trigger was missing (it was dropped by
+				// hand) have no queue_name: the backfill starts over then.
+				restart = restart || col
+				if _, err := tx.Exec(ctx, `create trigger `+TriggerName+` before insert on pgflow.`+t+`
+					for each row execute function `+TriggerFunc+`()`); err != nil {
+					return fmt.Errorf("online expand: creating the insert trigger on pgflow.%s: %w", t, err)
+				}
 			}
 		}
 		// reltuples: an estimate, for progress only (-1: never analyzed).
@@ -90,7 +96,8 @@ type key struct {
 
 var startKey = key{zeroUUID, "", -1 << 31}
 
-// backfill fills queue_name in primary-key order. Each batch is one short
+// backfill fills steps.queue_name (backfillSteps), then
+// step_tasks.queue_name in primary-key order. Each batch is one short
 // transaction that also records its end key, so after a kill the next run
 // starts exactly after the last committed batch. Rows an application
 // transaction holds are skipped (SKIP LOCKED: the backfill never waits for
@@ -98,6 +105,9 @@ var startKey = key{zeroUUID, "", -1 << 31}
 // range is retried; a pass that ends with rows still NULL anywhere is
 // followed by another.
 func (e *engine) backfill(ctx context.Context) error {
+	if err := e.backfillSteps(ctx); err != nil {
+		return err
+	}
 	p, _, err := ReadProgress(ctx, e.conn)
 	if err != nil {
 		return err
@@ -257,7 +267,7 @@ func (e *engine) batch(ctx context.Context, k key, size int) (*batchResult, erro
 		         and t.queue_name is null
 		       for update of t skip locked),
 		     u as (
-		       update pgflow.step_tasks t set queue_name = t.flow_slug
+		       update pgflow.step_tasks t set queue_name = pg_catalog.lower(t.flow_slug)
 		       from l where t.run_id = l.run_id and t.step_slug = l.step_slug and t.task_index = l.task_index
 		       returning 1)
 		     select (select pg_catalog.count(*) from u),
@@ -273,7 +283,7 @@ func (e *engine) batch(ctx context.Context, k key, size int) (*batchResult, erro
 		         and t.queue_name is null
 		       for update of t skip locked),
 		     u as (
-		       update pgflow.step_tasks t set queue_name = t.flow_slug
+		       update pgflow.step_tasks t set queue_name = pg_catalog.lower(t.flow_slug)
 		       from l where t.run_id = l.run_id and t.step_slug = l.step_slug and t.task_index = l.task_index
 		       returning 1)
 		     select (select pg_catalog.count(*) from u),
@@ -334,120 +344,3 @@ func (e *engine) waitReplicas(ctx context.Context) error {
 	}
 }
 
-// contract: the check NOT VALID (short lock), VALIDATE (SHARE UPDATE
-// EXCLUSIVE: reads and writes go on), then the unique address index
-// CONCURRENTLY, outside any transaction. Each step is skipped when the
-// catalog has it already; an INVALID index left by a killed CONCURRENTLY
-// build is dropped (concurrently) and built again.
-func (e *engine) contract(ctx context.Context) error {
-	s, err := Detect(ctx, e.conn)
-	if err != nil {
-		return err
-	}
-	if s.CheckForeign {
-		e.rep.Outcome = upgrade.OutcomeRefused
-		return fmt.Errorf("%w: pgflow.step_tasks has a constraint named %s that is not the online upgrade's check (%s): drop it, or apply --rollback-online",
-			ErrRefused, CheckName, checkDef)
-	}
-	if !s.Check {
-		if err := e.hook(ctx, PointCheck); err != nil {
-			return err
-		}
-		// The check is enforced on every write from now on, so no row may
-		// be NULL any more (a row updated by the application would fail).
-		var left bool
-		if err := e.conn.QueryRow(ctx, `select exists (select 1 from pgflow.step_tasks t where t.queue_name is null)`).Scan(&left); err != nil {
-			return fmt.Errorf("online contract: looking for rows without queue_name: %w", err)
-		}
-		if left {
-			if err := e.backfill(ctx); err != nil {
-				return err
-			}
-		}
-		if err := e.ddlTx(ctx, "check not valid", func(tx pgx.Tx) error {
-			_, err := tx.Exec(ctx, `alter table pgflow.step_tasks add constraint `+CheckName+`
-				check (queue_name is not null and queue_name = flow_slug) not valid`)
-			if err != nil {
-				return fmt.Errorf("online contract: adding the check NOT VALID: %w", err)
-			}
-			return setPhase(ctx, tx, PhaseContract)
-		}); err != nil {
-			return err
-		}
-	}
-	if !s.CheckValid {
-		if err := e.hook(ctx, PointValidate); err != nil {
-			return err
-		}
-		if err := e.validate(ctx); err != nil {
-			return err
-		}
-	}
-	if !s.IndexValid {
-		if err := e.hook(ctx, PointIndex); err != nil {
-			return err
-		}
-		if err := e.buildIndex(ctx, s.Index); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// validate scans step_tasks under SHARE UPDATE EXCLUSIVE (which no
-// application statement conflicts with); waiting for it (behind autovacuum,
-// say) blocks no one either, so its lock wait is generous.
-func (e *engine) validate(ctx context.Context) error {
-	tx, err := e.conn.Begin(ctx)
-	if err != nil {
-		return fmt.Errorf("online validate: begin: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	if _, err := tx.Exec(ctx, `select pg_catalog.set_config('lock_timeout', '60s', true), pg_catalog.set_config('statement_timeout', '0', true)`); err != nil {
-		return fmt.Errorf("online validate: settings: %w", err)
-	}
-	if _, err := tx.Exec(ctx, `alter table pgflow.step_tasks validate constraint `+CheckName); err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "23514" {
-			// Cannot happen after a clean backfill; if it does, the rows say
-			// what is wrong: a queue_name that is not the flow's slug.
-			e.rep.Outcome = upgrade.OutcomeRefused
-			return fmt.Errorf("%w: some pgflow.step_tasks.queue_name is not its flow_slug (set by hand?): fix them, or apply --rollback-online: %w", ErrRefused, err)
-		}
-		return fmt.Errorf("online validate: validating %s: %w", CheckName, err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("online validate: commit: %w", err)
-	}
-	return nil
-}
-
-// buildIndex (re)builds the unique address index CONCURRENTLY.
-func (e *engine) buildIndex(ctx context.Context, invalidExists bool) error {
-	// Session settings (no transaction here): no statement or lock timeout.
-	// CONCURRENTLY waits for older transactions through lock waits; a
-	// lock_timeout would leave an INVALID index behind instead of waiting.
-	if _, err := e.conn.Exec(ctx, `set statement_timeout = 0`); err != nil {
-		return fmt.Errorf("online index: %w", err)
-	}
-	if _, err := e.conn.Exec(ctx, `set lock_timeout = 0`); err != nil {
-		return fmt.Errorf("online index: %w", err)
-	}
-	if invalidExists {
-		if _, err := e.conn.Exec(ctx, `drop index concurrently if exists pgflow.`+IndexName); err != nil {
-			return fmt.Errorf("online index: dropping the invalid leftover pgflow.%s: %w", IndexName, err)
-		}
-	}
-	_, err := e.conn.Exec(ctx, `create unique index concurrently `+IndexName+`
-		on pgflow.step_tasks (queue_name, message_id) where message_id is not null`)
-	if err != nil {
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
-			_, _ = e.conn.Exec(context.WithoutCancel(ctx), `drop index concurrently if exists pgflow.`+IndexName)
-			e.rep.Outcome = upgrade.OutcomeRefused
-			return fmt.Errorf("%w: %w (%s); `pgflow-upgrade audit` lists them: %w", ErrRefused, ErrDuplicate, pgErr.Detail, err)
-		}
-		return fmt.Errorf("online index: create unique index concurrently pgflow.%s: %w", IndexName, err)
-	}
-	return nil
-}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -29,13 +30,14 @@ type RollbackReport struct {
 }
 
 // ErrAlreadySwitched: Rollback refuses once the switch committed.
-var ErrAlreadySwitched = errors.New("the upgrade is complete (pgflow.schema_revisions exists): rollback-online only undoes an unfinished online upgrade")
+var ErrAlreadySwitched = errors.New("the upgrade is complete (pgflow.flows.queue_mode exists: the switch to 0.17.0 committed): rollback-online only undoes an unfinished online upgrade")
 
 // Rollback returns a database with an unfinished online upgrade to the
-// exact 0.16.0 baseline: the index (concurrently), then in one short
-// transaction under lock_timeout the trigger, the check, the column (a
+// exact 0.16.0 catalog: the unique indexes (concurrently), then in one short
+// transaction under lock_timeout the triggers, the checks, the columns (a
 // catalog change; the values stay invisible in the rows until they are
-// rewritten) and schema pgflow_upgrade.
+// rewritten), pgflow.is_valid_queue_name and the online bookkeeping (and
+// schema pgflow_upgrade when nothing else, e.g. the ledger, is in it).
 func Rollback(ctx context.Context, conn *pgx.Conn, ro RollbackOptions) (*RollbackReport, error) {
 	o := Options{LockTimeout: ro.LockTimeout, LockRetries: ro.LockRetries, Wait: ro.Wait, Progress: ro.Progress}.withDefaults()
 	e := &engine{conn: conn, opts: o, rep: &Report{}, pid: conn.PgConn().PID()}
@@ -61,12 +63,17 @@ func Rollback(ctx context.Context, conn *pgx.Conn, ro RollbackOptions) (*Rollbac
 		return rr, nil
 	}
 	err = func() error {
-		if s.Index {
+		if len(s.Indexes) > 0 {
 			if _, err := conn.Exec(ctx, `set lock_timeout = 0`); err != nil {
 				return fmt.Errorf("rollback-online: %w", err)
 			}
-			if _, err := conn.Exec(ctx, `drop index concurrently if exists pgflow.`+IndexName); err != nil {
-				return fmt.Errorf("rollback-online: dropping pgflow.%s concurrently: %w", IndexName, err)
+		}
+		for _, ix := range Indexes {
+			if !s.HasIndex(ix.Name) {
+				continue
+			}
+			if _, err := conn.Exec(ctx, `drop index concurrently if exists pgflow.`+ix.Name); err != nil {
+				return fmt.Errorf("rollback-online: dropping pgflow.%s concurrently: %w", ix.Name, err)
 			}
 		}
 		return e.ddlTx(ctx, "rollback", func(tx pgx.Tx) error {
@@ -77,17 +84,36 @@ func Rollback(ctx context.Context, conn *pgx.Conn, ro RollbackOptions) (*Rollbac
 			if !baselineOrOnline(st) {
 				return fmt.Errorf("%w: state %s (%v): not 0.16.0 with an online upgrade; nothing was changed", ErrRefused, st.State, st.Differences)
 			}
-			for _, stmt := range []string{
-				`lock table pgflow.step_tasks in access exclusive mode`,
-				`drop trigger if exists ` + TriggerName + ` on pgflow.step_tasks`,
-				`alter table pgflow.step_tasks drop constraint if exists ` + CheckName,
-				`drop index if exists pgflow.` + IndexName,
-				`alter table pgflow.step_tasks drop column if exists queue_name`,
-				`drop schema if exists pgflow_upgrade cascade`,
-			} {
-				if _, err := tx.Exec(ctx, stmt); err != nil {
-					return fmt.Errorf("rollback-online: %s: %w", stmt, err)
+			var stmts []string
+			for _, t := range upgrade.Tables { // the documented lock order
+				if t == "flows" || contains(Tables, t) {
+					stmts = append(stmts, `lock table pgflow.`+t+` in access exclusive mode`)
 				}
+			}
+			for _, ix := range Indexes {
+				stmts = append(stmts, `drop index if exists pgflow.`+ix.Name)
+			}
+			for _, t := range Tables {
+				stmts = append(stmts,
+					`drop trigger if exists `+TriggerName+` on pgflow.`+t,
+					`alter table pgflow.`+t+` drop constraint if exists `+OnlineCheck+`, drop constraint if exists `+ValidCheck,
+					`alter table pgflow.`+t+` drop column if exists queue_name`)
+			}
+			stmts = append(stmts, `drop function if exists pgflow.is_valid_queue_name(text)`, dropBookkeeping)
+			for _, stmt := range stmts {
+				if _, err := tx.Exec(ctx, stmt); err != nil {
+					return fmt.Errorf("rollback-online: %s: %w", summary(stmt), err)
+				}
+			}
+			// The schema goes too when it holds nothing else (no ledger).
+			if _, err := tx.Exec(ctx, `do $$ begin
+				if not exists (select 1 from pg_catalog.pg_class c where c.relnamespace = pg_catalog.to_regnamespace('pgflow_upgrade'))
+				   and not exists (select 1 from pg_catalog.pg_proc p where p.pronamespace = pg_catalog.to_regnamespace('pgflow_upgrade'))
+				   and not exists (select 1 from pg_catalog.pg_type y where y.typnamespace = pg_catalog.to_regnamespace('pgflow_upgrade')) then
+				  drop schema if exists pgflow_upgrade;
+				end if;
+			end $$`); err != nil {
+				return fmt.Errorf("rollback-online: dropping the empty schema pgflow_upgrade: %w", err)
 			}
 			return nil
 		})
@@ -105,4 +131,9 @@ func Rollback(ctx context.Context, conn *pgx.Conn, ro RollbackOptions) (*Rollbac
 	}
 	rr.Outcome, rr.Message = "rolled_back", "the online upgrade was undone: the database is the pgflow 0.16.0 baseline again"
 	return rr, nil
+}
+
+// summary is a statement on one line, for error messages.
+func summary(stmt string) string {
+	return strings.Join(strings.Fields(stmt), " ")
 }

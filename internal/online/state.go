@@ -1,24 +1,31 @@
 // Package online is `pgflow-upgrade apply --online` (docs/online.md): the
-// queue-persistence upgrade of internal/upgrade, done so that the
-// application (0.16.0 workers, start_flow, dashboards) is never blocked for
-// more than a moment, however large pgflow.step_tasks is:
+// 0.16.0 → 0.17.0 upgrade of internal/upgrade, done so that the application
+// (0.16.0 workers, start_flow, dashboards) is never blocked for more than a
+// moment, however large pgflow.step_tasks is:
 //
-//  1. expand: one short transaction adds step_tasks.queue_name nullable
-//     (catalog only), a BEFORE INSERT trigger that fills it for the rows the
-//     0.16.0 code keeps inserting, and the progress table
-//     pgflow_upgrade.online_progress;
-//  2. backfill: key-ordered batches of bounded size and time, each its own
-//     short transaction that records how far it got, so a killed run
-//     continues where it stopped; throttled, and waiting while replicas lag;
-//  3. contract: CHECK (queue_name is not null and queue_name = flow_slug)
-//     NOT VALID (a short lock), VALIDATE (SHARE UPDATE EXCLUSIVE: the
-//     application goes on), the unique address index CONCURRENTLY;
+//  1. expand: one short transaction adds steps.queue_name and
+//     step_tasks.queue_name nullable (catalog only) and a temporary BEFORE
+//     INSERT trigger on both that fills queue_name = lower(flow_slug) for the
+//     rows the 0.16.0 engine keeps inserting; the progress table
+//     pgflow_upgrade.online_progress records where the backfill is;
+//  2. backfill: steps in one short statement, step_tasks in primary-key
+//     batches of bounded size and time (SKIP LOCKED), each its own short
+//     transaction that records how far it got, so a killed run continues
+//     where it stopped; throttled, and waiting while replicas lag;
+//  3. contract: pgflow.is_valid_queue_name (the migration file's own
+//     statement), on both tables CHECK queue_name_is_valid (0.17.0's) and the
+//     temporary CHECK queue_name_online_check (NOT NULL and = lower(flow_slug))
+//     NOT VALID, then VALIDATE (SHARE UPDATE EXCLUSIVE: the application goes
+//     on), then the three unique indexes of 0.17.0 CONCURRENTLY, with the
+//     migration file's own definitions;
 //  4. switch: internal/upgrade.Apply, the transactional apply, on the
 //     prepared shape: the same advisory lock, ordered table locks, preflight
-//     under those locks, the migration file (which then only flips SET NOT
-//     NULL, proven from the validated check without a scan, and drops the
-//     check and the trigger), post-conditions, and the fence, in one short
-//     transaction;
+//     under those locks, the migration file (its guard A1b recognises the
+//     prepared shape; it then only sets NOT NULL, proven by the validated
+//     check without a scan, reuses the valid indexes, drops the temporary
+//     check and trigger, replaces the functions), post-conditions (the
+//     catalog is upstream's 0.17.0) and the fence, in one short transaction
+//     that also drops the online bookkeeping;
 //  5. Rollback undoes an unfinished online upgrade back to 0.16.0.
 //
 // Every step looks at the catalog first and does only what is missing, so
@@ -29,7 +36,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -38,18 +45,39 @@ import (
 )
 
 // Names of what the online upgrade adds before the switch. The migration
-// file knows CheckName, IndexName and TriggerName (its guard accepts the
-// shape they make, and its part 5 drops the check and the trigger).
+// file knows TriggerName, OnlineCheck and the 0.17.0 names (its guard A1b
+// accepts the shape they make; B3/B4 drop the temporary ones).
 const (
 	Schema        = "pgflow_upgrade"
 	ProgressTable = "pgflow_upgrade.online_progress"
-	CheckName     = "step_tasks_queue_name_online_check"
-	IndexName     = "step_tasks_queue_name_message_id_key"
-	TriggerName   = "pgflow_upgrade_queue_name"
-	// checkDef is the check as pg_get_constraintdef prints it once it is
-	// validated; before VALIDATE it prints checkDef + " NOT VALID".
-	checkDef = "CHECK (((queue_name IS NOT NULL) AND (queue_name = flow_slug)))"
+	TriggerName   = "pgflow_upgrade_online_queue_name"
+	TriggerFunc   = "pgflow_upgrade.online_fill_queue_name"
+	// OnlineCheck proves, once validated, that queue_name is set on every
+	// row (so the switch's SET NOT NULL reads no row) and is lower(flow_slug).
+	OnlineCheck = "queue_name_online_check"
+	ValidCheck  = "queue_name_is_valid" // 0.17.0's
+	// onlineCheckDef and validCheckDef: as pg_get_constraintdef prints them
+	// with search_path pg_catalog once validated.
+	onlineCheckDef = "CHECK (((queue_name IS NOT NULL) AND (queue_name = lower(flow_slug))))"
+	validCheckDef  = "CHECK (pgflow.is_valid_queue_name(queue_name))"
 )
+
+// Index is one of 0.17.0's unique indexes, built CONCURRENTLY in contract.
+type Index struct {
+	Name, Table string
+	// Check is the audit check that lists the rows a failed build stumbled on.
+	Check string
+}
+
+// Indexes in the order contract builds them.
+var Indexes = []Index{
+	{"idx_flows_normalized_slug", "flows", "flows.case_alias"},
+	{"idx_steps_normalized_slug", "steps", "steps.case_alias"},
+	{"idx_step_tasks_queue_message", "step_tasks", "tasks.duplicate_message_id"},
+}
+
+// Tables gets queue_name in expand, in the documented lock order.
+var Tables = []string{"steps", "step_tasks"}
 
 // OnlineLockKey is the session-level advisory lock an online run holds for
 // its whole length (a second run, or a rollback, exits cleanly). Each of its
@@ -66,10 +94,10 @@ type Phase string
 const (
 	PhaseNone     Phase = "none"     // nothing of the online upgrade is there
 	PhaseExpand   Phase = "expand"   // expanding
-	PhaseBackfill Phase = "backfill" // column and trigger there; rows being filled
-	PhaseContract Phase = "contract" // backfill done; check, validate, index
+	PhaseBackfill Phase = "backfill" // columns and triggers there; rows being filled
+	PhaseContract Phase = "contract" // backfill done; checks, validate, indexes
 	PhaseSwitch   Phase = "switch"   // prepared: the switch transaction is next
-	PhaseDone     Phase = "done"     // upgraded
+	PhaseDone     Phase = "done"     // upgraded (flows.queue_mode exists)
 )
 
 // Querier is a connection or a transaction.
@@ -81,31 +109,37 @@ type Querier interface {
 
 // Shape is what the catalog says about the online upgrade's objects.
 type Shape struct {
-	Pgflow        bool `json:"pgflow"`          // pgflow.step_tasks exists
-	Upgraded      bool `json:"upgraded"`        // pgflow.schema_revisions exists (the switch happened)
-	FlowsColumn   bool `json:"flows_column"`    // pgflow.flows.queue_name exists
-	Column        bool `json:"column"`          // pgflow.step_tasks.queue_name exists
-	ColumnNotNull bool `json:"column_not_null"` // ... and is NOT NULL
-	ColumnText    bool `json:"column_text"`     // ... and is text
-	Trigger       bool `json:"trigger"`         // the insert trigger exists
-	Check         bool `json:"check"`           // the check exists (with the expected definition, validated or not)
-	CheckForeign  bool `json:"check_foreign"`   // a constraint has the check's name but another definition
-	CheckValid    bool `json:"check_valid"`     // ... and is validated
-	Index         bool `json:"index"`           // the address index exists
-	IndexValid    bool `json:"index_valid"`     // ... and is valid (not a leftover of a crashed CONCURRENTLY)
-	Progress      bool `json:"progress"`        // pgflow_upgrade.online_progress exists
+	Pgflow   bool `json:"pgflow"`   // pgflow.steps and pgflow.step_tasks exist
+	Upgraded bool `json:"upgraded"` // pgflow.flows.queue_mode exists: the switch happened (or 0.17 some other way)
+	// Columns: of steps.queue_name and step_tasks.queue_name, how many exist;
+	// ColumnsOK: every one that exists is nullable text.
+	Columns   int  `json:"columns"`
+	ColumnsOK bool `json:"columns_ok"`
+	Triggers  int  `json:"triggers"` // insert triggers (0..2)
+	Function  bool `json:"function"` // pgflow.is_valid_queue_name(text)
+	// Checks: of the four (two per table) with the expected definition,
+	// how many exist and how many are validated.
+	Checks      int `json:"checks"`
+	ChecksValid int `json:"checks_valid"`
+	// CheckForeign: a constraint has one of the checks' names but another definition.
+	CheckForeign bool `json:"check_foreign"`
+	// Indexes: of the three unique indexes, present and valid ones by name.
+	Indexes      []string `json:"indexes"`
+	IndexesValid []string `json:"indexes_valid"`
+	Progress     bool     `json:"progress"` // pgflow_upgrade.online_progress exists
 }
 
-// Prepared: the shape the migration file accepts as an online-prepared
-// 0.16.0 (its guard 1 checks the same).
+// Prepared: the shape the migration file's guard A1b accepts as an
+// online-prepared 0.16.0.
 func (s Shape) Prepared() bool {
-	return s.Pgflow && !s.Upgraded && !s.FlowsColumn && s.Column && s.ColumnText && !s.ColumnNotNull &&
-		s.Check && s.CheckValid && s.Index && s.IndexValid
+	return s.Pgflow && !s.Upgraded && s.Columns == 2 && s.ColumnsOK && s.Function &&
+		s.ChecksValid == 4 && !s.CheckForeign && len(s.IndexesValid) == len(Indexes)
 }
 
 // Started: something of the online upgrade is there (and the switch has not happened).
 func (s Shape) Started() bool {
-	return !s.Upgraded && (s.Column || s.Trigger || s.Check || s.Index || s.Progress)
+	return !s.Upgraded && (s.Columns > 0 || s.Triggers > 0 || s.Function || s.Checks > 0 || s.CheckForeign ||
+		len(s.Indexes) > 0 || s.Progress)
 }
 
 // Phase derives where an online upgrade stands from the catalog.
@@ -115,9 +149,9 @@ func (s Shape) Phase() Phase {
 		return PhaseDone
 	case s.Prepared():
 		return PhaseSwitch
-	case s.Check || s.Index:
+	case s.Checks > 0 || s.CheckForeign || len(s.Indexes) > 0 || s.Function:
 		return PhaseContract
-	case s.Column:
+	case s.Columns > 0 || s.Triggers > 0:
 		return PhaseBackfill
 	case s.Progress:
 		return PhaseExpand
@@ -125,159 +159,58 @@ func (s Shape) Phase() Phase {
 	return PhaseNone
 }
 
+// HasIndex / IndexValid answer for one of Indexes by name.
+func (s Shape) HasIndex(name string) bool   { return contains(s.Indexes, name) }
+func (s Shape) IndexValid(name string) bool { return contains(s.IndexesValid, name) }
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
 // Detect reads the Shape from the catalog (no lock on a pgflow table).
+// Definitions are compared as pg_get_constraintdef prints them, without
+// the "pgflow." qualification (which depends on the caller's search_path).
 func Detect(ctx context.Context, q Querier) (Shape, error) {
 	var s Shape
+	names := make([]string, len(Indexes))
+	for i, ix := range Indexes {
+		names[i] = ix.Name
+	}
 	err := q.QueryRow(ctx, `
-		with st as (select pg_catalog.to_regclass('pgflow.step_tasks') as oid),
-		     col as (select a.attnotnull, a.atttypid from pg_catalog.pg_attribute a, st
-		             where a.attrelid = st.oid and a.attname = 'queue_name' and not a.attisdropped),
-		     named as (select c.oid, c.contype, c.convalidated from pg_catalog.pg_constraint c, st
-		               where c.conrelid = st.oid and c.conname = $1),
-		     chk as (select n.convalidated from named n
-		             where n.contype = 'c'
-		               and pg_catalog.pg_get_constraintdef(n.oid) in ($2, $2 || ' NOT VALID')),
-		     idx as (select i.indisvalid, i.indisunique from pg_catalog.pg_index i, st
-		             where i.indrelid = st.oid and i.indexrelid = pg_catalog.to_regclass('pgflow.' || $3))
-		select (select oid from st) is not null,
-		       pg_catalog.to_regclass('pgflow.schema_revisions') is not null,
+		with t as (select c.oid, c.relname::text as relname from pg_catalog.pg_class c
+		           where c.relnamespace = pg_catalog.to_regnamespace('pgflow') and c.relname in ('steps', 'step_tasks') and c.relkind in ('r', 'p')),
+		     col as (select a.attnotnull, a.atttypid from pg_catalog.pg_attribute a join t on a.attrelid = t.oid
+		             where a.attname = 'queue_name' and not a.attisdropped),
+		     con as (select c.conname::text as conname, c.contype, c.convalidated,
+		                    pg_catalog.replace(pg_catalog.regexp_replace(pg_catalog.pg_get_constraintdef(c.oid), ' NOT VALID$', ''), 'pgflow.', '') as def
+		             from pg_catalog.pg_constraint c join t on c.conrelid = t.oid
+		             where c.conname in ($1, $2)),
+		     idx as (select ic.relname::text as name, i.indisvalid and i.indisready and i.indisunique as ok
+		             from pg_catalog.pg_class ic join pg_catalog.pg_index i on i.indexrelid = ic.oid
+		             where ic.relnamespace = pg_catalog.to_regnamespace('pgflow') and ic.relname = any($5::text[]))
+		select (select pg_catalog.count(*) from t) = 2,
 		       exists (select 1 from pg_catalog.pg_attribute a
-		               where a.attrelid = pg_catalog.to_regclass('pgflow.flows') and a.attname = 'queue_name' and not a.attisdropped),
-		       exists (select 1 from col),
-		       coalesce((select attnotnull from col), false),
-		       coalesce((select atttypid = 'pg_catalog.text'::pg_catalog.regtype from col), false),
-		       exists (select 1 from pg_catalog.pg_trigger t, st where t.tgrelid = st.oid and t.tgname = $4 and not t.tgisinternal),
-		       exists (select 1 from chk),
-		       exists (select 1 from named) and not exists (select 1 from chk),
-		       coalesce((select convalidated from chk), false),
-		       exists (select 1 from idx),
-		       coalesce((select indisvalid and indisunique from idx), false),
-		       pg_catalog.to_regclass($5) is not null`,
-		CheckName, checkDef, IndexName, TriggerName, ProgressTable).Scan(
-		&s.Pgflow, &s.Upgraded, &s.FlowsColumn, &s.Column, &s.ColumnNotNull, &s.ColumnText,
-		&s.Trigger, &s.Check, &s.CheckForeign, &s.CheckValid, &s.Index, &s.IndexValid, &s.Progress)
+		               where a.attrelid = pg_catalog.to_regclass('pgflow.flows') and a.attname = 'queue_mode' and not a.attisdropped),
+		       (select pg_catalog.count(*) from col)::int,
+		       coalesce((select pg_catalog.bool_and(not attnotnull and atttypid = 'pg_catalog.text'::pg_catalog.regtype) from col), true),
+		       (select pg_catalog.count(*) from pg_catalog.pg_trigger g join t on g.tgrelid = t.oid where g.tgname = $3 and not g.tgisinternal)::int,
+		       pg_catalog.to_regprocedure('pgflow.is_valid_queue_name(text)') is not null,
+		       (select pg_catalog.count(*) from con where contype = 'c' and def = case conname when $1 then $6 else $7 end)::int,
+		       (select pg_catalog.count(*) from con where contype = 'c' and def = case conname when $1 then $6 else $7 end and convalidated)::int,
+		       exists (select 1 from con where contype <> 'c' or def <> case conname when $1 then $6 else $7 end),
+		       coalesce((select pg_catalog.array_agg(name order by name) from idx), '{}'),
+		       coalesce((select pg_catalog.array_agg(name order by name) from idx where ok), '{}'),
+		       pg_catalog.to_regclass($4) is not null`,
+		OnlineCheck, ValidCheck, TriggerName, ProgressTable, names, onlineCheckDef, strings.ReplaceAll(validCheckDef, "pgflow.", "")).Scan(
+		&s.Pgflow, &s.Upgraded, &s.Columns, &s.ColumnsOK, &s.Triggers, &s.Function,
+		&s.Checks, &s.ChecksValid, &s.CheckForeign, &s.Indexes, &s.IndexesValid, &s.Progress)
 	if err != nil {
 		return s, fmt.Errorf("online: reading the catalog: %w", err)
 	}
 	return s, nil
-}
-
-// Progress is the row of pgflow_upgrade.online_progress.
-type Progress struct {
-	Phase string `json:"phase"`
-	// The last key the backfill finished (primary key order); nil: from the start.
-	LastRunID     *string   `json:"last_run_id"`
-	LastStepSlug  *string   `json:"last_step_slug"`
-	LastTaskIndex *int32    `json:"last_task_index"`
-	Pass          int32     `json:"pass"`       // backfill pass (a second pass revisits rows skipped as locked)
-	RowsDone      int64     `json:"rows_done"`  // rows the backfill has filled so far
-	RowsTotal     int64     `json:"rows_total"` // step_tasks rows when the backfill started (estimate)
-	Batches       int64     `json:"batches"`
-	Rate          float64   `json:"rate"` // rows/s of the most recent run
-	StartedAt     time.Time `json:"started_at"`
-	UpdatedAt     time.Time `json:"updated_at"`
-}
-
-// RowsLeft is an estimate (the total is pg_class.reltuples at the start).
-func (p Progress) RowsLeft() int64 {
-	if p.RowsTotal <= p.RowsDone {
-		return 0
-	}
-	return p.RowsTotal - p.RowsDone
-}
-
-// progressDDL creates our schema, the progress table and the trigger
-// function. Idempotent; touches no pgflow table.
-const progressDDL = `
-create schema if not exists pgflow_upgrade;
-create table if not exists pgflow_upgrade.online_progress (
-  id              boolean primary key default true check (id), -- one row
-  phase           text not null,
-  last_run_id     uuid,
-  last_step_slug  text,
-  last_task_index integer,
-  pass            integer not null default 1,
-  rows_done       bigint not null default 0,
-  rows_total      bigint not null default 0,
-  batches         bigint not null default 0,
-  rate            double precision not null default 0,
-  started_at      timestamptz not null default pg_catalog.now(),
-  updated_at      timestamptz not null default pg_catalog.now()
-);
--- New tasks written by the 0.16.0 code while the online upgrade runs: their
--- queue is their flow's slug (the naming rule). Inserts only: step_tasks
--- updates are the hot path and get no trigger.
-create or replace function pgflow_upgrade.step_tasks_queue_name()
-returns trigger
-language plpgsql
-set search_path = ''
-as $$
-begin
-  new.queue_name := new.flow_slug;
-  return new;
-end
-$$;`
-
-// ReadProgress reads the progress row (ok false when there is none).
-func ReadProgress(ctx context.Context, q Querier) (p Progress, ok bool, err error) {
-	var exists bool
-	if err := q.QueryRow(ctx, `select pg_catalog.to_regclass($1) is not null`, ProgressTable).Scan(&exists); err != nil {
-		return p, false, fmt.Errorf("online: looking for %s: %w", ProgressTable, err)
-	}
-	if !exists {
-		return p, false, nil
-	}
-	err = q.QueryRow(ctx, `
-		select phase, last_run_id::text, last_step_slug, last_task_index, pass, rows_done, rows_total, batches, rate, started_at, updated_at
-		from pgflow_upgrade.online_progress where id`).Scan(
-		&p.Phase, &p.LastRunID, &p.LastStepSlug, &p.LastTaskIndex, &p.Pass, &p.RowsDone, &p.RowsTotal, &p.Batches, &p.Rate, &p.StartedAt, &p.UpdatedAt)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return p, false, nil
-	}
-	if err != nil {
-		return p, false, fmt.Errorf("online: reading %s: %w", ProgressTable, err)
-	}
-	return p, true, nil
-}
-
-// setPhase records the phase (the row exists from expand on).
-func setPhase(ctx context.Context, q Querier, ph Phase) error {
-	if _, err := q.Exec(ctx, `update pgflow_upgrade.online_progress set phase = $1, updated_at = pg_catalog.now() where id`, string(ph)); err != nil {
-		return fmt.Errorf("online: recording phase %s: %w", ph, err)
-	}
-	return nil
-}
-
-// StatusInfo is what `status` shows of an online upgrade.
-type StatusInfo struct {
-	Phase    Phase     `json:"phase"`
-	Shape    Shape     `json:"shape"`
-	Progress *Progress `json:"progress,omitempty"`
-	RowsLeft int64     `json:"rows_left"`
-	// ETASeconds: rows left at the last recorded rate (0 when unknown).
-	ETASeconds float64 `json:"eta_seconds"`
-}
-
-// Status reads the online upgrade's state (catalog and the progress row)
-// through q, e.g. status's READ ONLY transaction.
-func Status(ctx context.Context, q Querier) (*StatusInfo, error) {
-	s, err := Detect(ctx, q)
-	if err != nil {
-		return nil, err
-	}
-	info := &StatusInfo{Phase: s.Phase(), Shape: s}
-	p, ok, err := ReadProgress(ctx, q)
-	if err != nil {
-		return nil, err
-	}
-	if ok {
-		info.Progress = &p
-		if info.Phase == PhaseBackfill {
-			info.RowsLeft = p.RowsLeft()
-			if p.Rate > 0 {
-				info.ETASeconds = float64(info.RowsLeft) / p.Rate
-			}
-		}
-	}
-	return info, nil
 }
