@@ -343,4 +343,3 @@ func (e *engine) waitReplicas(ctx context.Context) error {
 		e.rep.Backfill.ReplicaWaitMS += time.Since(t).Milliseconds()
 	}
 }
-
