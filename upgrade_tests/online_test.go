@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/oldworker"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
@@ -60,6 +61,8 @@ func onlineUpgrade(ctx context.Context, db *scenario.DB) (*upgrade.Report, error
 // fingerprints, the old workers, traffic, the malformed states that must be
 // refused with the database unchanged) with apply --online.
 func TestScenariosOnline(t *testing.T) {
+	// The same runner as TestScenarios: the scenarios' states move to the
+	// real 0.16.0 baseline with the scenario package, for both paths at once.
 	r := &scenario.Runner{Server: testdb.Server(t), Upgrade: onlineUpgrade, Logf: func(string, ...any) {}}
 	t.Cleanup(func() { _ = r.Close() })
 	for _, s := range scenario.Builtin() {
@@ -186,7 +189,7 @@ func withoutTraffic(fp *fingerprint.Fingerprint) {
 	}
 }
 
-// TestOnlineInterrupted: seeded random 0.16.0 states, upgraded online with
+// TestOnlineInterrupted: seeded random real 0.16.0 states, upgraded online with
 // application traffic running, killed at random points (the backend
 // terminated, or the client's connection cut as when its process is killed)
 // one to three times, then resumed: every pre-existing row and message is
@@ -206,9 +209,9 @@ func TestOnlineInterrupted(t *testing.T) {
 func interruptedSeed(t *testing.T, seed uint64) error {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(seed, 0x6f6e6c696e65))
-	tdb := testdb.Model(t)
+	tdb := testdb.Baseline(t)
 	db := &scenario.DB{Name: tdb.Name, DSN: tdb.DSN, Pool: tdb.Pool}
-	if _, err := scenario.Generate(ctx, db.Pool, seed); err != nil {
+	if err := inflightState(ctx, db.Pool, rng); err != nil {
 		return err
 	}
 	app, stopTraffic, err := startTraffic(ctx, db.Pool)
@@ -298,6 +301,18 @@ func interruptedSeed(t *testing.T, seed uint64) error {
 	if d := fingerprint.Compare(before, after); len(d) > 0 {
 		return fmt.Errorf("%d differences after the interrupted online upgrade (%s):\n%s", len(d), strings.Join(log, "; "), fingerprint.Format(d, 20))
 	}
+	want, err := upgrade.Want017()
+	if err != nil {
+		return err
+	}
+	got, err := catalog.Read(ctx, db.Pool, "pgflow")
+	if err != nil {
+		return err
+	}
+	got.PGMQ = want.PGMQ
+	if d := catalog.Diff(want, got); len(d) > 0 {
+		return fmt.Errorf("the catalog is not pgflow 0.17.0 after the online upgrade (%s):\n  %s", strings.Join(log, "; "), strings.Join(catalog.Strings(d), "\n  "))
+	}
 	if d, err := fingerprint.CheckNewColumns(ctx, db.Pool); err != nil || len(d) > 0 {
 		if err != nil {
 			return err
@@ -316,12 +331,13 @@ func interruptedSeed(t *testing.T, seed uint64) error {
 	if !v.OK {
 		return fmt.Errorf("verify failed: %+v", upgrade.Failed(v.Checks))
 	}
-	var left int
-	if err := db.Pool.QueryRow(ctx, `select count(*) from pg_catalog.pg_namespace where nspname = 'pgflow_upgrade'`).Scan(&left); err != nil {
+	var left bool
+	if err := db.Pool.QueryRow(ctx, `select pg_catalog.to_regclass('pgflow_upgrade.online_progress') is not null
+		or pg_catalog.to_regprocedure('pgflow_upgrade.online_fill_queue_name()') is not null`).Scan(&left); err != nil {
 		return err
 	}
-	if left != 0 {
-		return errors.New("schema pgflow_upgrade left behind")
+	if left {
+		return errors.New("the online bookkeeping (pgflow_upgrade.online_progress, its trigger function) was left behind")
 	}
 	if app.started.Load() == 0 {
 		return errors.New("the application traffic started no run during the upgrade")
