@@ -15,8 +15,17 @@ import (
 )
 
 func TestApplyOnlineCLI(t *testing.T) {
-	db := testdb.Model(t)
+	db := testdb.Baseline(t)
 	env := map[string]string{"PGFLOW_UPGRADE_DSN": db.DSN}
+	for _, q := range []string{
+		`select pgflow.create_flow('Cli_Flow')`,
+		`select pgflow.add_step('Cli_Flow', 'only', step_type => 'map')`,
+		`select pgflow.start_flow('Cli_Flow', '[1, 2, 3, 4, 5, 6, 7]')`,
+	} {
+		if _, err := db.Pool.Exec(context.Background(), q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
 	if r := run(t, env, "apply", "--online", "--dry-run", "--yes"); r.code != cli.ExitUsage {
 		t.Fatalf("--online --dry-run: exit %d, want usage (%s)", r.code, r.stderr)
 	}
@@ -46,12 +55,13 @@ func TestApplyOnlineCLI(t *testing.T) {
 		ExitCode int `json:"exit_code"`
 		Online   *struct {
 			Phase string `json:"phase"`
+			Next  string `json:"next"`
 		} `json:"online"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || st.Online == nil || st.Online.Phase != "backfill" {
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || st.Online == nil || st.Online.Phase != "backfill" || st.Online.Next != online.ContinueCommand {
 		t.Fatalf("status of an online upgrade in progress: %v\n%s%s", err, r.stdout, r.stderr)
 	}
-	if r := run(t, env, "status"); !strings.Contains(r.stdout, "online upgrade in progress: phase backfill") {
+	if r := run(t, env, "status"); !strings.Contains(r.stdout, "online upgrade in progress: phase backfill; next: pgflow-upgrade apply --online") {
 		t.Fatalf("status table does not show the online upgrade:\n%s", r.stdout)
 	}
 
