@@ -59,7 +59,7 @@ func sqlExec(t *testing.T, db *testdb.DB, stmts ...string) {
 // started run, whose task has a message in queue "legacy".
 func legacyDB(t *testing.T) *testdb.DB {
 	t.Helper()
-	db := testdb.Model(t)
+	db := testdb.Baseline(t)
 	sqlExec(t, db,
 		`select pgflow.create_flow('legacy')`,
 		`select pgflow.add_step('legacy', 'a')`,
@@ -145,17 +145,17 @@ func badInputs() []badInput {
 			want: []string{"no pgflow schema in this database"},
 			todo: []string{"point --dsn at the right database"}},
 		{name: "database already upgraded", setup: onDB(upgradedDB), args: []string{"apply", "--yes"}, code: cli.ExitOK,
-			want: []string{"already upgraded", "20261202120000"},
+			want: []string{"already upgraded", "20261203100000"},
 			todo: []string{"nothing to do"}},
 		{name: "newer unknown schema", setup: onDB(func(t *testing.T) *testdb.DB {
 			db := upgradedDB(t)
-			sqlExec(t, db, `insert into pgflow.schema_revisions (version, name) values ('29991231000000', 'from_the_future')`)
+			sqlExec(t, db, `insert into pgflow_upgrade.schema_revisions (version, name) values ('29991231000000', 'from_the_future')`)
 			return db
 		}), args: []string{"apply", "--yes"}, code: cli.ExitFindings,
 			want: []string{"29991231000000"},
 			todo: []string{"newer pgflow-upgrade", "newer version of pgflow-upgrade", "upgrade pgflow-upgrade"}},
 		{name: "pgflow without pgmq", setup: onDB(func(t *testing.T) *testdb.DB {
-			db := testdb.Model(t)
+			db := testdb.Baseline(t)
 			sqlExec(t, db, dropPGMQ)
 			return db
 		}), args: []string{"apply", "--yes"}, code: cli.ExitFindings,
