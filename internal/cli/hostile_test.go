@@ -11,7 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -251,19 +250,7 @@ func TestHostileDatabaseName(t *testing.T) {
 	if err := conn.QueryRow(ctx, `select to_regclass('realtime.recorded_broadcasts') is not null`).Scan(&broadcasts); err != nil || !broadcasts {
 		t.Fatalf("fixtures load baseline did not install the real baseline (%v)", err)
 	}
-	// The old migration only applies to the old model (until the 0.17.0
-	// migration lands): swap the schema for the model, then audit, upgrade
-	// and verify by name.
-	if _, err := conn.Exec(ctx, `drop schema pgflow, pgmq, realtime, net, cron, vault, supabase_migrations cascade`); err != nil {
-		t.Fatal(err)
-	}
-	st, err := fixtures.LookupModel("baseline")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Load(ctx, conn); err != nil {
-		t.Fatal(err)
-	}
+	// Audit, upgrade to 0.17.0 and verify, by that name.
 	for _, args := range [][]string{{"audit"}, {"apply", "--yes"}, {"status"}, {"verify"}} {
 		r := run(t, nil, append([]string{"--dsn", dsnValue}, args...)...)
 		if r.code != cli.ExitOK {
