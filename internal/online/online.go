@@ -333,8 +333,8 @@ func (e *engine) preflightBefore(ctx context.Context) error {
 func (e *engine) finishSwitch(ctx context.Context, s Shape) error {
 	if s.Upgraded {
 		if s.Progress {
-			if _, err := e.conn.Exec(ctx, `drop schema if exists pgflow_upgrade cascade`); err != nil {
-				return fmt.Errorf("online: dropping the leftover schema pgflow_upgrade: %w", err)
+			if _, err := e.conn.Exec(ctx, dropOwnObjects); err != nil {
+				return fmt.Errorf("online: dropping the leftover objects in schema pgflow_upgrade: %w", err)
 			}
 		}
 	}
@@ -397,8 +397,8 @@ func (e *engine) switchOptions() upgrade.Options {
 	o.BeforeCommit = func(ctx context.Context, tx pgx.Tx) error {
 		// Our schema goes with the switch: nothing of the online upgrade is
 		// left once the upgrade is committed.
-		if _, err := tx.Exec(ctx, `drop schema if exists pgflow_upgrade cascade`); err != nil {
-			return fmt.Errorf("online: dropping schema pgflow_upgrade in the switch: %w", err)
+		if _, err := tx.Exec(ctx, dropOwnObjects); err != nil {
+			return fmt.Errorf("online: dropping its objects in schema pgflow_upgrade in the switch: %w", err)
 		}
 		return nil
 	}
