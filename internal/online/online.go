@@ -230,7 +230,17 @@ func (e *engine) phase(ph Phase, detail string, fn func() error) error {
 	return err
 }
 
+// ErrNotRetargeted: apply --online still prepares the old model's shape
+// (step_tasks.queue_name = flow_slug, its check and index), which the
+// 0.17.0 migration cannot switch; until its phases are retargeted it
+// refuses before changing anything, and the transactional apply is the way.
+var ErrNotRetargeted = errors.New("apply --online does not yet prepare the pgflow 0.17.0 shape; nothing was changed: use `pgflow-upgrade apply` (transactional, bounded locks)")
+
 func (e *engine) run(ctx context.Context) error {
+	if e.opts.Switch.Migrations == nil {
+		e.rep.Outcome = upgrade.OutcomeRefused
+		return ErrNotRetargeted
+	}
 	if err := e.opts.Switch.Verify(); err != nil {
 		e.rep.Outcome = upgrade.OutcomeRefused
 		return fmt.Errorf("%w: %w", upgrade.ErrIntegrity, err)
