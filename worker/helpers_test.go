@@ -235,3 +235,16 @@ func assertEachTaskOnce(t *testing.T, pool *pgxpool.Pool, success *counter, want
 		t.Errorf("handler ran for %s, which is not a task", k)
 	}
 }
+
+// withHandlers returns cfg with h as the handler of every step (nil: a
+// no-op) and the test's logger.
+func withHandlers(cfg worker.Config, h worker.HandlerFunc) worker.Config {
+	if h == nil {
+		h = func(context.Context, *worker.Task) (any, error) { return nil, nil }
+	}
+	cfg.Handlers = map[string]worker.HandlerFunc{}
+	for _, s := range cfg.Flow.Steps {
+		cfg.Handlers[s.Slug] = h
+	}
+	return cfg
+}
