@@ -21,7 +21,8 @@ import (
 // hangGuard only stops a broken test from hanging; no assertion depends on it.
 const hangGuard = 2 * time.Minute
 
-// upgraded returns a fresh 0.16.0 database with the embedded migration applied
+// upgraded returns a fresh pgflow 0.16.0 database (testdb.Baseline) with the
+// embedded migration to 0.17.0 applied
 // in one transaction.
 func upgraded(t *testing.T) *testdb.DB {
 	t.Helper()
