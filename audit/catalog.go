@@ -1,28 +1,43 @@
-// Package audit is the catalog of pre-upgrade checks and their read-only,
-// bounded runner (`pgflow-upgrade audit`, SPEC §3). `apply` runs the same
-// catalog as its preflight, exact, inside its own transaction and under its
-// locks (RunPreflight).
+// Package audit is the catalog of pre-upgrade checks and their read-only
+// runner (`pgflow-upgrade audit`, SPEC §3). `apply` runs the same catalog as
+// its preflight, inside its own transaction and under its locks
+// (RunPreflight).
 //
 // # The catalog
 //
 // Catalog() lists every Check in a fixed order; each has a stable ID (e.g.
 // "flows.case_alias"), a default Severity, what a finding means, what to do
-// about it, and a Run function that issues a few small queries through a
-// Querier (a pgx.Tx satisfies it). A check returns Findings; no findings
-// means the check passed. Run is written for both modes:
+// about it, and a Run function that issues a few queries through a Querier
+// (a pgx.Tx satisfies it). A check returns Findings; no findings means the
+// check passed. The checks predict every way the real pgflow 0.16.0 →
+// upstream 0.17.0 migration fails or is refused (case-only aliases of flows
+// and of steps, slugs breaking 0.17's stricter rule, lower(flow_slug) over
+// pgmq's 47 characters, duplicate (queue, message id) pairs), plus what an
+// operator must know before it (unowned queues, live 0.16.0 workers, locks,
+// sizes, backups).
 //
-//   - ModeAudit: the runner's own READ ONLY transaction; every query that
-//     could touch many rows looks at no more than Env.Bound rows (a LIMIT in a
-//     subquery) and reports Count with AtLeast set when it hit that bound.
-//     Queue rows (pgmq.q_*) are read only here and in preflight: plain
-//     SELECTs, ACCESS SHARE, bounded.
-//   - ModePreflight: the caller's transaction (apply, under its table locks);
-//     Env.Bound is 0 (no bound), so counts are exact.
+// # Exact or inconclusive
+//
+// Every check answers for the whole database or says it did not. A count
+// is exact; only samples are bounded (Env.Sample). A check that runs out of
+// its time budget (statement_timeout 57014, lock_timeout 55P03, or its own
+// deadline between queries) is "inconclusive", and when it was reading a
+// table it says how far it got: "examined N of about M rows" (Coverage,
+// from a *PartialError). It never reports "ok" after a subset. The one
+// check over a big table (tasks.duplicate_message_id) walks step_tasks in
+// message-id ranges of about Env.Bound rows, so an interrupted run still
+// knows how many rows it decided.
+//
+// Both modes run the same SQL:
+//
+//   - ModeAudit: the runner's own READ ONLY transaction per check.
+//   - ModePreflight: the caller's transaction (apply, under its table locks),
+//     each check in a savepoint that is rolled back afterwards.
 //
 // Checks never write, never take a lock stronger than ACCESS SHARE, and read
 // pgmq's physical layout only from the system catalogs (pg_class,
-// pg_attribute, pg_index, attidentity) and pgmq.list_queues() — never
-// sequences or pg_depend.
+// pg_attribute, pg_index, attidentity) and pgmq.list_queues(); queue rows
+// are never read.
 //
 // # Running
 //
@@ -31,18 +46,16 @@
 // Run gives each check its own READ ONLY transaction with SET LOCAL
 // statement_timeout, lock_timeout, idle_in_transaction_session_timeout and
 // application_name (inside the transaction, so they hold through a
-// transaction-mode pooler), a per-check budget and a total budget. A check
-// that runs out of time (SQLSTATE 57014 query_canceled or 55P03
-// lock_not_available) is "inconclusive"; the others still run.
+// transaction-mode pooler), a per-check budget and a total budget.
 //
 //	results, err := audit.RunPreflight(ctx, tx, audit.Options{})
 //
-// RunPreflight runs the checks with Preflight set, exactly, in the caller's
+// RunPreflight runs the checks with Preflight set in the caller's
 // transaction: each inside a savepoint that is always rolled back afterwards
 // (checks are read-only, so nothing is lost), which also undoes the
-// per-check statement_timeout and releases any lock the check took. A failing
-// check does not abort the caller's transaction. Blockers(results) tells
-// apply whether to refuse.
+// per-check settings and releases any lock the check took. A failing check
+// does not abort the caller's transaction. Blockers(results) tells apply
+// whether to refuse.
 //
 // The JSON form of Report is a stable schema, documented in docs/audit.md.
 package audit
@@ -107,8 +120,9 @@ type Env struct {
 	Mode Mode
 	// Sample is the most sample rows a finding carries.
 	Sample int
-	// Bound is the most rows a counting query looks at (ModeAudit); 0 means
-	// no bound (ModePreflight: exact).
+	// Bound is the number of rows one query of a chunked scan looks at
+	// (tasks.duplicate_message_id walks step_tasks in message-id ranges of
+	// about this many rows). It never limits a count: counts are exact.
 	Bound int64
 	// Deadline is when the check's budget runs out; checks that issue one
 	// query per queue stop (inconclusive) once it has passed. Zero: none.
@@ -121,26 +135,26 @@ type Env struct {
 	// LongTransaction and IdleInTransaction are the session thresholds of
 	// sessions.long_transactions (defaults 30 s and 10 s).
 	LongTransaction, IdleInTransaction time.Duration
+	// LiveWorker: a worker whose last heartbeat is more recent than this is
+	// alive (workers.legacy_alive; default 1 minute, 12 heartbeats).
+	LiveWorker time.Duration
 }
 
-// bounded says whether counting queries are bounded.
-func (e Env) bounded() bool { return e.Bound > 0 }
-
-// limit is the LIMIT argument for a bounded subquery: nil (no limit) when
-// exact, else at most n (n > 0).
-func (e Env) limit(n int64) any {
-	if !e.bounded() {
-		return nil
+// chunkRows is the rows per query of a chunked scan (Env.Bound or the default).
+func (e Env) chunkRows() int64 {
+	if e.Bound > 0 {
+		return e.Bound
 	}
-	return n
+	return defaultBound
 }
 
 // Finding is one problem (or fact) a check found.
 type Finding struct {
 	CheckID  string   `json:"check"`
 	Severity Severity `json:"severity"`
-	// Count is how many objects/rows the finding concerns; with AtLeast the
-	// check hit its bound and the real number may be higher.
+	// Count is how many objects/rows the finding concerns, exact. AtLeast is
+	// kept in the JSON for compatibility and is always false: a check that
+	// could not count everything is inconclusive instead.
 	Count   int64  `json:"count"`
 	AtLeast bool   `json:"at_least"`
 	Message string `json:"message"`
@@ -173,11 +187,11 @@ type Check struct {
 }
 
 // finding builds a finding of c with its default severity and remedy.
-func (c Check) finding(count int64, atLeast bool, msg string, samples []map[string]any) Finding {
+func (c Check) finding(count int64, msg string, samples []map[string]any) Finding {
 	if samples == nil {
 		samples = []map[string]any{} // JSON: always an array
 	}
-	return Finding{CheckID: c.ID, Severity: c.Severity, Count: count, AtLeast: atLeast,
+	return Finding{CheckID: c.ID, Severity: c.Severity, Count: count,
 		Message: msg, Remedy: c.Remedy, Samples: samples}
 }
 

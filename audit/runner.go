@@ -34,6 +34,9 @@ type CheckResult struct {
 	// the SQLSTATE when there is one. Err is the Go error (not in JSON).
 	Error string `json:"error,omitempty"`
 	Err   error  `json:"-"`
+	// Coverage: how much of its table a check that stopped part-way had
+	// decided ("examined N of about M rows"); only with inconclusive/error.
+	Coverage *Coverage `json:"coverage,omitempty"`
 }
 
 // Report is the result of an audit.
@@ -84,10 +87,12 @@ func countStatus(results []CheckResult, s Status) int {
 type Options struct {
 	Sample int      // sample rows per finding (default 5; negative: none)
 	Checks []string // check IDs to run (default: all; Run) / all Preflight checks (RunPreflight)
-	// Bound: the most rows a counting query looks at in ModeAudit (default 10000).
+	// Bound: the rows one query of a chunked scan looks at (default
+	// 1,000,000). It sets the granularity of "examined N" when a check runs
+	// out of time; it never limits a count.
 	Bound        int64
-	CheckTimeout time.Duration // per check (default 5s)
-	TotalTimeout time.Duration // whole audit (default 60s); ignored by RunPreflight
+	CheckTimeout time.Duration // per check (default 30s)
+	TotalTimeout time.Duration // whole audit (default 120s); ignored by RunPreflight
 	LockTimeout  time.Duration // lock_timeout of each check (default 1s)
 	// ApplicationName for SET LOCAL application_name (default "pgflow-upgrade audit").
 	ApplicationName string
@@ -95,13 +100,21 @@ type Options struct {
 	Extra []Check
 	// Session thresholds of sessions.long_transactions (default 30s / 10s).
 	LongTransaction, IdleInTransaction time.Duration
+	// LiveWorker: heartbeat age under which a worker counts as alive
+	// (workers.legacy_alive; default 1 minute).
+	LiveWorker time.Duration
 }
 
 const (
-	defaultSample       = 5
-	defaultBound        = 10000
-	defaultCheckTimeout = 5 * time.Second
-	defaultTotalTimeout = 60 * time.Second
+	defaultSample = 5
+	// defaultBound: a chunk of the duplicate scan; about 0.5 s of work on
+	// the project's 2-core machines (BENCHMARKS.md, "audit at 5M").
+	defaultBound = 1_000_000
+	// defaultCheckTimeout: the exact duplicate scan of 5M step_tasks rows
+	// takes a few seconds (BENCHMARKS.md); 30 s leaves room for a busier
+	// or bigger database before a check says "inconclusive".
+	defaultCheckTimeout = 30 * time.Second
+	defaultTotalTimeout = 120 * time.Second
 	defaultLockTimeout  = time.Second
 	// idle_in_transaction_session_timeout: the runner never idles in a
 	// transaction; this only bounds a client that hangs between statements.
@@ -132,6 +145,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.IdleInTransaction <= 0 {
 		o.IdleInTransaction = 10 * time.Second
+	}
+	if o.LiveWorker <= 0 {
+		o.LiveWorker = time.Minute
 	}
 	if o.ApplicationName == "" {
 		o.ApplicationName = "pgflow-upgrade audit"
@@ -214,7 +230,7 @@ func Run(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, error) {
 	// The server, pgmq and schema facts every check may depend on: catalog
 	// queries only, in one read-only transaction of their own.
 	env := Env{Mode: ModeAudit, Sample: opts.Sample, Bound: opts.Bound,
-		LongTransaction: opts.LongTransaction, IdleInTransaction: opts.IdleInTransaction}
+		LongTransaction: opts.LongTransaction, IdleInTransaction: opts.IdleInTransaction, LiveWorker: opts.LiveWorker}
 	if err := func() error {
 		tx, err := BeginReadOnly(ctx, conn, opts.CheckTimeout, opts.LockTimeout, opts.ApplicationName)
 		if err != nil {
@@ -282,11 +298,11 @@ func runAudit(ctx context.Context, conn *pgx.Conn, c Check, env Env, budget time
 	return res
 }
 
-// RunPreflight runs the Preflight checks (or opts.Checks) exactly inside the
-// caller's transaction tx (apply's, under its locks). Each check runs in a
-// savepoint with statement_timeout = opts.CheckTimeout; the savepoint is
-// always rolled back, so the caller's settings, locks and transaction are as
-// before, whatever the check did. Bound is not applied: counts are exact.
+// RunPreflight runs the Preflight checks (or opts.Checks) inside the
+// caller's transaction tx (apply's, under its locks), with the same SQL as
+// the audit. Each check runs in a savepoint with statement_timeout =
+// opts.CheckTimeout; the savepoint is always rolled back, so the caller's
+// settings, locks and transaction are as before, whatever the check did.
 // The error is for what stops the whole preflight (a bad check ID, a broken
 // transaction).
 func RunPreflight(ctx context.Context, tx pgx.Tx, opts Options) ([]CheckResult, error) {
@@ -295,8 +311,8 @@ func RunPreflight(ctx context.Context, tx pgx.Tx, opts Options) ([]CheckResult, 
 	if err != nil {
 		return nil, err
 	}
-	env := Env{Mode: ModePreflight, Sample: opts.Sample,
-		LongTransaction: opts.LongTransaction, IdleInTransaction: opts.IdleInTransaction}
+	env := Env{Mode: ModePreflight, Sample: opts.Sample, Bound: opts.Bound,
+		LongTransaction: opts.LongTransaction, IdleInTransaction: opts.IdleInTransaction, LiveWorker: opts.LiveWorker}
 	if env.PGMQ, err = DetectPGMQ(ctx, tx); err != nil {
 		return nil, err
 	}
@@ -343,13 +359,23 @@ func classify(res *CheckResult, err error) {
 	if res.Findings == nil {
 		res.Findings = []Finding{} // JSON: always an array
 	}
+	var pe *PartialError
+	if errors.As(err, &pe) {
+		cov := pe.Coverage
+		res.Coverage = &cov
+		// What a stopped check found so far is no verdict: not shown.
+		res.Findings = []Finding{}
+	}
 	switch {
 	case err == nil && len(res.Findings) == 0:
 		res.Status = StatusOK
 	case err == nil:
 		res.Status = StatusFindings
+	case isTimeout(err) && res.Coverage != nil:
+		res.Status, res.Err = StatusInconclusive, err
+		res.Error = "inconclusive: " + res.Coverage.String() + " when the check stopped: " + err.Error()
 	case isTimeout(err):
-		res.Status, res.Err, res.Error = StatusInconclusive, err, err.Error()
+		res.Status, res.Err, res.Error = StatusInconclusive, err, "inconclusive: "+err.Error()
 	default:
 		res.Status, res.Err, res.Error = StatusError, err, err.Error()
 		var pgErr *pgconn.PgError

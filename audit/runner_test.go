@@ -94,8 +94,7 @@ func lockStepTasks(t *testing.T, dsn string) {
 }
 
 // The checks that read pgflow.step_tasks (or its size).
-var stepTasksChecks = []string{"tasks.duplicate_message_id", "tasks.message_missing", "queue.orphan_message",
-	"queue.envelope_contradiction", "size.tables"}
+var stepTasksChecks = []string{"tasks.duplicate_message_id", "size.tables"}
 
 func TestLockedStepTasksMakeOnlyTheirChecksInconclusive(t *testing.T) {
 	db := oneFlow(t)
@@ -129,6 +128,12 @@ func TestLockedStepTasksMakeOnlyTheirChecksInconclusive(t *testing.T) {
 	}
 	if rep.Blockers() != 0 || rep.Inconclusive() != len(stepTasksChecks) {
 		t.Fatalf("blockers %d, inconclusive %d", rep.Blockers(), rep.Inconclusive())
+	}
+	// The duplicate scan says it decided nothing, and of how much.
+	d := result(t, rep, "tasks.duplicate_message_id")
+	if d.Coverage == nil || d.Coverage.Examined != 0 || d.Coverage.Table != "pgflow.step_tasks" ||
+		!strings.Contains(d.Error, "inconclusive: examined 0 ") {
+		t.Fatalf("duplicate scan under the lock: %+v %q", d.Coverage, d.Error)
 	}
 }
 
@@ -210,8 +215,8 @@ func TestRoleWithOnlyUsageAndSelect(t *testing.T) {
 
 func TestPreflightIsExactAndKeepsTheCallersTransaction(t *testing.T) {
 	db := oneFlow(t)
-	exec(t, db, `select pgmq.send('f', '{"foreign": 1}'::jsonb)`, `select pgmq.send('f', '{"foreign": 2}'::jsonb)`,
-		`select pgmq.send('f', '{"foreign": 3}'::jsonb)`)
+	exec(t, db, `select pgflow.add_step('f', 'x')`, `select pgflow.add_step('f', 'X')`,
+		`update pgflow.step_tasks set message_id = (select min(message_id) from pgflow.step_tasks)`, `analyze pgflow.step_tasks`)
 	ctx := context.Background()
 	tx, err := db.Pool.Begin(ctx)
 	if err != nil {
@@ -240,12 +245,15 @@ func TestPreflightIsExactAndKeepsTheCallersTransaction(t *testing.T) {
 			t.Errorf("%s: ran %v, Preflight %v", c.ID, ran, c.Preflight)
 		}
 	}
-	o := byID["queue.orphan_message"]
-	if len(o.Findings) != 1 || o.Findings[0].Count != 3 || o.Findings[0].AtLeast {
-		t.Fatalf("preflight orphans: %+v (want exactly 3, Bound ignored)", o)
+	// Exact, the chunk size (Bound) changes nothing.
+	if d := byID["tasks.duplicate_message_id"]; len(d.Findings) != 1 || d.Findings[0].Count != 1 || !strings.Contains(d.Findings[0].Message, "(2 tasks)") {
+		t.Fatalf("preflight duplicates: %+v", d)
 	}
-	if audit.Blockers(results) != 1 {
-		t.Fatalf("blockers %d, want 1: %+v", audit.Blockers(results), results)
+	if s := byID["steps.case_alias"]; len(s.Findings) != 1 || s.Findings[0].Count != 1 {
+		t.Fatalf("preflight step aliases: %+v", s)
+	}
+	if audit.Blockers(results) != 2 {
+		t.Fatalf("blockers %d, want 2: %+v", audit.Blockers(results), results)
 	}
 	if r := byID["test.fails"]; r.Status != audit.StatusError || sqlstate(r.Err) != "22012" {
 		t.Fatalf("failing check: %+v", r)
@@ -267,10 +275,10 @@ func TestPreflightIsExactAndKeepsTheCallersTransaction(t *testing.T) {
 
 func TestUnknownCheckID(t *testing.T) {
 	_, err := audit.Lookup("no.such")
-	if err == nil || !strings.Contains(err.Error(), "queue.orphan_message") {
+	if err == nil || !strings.Contains(err.Error(), "tasks.duplicate_message_id") {
 		t.Fatalf("Lookup error should list the known ids: %v", err)
 	}
-	db := testdb.Model(t)
+	db := testdb.Baseline(t)
 	if _, err := audit.Run(context.Background(), connect(t, db.DSN), audit.Options{Checks: []string{"no.such"}}); err == nil {
 		t.Fatal("Run accepted an unknown check id")
 	}
@@ -301,9 +309,9 @@ func TestRoleWithoutGrantsGetsErrorsNotBlockers(t *testing.T) {
 	if rep.Blockers() != 0 {
 		t.Fatalf("blockers invented from what the role could not read: %+v", rep.Checks)
 	}
-	r := result(t, rep, "queue.orphan_message")
+	r := result(t, rep, "tasks.duplicate_message_id")
 	if r.Status != audit.StatusError || sqlstate(r.Err) != "42501" || !strings.Contains(r.Error, "grant usage on schema pgflow, pgmq") {
-		t.Fatalf("orphan check without grants: %s %q", r.Status, r.Error)
+		t.Fatalf("duplicate check without grants: %s %q", r.Status, r.Error)
 	}
 	// Catalog-only checks still answer.
 	mustFire(t, rep, "schema.state", audit.Info)

@@ -12,7 +12,7 @@ type SchemaState string
 
 const (
 	StateBaseline  SchemaState = "baseline"   // pgflow 0.16.0, not upgraded
-	StateUpgraded  SchemaState = "upgraded"   // queue persistence applied
+	StateUpgraded  SchemaState = "upgraded"   // upstream 0.17.0 (queue identity, step queues)
 	StatePartial   SchemaState = "partial"    // pgflow tables, but neither shape exactly
 	StateUnknown   SchemaState = "unknown"    // a pgflow schema without the pgflow tables
 	StateNotPgflow SchemaState = "not_pgflow" // no schema pgflow
@@ -115,23 +115,27 @@ var commonFunctions = []string{
 	"delete_flow_and_data(text)",
 }
 
-// The 0.16.0 worker protocol: present before, dropped by the upgrade (the fence).
+// The 0.16.0 worker protocol: present before, dropped by the 0.17.0
+// migration (which is what fences 0.16.0 workers off).
 var legacyFunctions = []string{
 	"ensure_flow_compiled(text, jsonb)",
 	"start_tasks(text, bigint[], uuid)",
 }
 
-// What the upgrade adds (docs/design.md, "The new protocol").
-var upgradeColumns = [][2]string{{"flows", "queue_name"}, {"step_tasks", "queue_name"}}
-var upgradeTables = []string{"schema_revisions"}
+// What upstream's 0.17.0 migration adds (the queue identity columns and
+// the new worker protocol). The tool's own bookkeeping lives in its own
+// schema, never in pgflow, so there is no table here.
+var upgradeColumns = [][2]string{{"flows", "queue_mode"}, {"steps", "queue_name"}, {"step_tasks", "queue_name"}}
+var upgradeTables = []string{}
 var upgradeFunctions = []string{
-	"queue_protocol_version()",
-	"ensure_flow_compiled(text, jsonb, boolean)",
-	"claim_tasks(text, uuid, integer, integer, integer, integer)",
+	"is_valid_queue_name(text)",
+	"ensure_flow_compiled(text, jsonb, text, jsonb)",
+	"start_tasks(text, bigint[], uuid, text, text)",
 }
 
 // DetectSchema compares the live catalog with the 0.16.0 baseline and the
-// upgraded shape, naming the differences. Catalog queries only: no locks on
+// 0.17.0 shape (by its markers: upgradeColumns, upgradeFunctions, and the
+// 0.16.0 functions it drops), naming the differences. Catalog queries only: no locks on
 // pgflow tables, so it works while they are locked.
 func DetectSchema(ctx context.Context, q Querier) (SchemaInfo, error) {
 	info := SchemaInfo{Differences: []string{}}
@@ -292,7 +296,7 @@ func (s SchemaInfo) describe() string {
 	case StateBaseline:
 		return "pgflow 0.16.0 baseline, not upgraded"
 	case StateUpgraded:
-		return "queue persistence already applied (apply is a no-op)"
+		return "pgflow 0.17.0 (upgraded; apply is a no-op)"
 	case StatePartial:
 		return "partially upgraded or modified pgflow schema: " + strings.Join(s.Differences, "; ")
 	case StateUnknown:

@@ -58,9 +58,19 @@ func Privileges(ctx context.Context, q audit.Querier, sample int) ([]audit.Findi
 		  from ns
 		 where ns.oid is not null and not pg_catalog.has_schema_privilege(ns.oid, 'CREATE')
 		union all
+		-- The ledger is found through pg_class, not to_regclass: a role
+		-- without USAGE on its schema gets a finding, not an error.
 		select 'no INSERT privilege on table', 'supabase_migrations.schema_migrations'
-		 where pg_catalog.to_regclass('supabase_migrations.schema_migrations') is not null
-		   and not pg_catalog.has_table_privilege(pg_catalog.to_regclass('supabase_migrations.schema_migrations'), 'INSERT')
+		  from pg_catalog.pg_class c
+		  join pg_catalog.pg_namespace n on n.oid = c.relnamespace and n.nspname = 'supabase_migrations'
+		 where c.relname = 'schema_migrations'
+		   and not pg_catalog.has_table_privilege(c.oid, 'INSERT')
+		union all
+		select 'no USAGE privilege on schema', 'supabase_migrations'
+		  from pg_catalog.pg_namespace n
+		 where n.nspname = 'supabase_migrations'
+		   and exists (select 1 from pg_catalog.pg_class c where c.relnamespace = n.oid and c.relname = 'schema_migrations')
+		   and not pg_catalog.has_schema_privilege(n.oid, 'USAGE')
 		order by 1, 2`)
 	if err != nil {
 		return nil, fmt.Errorf("reading the privileges of the current role: %w", err)

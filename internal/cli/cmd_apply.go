@@ -17,16 +17,20 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
-const applyDescription = `Runs the queue-persistence migration in ONE transaction on ONE connection:
+const applyDescription = `Upgrades real pgflow 0.16.0 to upstream pgflow's 0.17.0 schema (private step
+queues, queue identity on steps and step_tasks, the 5-argument start_tasks) in ONE
+transaction on ONE connection:
 
-  1. integrity: the embedded migrations are checked against atlas.sum (tampered: refuse);
+  1. integrity: the embedded migration is checked against atlas.sum (tampered: refuse);
+     with --supabase-dir, the user's copy of pgflow's 0.17.0 migration is found there;
   2. advisory lock: pg_try_advisory_xact_lock(8099555070895812711), polled with backoff
      for up to --wait; a second apply exits with "another pgflow-upgrade apply is running"
      (transaction-level, so it works through pgbouncer/Supavisor in transaction mode);
      only then SET LOCAL lock_timeout = --lock-timeout;
-  3. state: already upgraded -> a no-op that says so; anything but 0.16.0 -> refuse;
+  3. state: already pgflow 0.17.0 (by this tool or by pgflow's own migration) -> a no-op
+     that says so; anything but 0.16.0 -> refuse;
   4. table locks in the fixed order
-       flows (ACCESS EXCLUSIVE) -> steps -> deps -> runs -> step_states (EXCLUSIVE)
+       flows, steps (ACCESS EXCLUSIVE) -> deps -> runs -> step_states (EXCLUSIVE)
        -> step_tasks (ACCESS EXCLUSIVE) -> workers (EXCLUSIVE)
      each attempt bounded by --lock-timeout (default 2s); on a timeout everything taken
      so far is released (rollback to a savepoint), then retried up to --lock-retries
@@ -35,9 +39,11 @@ const applyDescription = `Runs the queue-persistence migration in ONE transactio
      attempt. After the last attempt: exit 1, naming the table and the blocking pids;
   5. preflight: the audit's preflight checks, exact, under those locks; any blocker:
      roll back, print the findings, exit 1, nothing changed;
-  6. the migration, statement by statement; 7. post-conditions (as verify);
-  8. the revision is recorded in pgflow.schema_revisions, and also in
-     supabase_migrations.schema_migrations when that table exists;
+  6. the migration, statement by statement; 7. post-conditions (as verify: the catalog
+     is pgflow 0.17.0's, the 0.16.0 claim is gone);
+  8. the revision is recorded in pgflow_upgrade.schema_revisions; with --supabase-dir,
+     pgflow's 0.17.0 migration is recorded as applied in supabase_migrations.schema_migrations
+     (without it, apply prints the supabase migration repair command to run);
   9. commit (--dry-run: roll back, report per-step timings and the lock window).
 
 Any failure or interruption rolls back everything. Without --yes, apply asks for
@@ -61,6 +67,7 @@ func (a *App) applyCommand() *ucli.Command {
 			&ucli.DurationFlag{Name: "lock-timeout", Value: upgrade.DefaultLockTimeout, Usage: "lock_timeout of each table-lock attempt (and every later lock wait)"},
 			&ucli.IntFlag{Name: "lock-retries", Value: upgrade.DefaultLockRetries, Usage: "table-lock attempts after the first"},
 			&ucli.IntFlag{Name: "sample", Value: 5, Usage: "sample rows per preflight finding"},
+			&ucli.StringFlag{Name: "supabase-dir", Usage: "the project's supabase/migrations folder: record pgflow's own 0.17.0 migration (*_pgflow_private_step_queues.sql) there as applied in the Supabase ledger"},
 			&ucli.DurationFlag{Name: "check-timeout", Value: 30 * time.Second, Usage: "statement_timeout of each preflight check (they run exact, under the locks; a check that runs out: exit 4, nothing changed)"},
 		}, onlineFlags()...),
 		Action: a.applyAction,
@@ -123,6 +130,7 @@ func (a *App) applyAction(c *ucli.Context) error {
 		LockTimeout: c.Duration("lock-timeout"),
 		LockRetries: c.Int("lock-retries"),
 		Preflight:   audit.Options{Sample: c.Int("sample"), CheckTimeout: c.Duration("check-timeout")},
+		SupabaseDir: c.String("supabase-dir"),
 	}
 	var prog *progress
 	if a.Interactive {
@@ -133,7 +141,7 @@ func (a *App) applyAction(c *ucli.Context) error {
 	if prog != nil {
 		prog.stop()
 	}
-	code := applyExitCode(rep.Outcome, applyErr, conn, ctx.Err() != nil)
+	code := applyExitCode(applyErr, conn, ctx.Err() != nil)
 
 	if jsonOutput(c) {
 		out := struct {
@@ -158,12 +166,13 @@ func (a *App) applyAction(c *ucli.Context) error {
 	return reportedError{withCode(code, applyErr)}
 }
 
-// applyExitCode maps the outcome of apply, transactional or online, to the
-// exit code.
-func applyExitCode(outcome upgrade.Outcome, err error, conn *pgx.Conn, interrupted bool) int {
+// applyExitCode maps the outcome apply's error carries (transactional or
+// online: both fail with an *upgrade.Error) to the exit code.
+func applyExitCode(err error, conn *pgx.Conn, interrupted bool) int {
 	if err == nil {
 		return ExitOK
 	}
+	outcome := upgrade.OutcomeOf(err)
 	switch {
 	case interrupted || outcome == upgrade.OutcomeInterrupted:
 		return ExitInterrupted

@@ -104,7 +104,7 @@ func (a *App) applyOnlineAction(c *ucli.Context) error {
 		Preflight: audit.Options{Sample: c.Int("sample"), CheckTimeout: c.Duration("check-timeout")},
 	}
 	rep, applyErr := online.Apply(ctx, conn, opts)
-	code := applyExitCode(rep.Outcome, applyErr, conn, ctx.Err() != nil)
+	code := applyExitCode(applyErr, conn, ctx.Err() != nil)
 	if jsonOutput(c) {
 		out := struct {
 			Command  string `json:"command"`

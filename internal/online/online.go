@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgretry"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 	"github.com/pgflow-upgrade/pgflow-upgrade/preflight"
@@ -193,6 +193,11 @@ func Apply(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, error) {
 		}
 		if e.rep.Outcome == upgrade.OutcomeInterrupted || e.rep.Outcome == upgrade.OutcomeFailed {
 			e.rep.Message += "; run apply --online again to continue from where it stopped (or apply --rollback-online to undo)"
+		}
+		// The outcome travels in the error, as upgrade.Apply's does.
+		var ue *upgrade.Error
+		if !errors.As(err, &ue) || ue.Outcome != e.rep.Outcome {
+			err = &upgrade.Error{Outcome: e.rep.Outcome, Err: err}
 		}
 	}
 	return e.rep, err
@@ -415,47 +420,31 @@ func (e *engine) lockWindow(step string, attempts int, d time.Duration) {
 
 // sessionLock takes OnlineLockKey (session level), polling up to wait.
 func sessionLock(ctx context.Context, conn *pgx.Conn, wait time.Duration) (release func(), err error) {
-	deadline := time.Now().Add(wait)
-	delay := 50 * time.Millisecond
-	for {
+	err = pgretry.Poll(ctx, wait, func(ctx context.Context) (bool, error) {
 		var ok bool
 		if err := conn.QueryRow(ctx, `select pg_catalog.pg_try_advisory_lock($1)`, OnlineLockKey).Scan(&ok); err != nil {
-			return nil, fmt.Errorf("online: taking the online advisory lock: %w", err)
+			return false, fmt.Errorf("online: taking the online advisory lock: %w", err)
 		}
-		if ok {
-			return func() {
-				// A broken connection has lost the lock with its session.
-				if !conn.IsClosed() {
-					_, _ = conn.Exec(context.WithoutCancel(ctx), `select pg_catalog.pg_advisory_unlock($1)`, OnlineLockKey)
-				}
-			}, nil
-		}
-		if time.Until(deadline) <= 0 {
-			return nil, fmt.Errorf("%w; waited %s (--wait)", ErrBusy, wait)
-		}
-		if err := sleep(ctx, min(jitter(delay), time.Until(deadline))); err != nil {
-			return nil, err
-		}
-		delay = min(delay*2, time.Second)
+		return ok, nil
+	})
+	if errors.Is(err, pgretry.ErrNotAcquired) {
+		return nil, fmt.Errorf("%w; waited %s (--wait)", ErrBusy, wait)
 	}
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		// A broken connection has lost the lock with its session.
+		if !conn.IsClosed() {
+			_, _ = conn.Exec(context.WithoutCancel(ctx), `select pg_catalog.pg_advisory_unlock($1)`, OnlineLockKey)
+		}
+	}, nil
 }
 
-// jitter returns a duration in [d/2, d).
-func jitter(d time.Duration) time.Duration {
-	if d <= 1 {
-		return d
-	}
-	return d/2 + rand.N(d/2)
-}
-
-// retryable: lock_timeout, deadlock (we waited first, so we are the one
-// aborted: back off like on a timeout), or apply's advisory lock taken.
+// retryable: a bounded lock wait that gave up (pgretry.LockError), or
+// apply's advisory lock taken.
 func retryable(err error) bool {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code == "55P03" || pgErr.Code == "40P01"
-	}
-	return errors.Is(err, errApplyBusy)
+	return pgretry.LockError(err) || errors.Is(err, errApplyBusy)
 }
 
 var errApplyBusy = errors.New("the upgrade advisory lock is held (a transactional apply is running)")
@@ -467,10 +456,15 @@ var errApplyBusy = errors.New("the upgrade advisory lock is held (a transactiona
 // rolls the whole attempt back (releasing what it had locked), then it is
 // retried with exponential backoff and jitter, LockRetries times.
 func (e *engine) ddlTx(ctx context.Context, step string, fn func(tx pgx.Tx) error) error {
-	delay := 100 * time.Millisecond
-	for attempt := 1; ; attempt++ {
-		var held time.Time
-		err := func() error {
+	var held time.Time
+	policy := pgretry.Policy{Retries: e.opts.LockRetries, Backoff: pgretry.Backoff{Initial: 100 * time.Millisecond, Max: 5 * time.Second}}
+	attempts := 0
+	err := pgretry.Retry(ctx, policy, retryable,
+		func(attempt int, err error, w time.Duration) {
+			e.event(Event{Phase: PhaseNone, Detail: fmt.Sprintf("%s: busy (%v), attempt %d of %d, retrying in %s", step, shortErr(err), attempt, e.opts.LockRetries+1, w.Round(time.Millisecond))})
+		},
+		func(attempt int) error {
+			attempts = attempt
 			tx, err := e.conn.Begin(ctx)
 			if err != nil {
 				return fmt.Errorf("online %s: begin: %w", step, err)
@@ -484,7 +478,7 @@ func (e *engine) ddlTx(ctx context.Context, step string, fn func(tx pgx.Tx) erro
 				return errApplyBusy
 			}
 			if _, err := tx.Exec(ctx, `select pg_catalog.set_config('lock_timeout', $1, true),
-			                                  pg_catalog.set_config('statement_timeout', '60s', true)`, pgMillis(e.opts.LockTimeout)); err != nil {
+			                                  pg_catalog.set_config('statement_timeout', '60s', true)`, pgretry.Millis(e.opts.LockTimeout)); err != nil {
 				return fmt.Errorf("online %s: setting lock_timeout: %w", step, err)
 			}
 			held = time.Now()
@@ -495,26 +489,17 @@ func (e *engine) ddlTx(ctx context.Context, step string, fn func(tx pgx.Tx) erro
 				return fmt.Errorf("online %s: commit: %w", step, err)
 			}
 			return nil
-		}()
-		if err == nil {
-			e.lockWindow(step, attempt, time.Since(held))
-			return nil
-		}
-		if !retryable(err) || ctx.Err() != nil {
-			return err
-		}
-		if attempt > e.opts.LockRetries {
-			e.rep.Outcome = upgrade.OutcomeLockBusy
-			return fmt.Errorf("online %s: locks not obtained in %d attempts, each waiting at most %s (lock_timeout); nothing of this step was changed: %w",
-				step, attempt, e.opts.LockTimeout, err)
-		}
-		w := jitter(delay)
-		e.event(Event{Phase: PhaseNone, Detail: fmt.Sprintf("%s: busy (%v), attempt %d of %d, retrying in %s", step, shortErr(err), attempt, e.opts.LockRetries+1, w.Round(time.Millisecond))})
-		if err := sleep(ctx, w); err != nil {
-			return err
-		}
-		delay = min(delay*2, 5*time.Second)
+		})
+	var ex *pgretry.ExhaustedError
+	if errors.As(err, &ex) {
+		e.rep.Outcome = upgrade.OutcomeLockBusy
+		return fmt.Errorf("online %s: locks not obtained in %d attempts, each waiting at most %s (lock_timeout); nothing of this step was changed: %w",
+			step, ex.Attempts, e.opts.LockTimeout, ex.Err)
 	}
+	if err == nil {
+		e.lockWindow(step, attempts, time.Since(held))
+	}
+	return err
 }
 
 func shortErr(err error) string {
@@ -523,13 +508,4 @@ func shortErr(err error) string {
 		return pgErr.Code + " " + pgErr.Message
 	}
 	return err.Error()
-}
-
-// pgMillis formats d for set_config, at least 1ms (0 would mean no limit).
-func pgMillis(d time.Duration) string {
-	v := d.Milliseconds()
-	if v < 1 {
-		v = 1
-	}
-	return fmt.Sprintf("%dms", v)
 }

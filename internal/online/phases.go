@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgretry"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
@@ -189,7 +190,7 @@ func (e *engine) backfill(ctx context.Context) error {
 			continue
 		}
 		sz.next(took)
-		if err := sleep(ctx, th.delay(time.Now(), b.updated)); err != nil {
+		if err := pgretry.Sleep(ctx, th.delay(time.Now(), b.updated)); err != nil {
 			return err
 		}
 	}
@@ -226,7 +227,7 @@ func (e *engine) batch(ctx context.Context, k key, size int) (*batchResult, erro
 	                                  pg_catalog.set_config('lock_timeout', $2, true),
 	                                  pg_catalog.set_config('enable_seqscan', 'off', true),
 	                                  pg_catalog.set_config('enable_hashjoin', 'off', true),
-	                                  pg_catalog.set_config('enable_mergejoin', 'off', true)`, pgMillis(st), pgMillis(e.opts.LockTimeout)); err != nil {
+	                                  pg_catalog.set_config('enable_mergejoin', 'off', true)`, pgretry.Millis(st), pgretry.Millis(e.opts.LockTimeout)); err != nil {
 		return nil, fmt.Errorf("online backfill: setting timeouts: %w", err)
 	}
 	b := &batchResult{tx: tx}
@@ -326,7 +327,7 @@ func (e *engine) waitReplicas(ctx context.Context) error {
 		}
 		e.event(Event{Phase: PhaseBackfill, Detail: fmt.Sprintf("waiting: replica %q replay lag %s > --max-replica-lag %s", worst.Name, worst.Lag.Round(time.Millisecond), e.opts.MaxReplicaLag)})
 		t := time.Now()
-		if err := sleep(ctx, time.Second); err != nil {
+		if err := pgretry.Sleep(ctx, time.Second); err != nil {
 			return err
 		}
 		e.rep.Backfill.ReplicaWaitMS += time.Since(t).Milliseconds()

@@ -96,18 +96,3 @@ func (s *sizer) next(took time.Duration) int {
 	s.size = min(max(s.size, lo), s.max)
 	return s.size
 }
-
-// sleep waits d or until ctx is done.
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}

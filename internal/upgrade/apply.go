@@ -13,15 +13,24 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgretry"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 	"github.com/pgflow-upgrade/pgflow-upgrade/preflight"
 )
 
-// Version and Name of the queue-persistence migration; the file records
-// itself in pgflow.schema_revisions under this version.
+// Version and Name of our migration (migrations/), recorded in the tool's own
+// schema (pgflow_upgrade.schema_revisions) when apply commits it.
 const (
-	Version = "20261202120000"
-	Name    = "pgflow_persist_queue"
+	Version = "20261203100000"
+	Name    = "pgflow_private_step_queues"
+)
+
+// Upstream pgflow's own migration to the same 0.17.0 schema (facts:
+// pgflow-0.17.md §1): the Supabase ledger records this version as applied,
+// so `supabase migration up` / `db push` skips the user's copy of the file.
+const (
+	UpstreamVersion = "20260915074120"
+	UpstreamName    = "pgflow_private_step_queues"
 )
 
 // Defaults of Options (also the CLI's flag defaults).
@@ -51,6 +60,15 @@ type Options struct {
 	Progress func(Event)
 	// Preflight options (sample size, per-check timeout).
 	Preflight audit.Options
+	// SupabaseDir, if set, is the project's supabase/migrations folder: the
+	// user's copy of upstream's 0.17.0 migration (*_pgflow_private_step_queues.sql)
+	// found there is recorded as applied in supabase_migrations.schema_migrations,
+	// in the same transaction. Unset: the report says which
+	// `supabase migration repair` command to run.
+	SupabaseDir string
+	// PostConditions replaces Checks() as the post-conditions (tests and
+	// the online path's model tests only).
+	PostConditions func() []Check
 
 	// Verify checks the migrations' integrity (default migrations.Verify);
 	// Migrations lists them (default migrations.All). Tests substitute them.
@@ -151,14 +169,16 @@ type StatementReport struct {
 	Rows       int64  `json:"rows"`
 }
 
-// Report says what apply did. It is returned also with an error.
+// Report says what apply did. It is returned also with an error; the error
+// (an *Error) carries the same Outcome.
 type Report struct {
 	Outcome Outcome          `json:"outcome"`
 	DryRun  bool             `json:"dry_run"`
 	Message string           `json:"message"`
 	State   audit.SchemaInfo `json:"state_before"`
 	Pending []string         `json:"pending"`
-	// Unknown: revisions recorded in the database that no embedded migration has.
+	// Unknown: revisions recorded in pgflow_upgrade.schema_revisions that no
+	// embedded migration has.
 	Unknown    []string          `json:"unknown_revisions,omitempty"`
 	Steps      []StepTiming      `json:"steps"`
 	Statements []StatementReport `json:"statements"`
@@ -214,14 +234,12 @@ func Apply(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, error) {
 
 	err := apply(ctx, conn, opts, r)
 	if err != nil {
-		if r.Outcome == "" {
-			switch {
-			case ctx.Err() != nil:
-				r.Outcome = OutcomeInterrupted
-			default:
-				r.Outcome = OutcomeFailed
-			}
+		o := OutcomeOf(err)
+		if ctx.Err() != nil {
+			o = OutcomeInterrupted
 		}
+		err = &Error{Outcome: o, Err: unwrapOutcome(err)}
+		r.Outcome = o
 		if r.Message == "" {
 			r.Message = err.Error()
 		}
@@ -259,14 +277,23 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 	s := &runner{ctx: ctx, opts: opts, r: r}
 
 	var all []migrations.Migration
+	var ledger *supabaseFile
 	if err := s.step(StepIntegrity, "embedded migrations against atlas.sum", func() error {
 		if err := opts.Verify(); err != nil {
-			r.Outcome = OutcomeRefused
-			return fmt.Errorf("%w: %w", ErrIntegrity, err)
+			return fail(OutcomeRefused, fmt.Errorf("%w: %w", ErrIntegrity, err))
 		}
 		var err error
-		all, err = opts.Migrations()
-		return err
+		if all, err = opts.Migrations(); err != nil {
+			return err
+		}
+		// The user's copy of upstream's migration, found before anything is
+		// locked: a wrong folder is a refusal that changes nothing.
+		if opts.SupabaseDir != "" {
+			if ledger, err = findSupabaseMigration(opts.SupabaseDir); err != nil {
+				return fail(OutcomeRefused, err)
+			}
+		}
+		return nil
 	}); err != nil {
 		return err
 	}
@@ -299,7 +326,7 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 	if err := s.step(StepAdvisoryLock, fmt.Sprintf("pg_try_advisory_xact_lock(%d), waiting up to %s", AdvisoryLockKey, opts.Wait), func() error {
 		if err := acquireAdvisoryLock(ctx, tx, opts.Wait); err != nil {
 			if errors.Is(err, ErrUpgradeLocked) {
-				r.Outcome = OutcomeLockBusy
+				return fail(OutcomeLockBusy, err)
 			}
 			return err
 		}
@@ -308,7 +335,7 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 		// with the transaction, so it is safe through a pooler.
 		_, err := tx.Exec(ctx, `select pg_catalog.set_config('lock_timeout', $1, true),
 		                              pg_catalog.set_config('idle_in_transaction_session_timeout', $2, true)`,
-			pgMillis(opts.LockTimeout), pgMillis(idleTimeout))
+			pgretry.Millis(opts.LockTimeout), pgretry.Millis(idleTimeout))
 		if err != nil {
 			return fmt.Errorf("setting lock_timeout: %w", err)
 		}
@@ -347,12 +374,11 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 	if len(r.Unknown) > 0 {
 		// A revision we do not ship: a newer tool upgraded this database
 		// further, and this one must not "re-apply" or touch it.
-		r.Outcome = OutcomeRefused
-		return fmt.Errorf("%w: pgflow.schema_revisions records %s, which this pgflow-upgrade (migrations up to %s) does not know; use the newer pgflow-upgrade that applied it (`pgflow-upgrade status` lists the revisions)",
-			ErrNewerSchema, strings.Join(r.Unknown, ", "), Version)
+		return fail(OutcomeRefused, fmt.Errorf("%w: pgflow_upgrade.schema_revisions records %s, which this pgflow-upgrade (migrations up to %s) does not know; use the newer pgflow-upgrade that applied it (`pgflow-upgrade status` lists the revisions)",
+			ErrNewerSchema, strings.Join(r.Unknown, ", "), Version))
 	}
 	accepted := false
-	if opts.AcceptState != nil && r.State.State != audit.StateBaseline && len(r.Pending) > 0 {
+	if opts.AcceptState != nil && r.State.State != audit.StateBaseline && r.State.State != audit.StateUpgraded {
 		ok, err := opts.AcceptState(ctx, tx, r.State)
 		if err != nil {
 			return err
@@ -360,19 +386,28 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 		accepted = ok
 	}
 	switch {
-	case r.State.State == audit.StateUpgraded && len(r.Pending) == 0:
+	case r.State.State == audit.StateUpgraded:
+		// 0.17.0 is 0.17.0, whoever applied it: this tool (the revision is
+		// recorded) or pgflow's own migration 20260915074120 (it is not).
+		ours := !contains(r.Pending, Version+"_"+Name)
+		r.Pending = nil
 		r.Outcome = OutcomeAlreadyApplied
-		r.Message = "already upgraded: revision " + Version + " (" + Name + ") is recorded in pgflow.schema_revisions; nothing to do"
-		return nil
-	case (r.State.State == audit.StateBaseline || accepted) && len(r.Pending) > 0:
-		// The one state this migration starts from (or one AcceptState vouches for).
-	default:
-		r.Outcome = OutcomeRefused
-		why := strings.Join(r.State.Differences, "; ")
-		if r.State.State == audit.StateUpgraded {
-			why = "the upgraded shape, but pgflow.schema_revisions lacks " + strings.Join(r.Pending, ", ")
+		if ours {
+			r.Message = "already upgraded: pgflow 0.17.0, revision " + Version + " (" + Name + ") recorded in pgflow_upgrade.schema_revisions; nothing to do"
+		} else {
+			r.Message = "already at pgflow 0.17.0 (not applied by this tool: e.g. by pgflow's own migration " + UpstreamVersion + "); nothing to do"
 		}
-		return fmt.Errorf("%w: state %s (%s); run `pgflow-upgrade status`", ErrNotBaseline, r.State.State, why)
+		return nil
+	case r.State.State == audit.StateBaseline || accepted:
+		// The one state this migration starts from (or one AcceptState vouches for).
+		if len(r.Pending) == 0 {
+			for _, m := range all {
+				r.Pending = append(r.Pending, m.Version+"_"+m.Name)
+			}
+		}
+	default:
+		why := strings.Join(r.State.Differences, "; ")
+		return fail(OutcomeRefused, fmt.Errorf("%w: state %s (%s); run `pgflow-upgrade status`", ErrNotBaseline, r.State.State, why))
 	}
 
 	if err := s.step(StepPrivileges, "the current role may alter the pgflow schema", func() error {
@@ -381,9 +416,8 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 			return err
 		}
 		if len(f) > 0 {
-			r.Outcome = OutcomeRefused
 			r.Blockers = f
-			return fmt.Errorf("%w: %s", ErrPreflight, f[0].Message)
+			return fail(OutcomeRefused, fmt.Errorf("%w: %s", ErrPreflight, f[0].Message))
 		}
 		return nil
 	}); err != nil {
@@ -401,7 +435,7 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 		if err != nil {
 			var tle *TableLockError
 			if errors.As(err, &tle) {
-				r.Outcome = OutcomeLockBusy
+				return fail(OutcomeLockBusy, err)
 			}
 			return err
 		}
@@ -424,11 +458,9 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 		if !res.OK() {
 			r.Blockers = res.Blockers()
 			if len(r.Blockers) == 0 && res.Inconclusive() {
-				r.Outcome = OutcomeInconclusive
-				return fmt.Errorf("%w: %s", ErrInconclusive, res.Summary())
+				return fail(OutcomeInconclusive, fmt.Errorf("%w: %s", ErrInconclusive, res.Summary()))
 			}
-			r.Outcome = OutcomeRefused
-			return fmt.Errorf("%w: %s", ErrPreflight, res.Summary())
+			return fail(OutcomeRefused, fmt.Errorf("%w: %s", ErrPreflight, res.Summary()))
 		}
 		return nil
 	}); err != nil {
@@ -444,35 +476,22 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 		}
 	}
 
-	if err := s.step(StepPostChecks, "the new schema is whole and the old protocol fenced", func() error {
-		out, err := RunChecks(ctx, tx, true)
+	if err := s.step(StepPostChecks, "the schema is pgflow 0.17.0 and the 0.16.0 claim is gone", func() error {
+		checks := Checks
+		if opts.PostConditions != nil {
+			checks = opts.PostConditions
+		}
+		out, err := runChecks(ctx, tx, true, checks())
 		r.PostConditions = out
 		if err != nil {
 			return err
 		}
 		if bad := Failed(out); len(bad) > 0 {
-			r.Outcome = OutcomeRefused
 			ids := make([]string, len(bad))
 			for i, b := range bad {
 				ids[i] = b.ID + ": " + b.Detail
 			}
-			return fmt.Errorf("%w: %s", ErrPostConditions, strings.Join(ids, "; "))
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
-
-	if err := s.step(StepSupabase, "supabase_migrations.schema_migrations, when present", func() error {
-		for _, m := range all {
-			if !contains(r.Pending, m.Version+"_"+m.Name) {
-				continue
-			}
-			ok, why, err := recordSupabase(ctx, tx, m)
-			if err != nil {
-				return err
-			}
-			r.SupabaseRecorded, r.Supabase = ok, why
+			return fail(OutcomeRefused, fmt.Errorf("%w: %s", ErrPostConditions, strings.Join(ids, "; ")))
 		}
 		return nil
 	}); err != nil {
@@ -485,14 +504,31 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 		}
 	}
 
+	if err := s.step(StepSupabase, "pgflow_upgrade.schema_revisions; supabase_migrations.schema_migrations when asked", func() error {
+		for _, m := range all {
+			if contains(r.Pending, m.Version+"_"+m.Name) {
+				if err := recordRevision(ctx, tx, m); err != nil {
+					return err
+				}
+			}
+		}
+		ok, why, err := recordSupabase(ctx, tx, ledger)
+		if err != nil {
+			return err
+		}
+		r.SupabaseRecorded, r.Supabase = ok, why
+		return nil
+	}); err != nil {
+		return err
+	}
+
 	end := StepCommit
 	if opts.DryRun {
 		end = StepRollback
 	}
 	if err := s.step(end, "", func() error {
 		if opts.DryRun {
-			err := tx.Rollback(ctx)
-			if err != nil {
+			if err := tx.Rollback(ctx); err != nil {
 				return fmt.Errorf("rolling back the dry run: %w", err)
 			}
 			return nil
@@ -513,7 +549,7 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 		r.Message = fmt.Sprintf("dry run: the migration ran and passed its post-conditions, then was rolled back; tables were locked for %s", time.Duration(r.LockWindowMS)*time.Millisecond)
 	} else {
 		r.Outcome = OutcomeApplied
-		r.Message = fmt.Sprintf("upgraded: %s applied; tables were locked for %s", strings.Join(r.Pending, ", "), time.Duration(r.LockWindowMS)*time.Millisecond)
+		r.Message = fmt.Sprintf("upgraded to pgflow 0.17.0: %s applied; tables were locked for %s", strings.Join(r.Pending, ", "), time.Duration(r.LockWindowMS)*time.Millisecond)
 	}
 	return nil
 }
@@ -598,8 +634,7 @@ func runMigration(ctx context.Context, tx pgx.Tx, opts Options, r *Report, m mig
 			}
 			r.Preflight = append(r.Preflight, res.Checks...)
 			r.Blockers = res.Blockers()
-			r.Outcome = OutcomeRefused
-			return fmt.Errorf("%w: %s (found by %s: %w)", ErrPreflight, res.Summary(), m.File, err)
+			return fail(OutcomeRefused, fmt.Errorf("%w: %s (found by %s: %w)", ErrPreflight, res.Summary(), m.File, err))
 		}
 		if _, err := tx.Exec(ctx, `release savepoint pgflow_upgrade_stmt`); err != nil {
 			return fmt.Errorf("%s statement %d: release savepoint: %w", m.File, i+1, err)
@@ -608,78 +643,6 @@ func runMigration(ctx context.Context, tx pgx.Tx, opts Options, r *Report, m mig
 			DurationMS: time.Since(t).Milliseconds(), Rows: tag.RowsAffected()})
 	}
 	return nil
-}
-
-// appliedVersions reads pgflow.schema_revisions (empty when absent).
-func appliedVersions(ctx context.Context, q Querier) (map[string]bool, error) {
-	out := map[string]bool{}
-	var exists bool
-	if err := q.QueryRow(ctx, `select pg_catalog.to_regclass('pgflow.schema_revisions') is not null`).Scan(&exists); err != nil {
-		return nil, fmt.Errorf("looking for pgflow.schema_revisions: %w", err)
-	}
-	if !exists {
-		return out, nil
-	}
-	rows, err := q.Query(ctx, `select version from pgflow.schema_revisions`)
-	if err != nil {
-		return nil, fmt.Errorf("reading pgflow.schema_revisions: %w", err)
-	}
-	vs, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("reading pgflow.schema_revisions: %w", err)
-	}
-	for _, v := range vs {
-		out[v] = true
-	}
-	return out, nil
-}
-
-// recordSupabase inserts the revision into supabase_migrations.schema_migrations
-// the way the Supabase CLI does (version, name, statements), so `supabase
-// migration list` shows it applied and `supabase db push` does not run the
-// file again. Only the columns the table has are written.
-func recordSupabase(ctx context.Context, tx pgx.Tx, m migrations.Migration) (bool, string, error) {
-	var cols []string
-	err := tx.QueryRow(ctx, `
-		select coalesce(array_agg(a.attname::text order by a.attnum), '{}')
-		  from pg_catalog.pg_attribute a
-		 where a.attrelid = pg_catalog.to_regclass('supabase_migrations.schema_migrations')
-		   and a.attnum > 0 and not a.attisdropped
-		   and a.attname in ('version', 'name', 'statements')`).Scan(&cols)
-	if err != nil {
-		return false, "", fmt.Errorf("inspecting supabase_migrations.schema_migrations: %w", err)
-	}
-	if len(cols) == 0 {
-		return false, "supabase_migrations.schema_migrations not present", nil
-	}
-	if !contains(cols, "version") {
-		return false, "supabase_migrations.schema_migrations has no version column: not recorded", nil
-	}
-	stmts, err := migrate.Stmts(m.SQL)
-	if err != nil {
-		return false, "", fmt.Errorf("splitting %s into statements: %w", m.File, err)
-	}
-	texts := make([]string, len(stmts))
-	for i, s := range stmts {
-		texts[i] = s.Text
-	}
-	values := map[string]any{"version": m.Version, "name": m.Name, "statements": texts}
-	var args []any
-	var ph []string
-	for i, c := range cols {
-		args = append(args, values[c])
-		ph = append(ph, fmt.Sprintf("$%d", i+1))
-	}
-	// Column names come from the fixed list above; values are parameters.
-	tag, err := tx.Exec(ctx, `insert into supabase_migrations.schema_migrations (`+strings.Join(cols, ", ")+`)
-		values (`+strings.Join(ph, ", ")+`) on conflict do nothing`, args...)
-	if err != nil {
-		return false, "", fmt.Errorf("recording %s in supabase_migrations.schema_migrations: %w", m.Version, err)
-	}
-	if tag.RowsAffected() == 0 {
-		return true, "supabase_migrations.schema_migrations already had " + m.Version, nil
-	}
-	return true, "recorded " + m.Version + " in supabase_migrations.schema_migrations (" + strings.Join(cols, ", ") + ")", nil
 }
 
 // lockPlanText: "flows [access exclusive] -> steps, deps, runs, step_states
@@ -726,13 +689,4 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
-}
-
-// pgMillis formats d for set_config, at least 1ms (0 would mean "no limit").
-func pgMillis(d time.Duration) string {
-	v := d.Milliseconds()
-	if v < 1 {
-		v = 1
-	}
-	return fmt.Sprintf("%dms", v)
 }

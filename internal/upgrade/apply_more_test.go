@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -69,7 +71,7 @@ func TestApplyDryRunChangesNothing(t *testing.T) {
 
 func TestApplyRefusesTamperedMigration(t *testing.T) {
 	ctx := testCtx(t)
-	db := testdb.Model(t)
+	db := testdb.Baseline(t)
 	all, err := migrations.All()
 	if err != nil {
 		t.Fatal(err)
@@ -95,15 +97,25 @@ func TestApplyRefusesTamperedMigration(t *testing.T) {
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "tampered")
 }
 
+// supabaseDir is a project's supabase/migrations folder after
+// `npx pgflow install` of 0.17.0: upstream's file under its own name.
+func supabaseDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, f := range []string{"20260907082520_pgflow_remove_legacy_flow_compilation.sql", upgrade.UpstreamVersion + "_" + upgrade.UpstreamName + ".sql", "20260101000000_app.sql"} {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte("-- upstream's file\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
 func TestApplyRecordsSupabaseMigration(t *testing.T) {
 	ctx := testCtx(t)
-	db := testdb.Model(t)
-	// The table as the Supabase CLI creates it.
-	if _, err := db.Pool.Exec(ctx, `create schema supabase_migrations;
-		create table supabase_migrations.schema_migrations (version text primary key, statements text[], name text)`); err != nil {
-		t.Fatal(err)
-	}
-	rep, err := upgrade.Apply(ctx, connect(t, db), fastOpts())
+	db := testdb.Baseline(t) // with the Supabase ledger of the 23 0.16.0 migrations
+	opts := fastOpts()
+	opts.SupabaseDir = supabaseDir(t)
+	rep, err := upgrade.Apply(ctx, connect(t, db), opts)
 	if err != nil {
 		t.Fatalf("apply: %v", err)
 	}
@@ -111,23 +123,42 @@ func TestApplyRecordsSupabaseMigration(t *testing.T) {
 		t.Fatalf("not recorded: %s", rep.Supabase)
 	}
 	var name string
-	var stmts []string
-	if err := db.Pool.QueryRow(ctx, `select name, statements from supabase_migrations.schema_migrations where version = $1`, upgrade.Version).Scan(&name, &stmts); err != nil {
+	if err := db.Pool.QueryRow(ctx, `select name from supabase_migrations.schema_migrations where version = $1`, upgrade.UpstreamVersion).Scan(&name); err != nil {
 		t.Fatal(err)
 	}
-	all, _ := migrations.All()
-	want, err := migrate.Stmts(all[len(all)-1].SQL)
-	if err != nil {
-		t.Fatal(err)
+	if name != upgrade.UpstreamName {
+		t.Fatalf("recorded name %q, want %q", name, upgrade.UpstreamName)
 	}
-	if name != upgrade.Name || len(stmts) != len(want) || len(stmts) == 0 {
-		t.Fatalf("recorded name %q with %d statements, want %q with %d", name, len(stmts), upgrade.Name, len(want))
+	if n := scalarOf[int](t, db, `select count(*) from supabase_migrations.schema_migrations where version = $1`, upgrade.Version); n != 0 {
+		t.Fatal("the ledger records our own version: supabase would not know pgflow's migration ran")
 	}
 }
 
+// A folder without upstream's file is refused before anything is locked.
+func TestApplyRefusesSupabaseDirWithoutTheFile(t *testing.T) {
+	ctx := testCtx(t)
+	db := testdb.Baseline(t)
+	before := testdb.State(t, db.Pool)
+	opts := fastOpts()
+	opts.SupabaseDir = t.TempDir()
+	rep, err := upgrade.Apply(ctx, connect(t, db), opts)
+	if !errors.Is(err, upgrade.ErrSupabaseDir) || upgrade.OutcomeOf(err) != upgrade.OutcomeRefused || rep.Outcome != upgrade.OutcomeRefused {
+		t.Fatalf("apply with an empty --supabase-dir: %v (%s)", err, rep.Outcome)
+	}
+	if !strings.Contains(err.Error(), upgrade.SupabaseRepairCommand) {
+		t.Fatalf("the refusal does not say what else to do: %v", err)
+	}
+	testdb.SameState(t, before, testdb.State(t, db.Pool), "refused --supabase-dir")
+}
+
 func TestApplyWithoutSupabaseTable(t *testing.T) {
-	db := testdb.Model(t)
-	rep, err := upgrade.Apply(context.Background(), connect(t, db), fastOpts())
+	db := testdb.Baseline(t)
+	if _, err := db.Pool.Exec(context.Background(), `drop schema supabase_migrations cascade`); err != nil {
+		t.Fatal(err)
+	}
+	opts := fastOpts()
+	opts.SupabaseDir = supabaseDir(t)
+	rep, err := upgrade.Apply(context.Background(), connect(t, db), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +198,7 @@ func TestApplyConcurrent(t *testing.T) {
 
 	// One try, no waiting: exits cleanly, nothing changed.
 	rep2, err2 := upgrade.Apply(ctx, connect(t, db), fastOpts())
-	if !errors.Is(err2, upgrade.ErrUpgradeLocked) || rep2.Outcome != upgrade.OutcomeLockBusy {
+	if !errors.Is(err2, upgrade.ErrUpgradeLocked) || rep2.Outcome != upgrade.OutcomeLockBusy || upgrade.OutcomeOf(err2) != upgrade.OutcomeLockBusy {
 		t.Fatalf("second apply without wait: %v %s", err2, rep2.Outcome)
 	}
 	if !strings.Contains(err2.Error(), "another pgflow-upgrade apply") {
@@ -200,7 +231,7 @@ func TestApplyConcurrent(t *testing.T) {
 		t.Fatalf("waiting apply: %v %s", err3, rep3.Outcome)
 	}
 	var revisions int
-	if err := db.Pool.QueryRow(ctx, `select count(*) from pgflow.schema_revisions`).Scan(&revisions); err != nil || revisions != 1 {
+	if err := db.Pool.QueryRow(ctx, `select count(*) from pgflow_upgrade.schema_revisions`).Scan(&revisions); err != nil || revisions != 1 {
 		t.Fatalf("schema_revisions rows %d (%v)", revisions, err)
 	}
 }
@@ -285,7 +316,7 @@ func TestApplyLockRetriesThenGivesUp(t *testing.T) {
 	if tle.Table != "runs" || tle.Attempts != 4 || rep.LockAttempts != 4 || len(retries) != 3 {
 		t.Fatalf("table %s, attempts %d (report %d), retries %v", tle.Table, tle.Attempts, rep.LockAttempts, retries)
 	}
-	if rep.Outcome != upgrade.OutcomeLockBusy {
+	if rep.Outcome != upgrade.OutcomeLockBusy || upgrade.OutcomeOf(err) != upgrade.OutcomeLockBusy {
 		t.Fatalf("outcome %s", rep.Outcome)
 	}
 	named := false
@@ -315,11 +346,7 @@ func TestApplyLockRetriesThenGivesUp(t *testing.T) {
 // after every kill the database equals the baseline, and a rerun succeeds.
 func TestApplyKilledAtEveryStatement(t *testing.T) {
 	ctx := testCtx(t)
-	db := inflightDB(t)
-	if _, err := db.Pool.Exec(ctx, `create schema supabase_migrations;
-		create table supabase_migrations.schema_migrations (version text primary key, statements text[], name text)`); err != nil {
-		t.Fatal(err)
-	}
+	db := inflightDB(t) // the baseline has the Supabase ledger (fixture stand-in)
 	before := testdb.State(t, db.Pool)
 	all, err := migrations.All()
 	if err != nil {
@@ -366,6 +393,7 @@ func TestApplyKilledAtEveryStatement(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		opts.SupabaseDir = supabaseDir(t)
 		rep, err := upgrade.Apply(ctx, conn, opts)
 		dead := conn.IsClosed()
 		conn.Close(ctx)
@@ -417,7 +445,7 @@ func TestLockPlanMatchesMigrationFile(t *testing.T) {
 
 func TestStatusAndVerify(t *testing.T) {
 	ctx := testCtx(t)
-	db := testdb.Model(t)
+	db := testdb.Baseline(t)
 	conn := connect(t, db)
 
 	st, err := upgrade.Status(ctx, conn)
@@ -475,7 +503,7 @@ func TestStatusAndVerify(t *testing.T) {
 // (or queues for) a single table lock.
 func TestApplyRefusesRoleWithoutOwnership(t *testing.T) {
 	ctx := testCtx(t)
-	db := testdb.Model(t)
+	db := testdb.Baseline(t)
 	role := pgprovider.RandomName("h_upg_writer")
 	const password = "Writer-pw-5d2e"
 	for _, s := range []string{
@@ -587,7 +615,7 @@ func TestApplyInterrupted(t *testing.T) {
 		return nil
 	}
 	rep, err := upgrade.Apply(ctx, connect(t, db), opts)
-	if !errors.Is(err, context.Canceled) || rep.Outcome != upgrade.OutcomeInterrupted {
+	if !errors.Is(err, context.Canceled) || rep.Outcome != upgrade.OutcomeInterrupted || upgrade.OutcomeOf(err) != upgrade.OutcomeInterrupted {
 		t.Fatalf("interrupted apply: %v %s", err, rep.Outcome)
 	}
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "interrupted apply")
@@ -596,7 +624,7 @@ func TestApplyInterrupted(t *testing.T) {
 // A preflight check that runs out of its time: nothing changed, inconclusive.
 func TestApplyPreflightInconclusive(t *testing.T) {
 	ctx := testCtx(t)
-	db := testdb.Model(t)
+	db := testdb.Baseline(t)
 	before := testdb.State(t, db.Pool)
 	opts := fastOpts()
 	opts.Preflight = audit.Options{CheckTimeout: 50 * time.Millisecond, Extra: []audit.Check{{
@@ -607,7 +635,7 @@ func TestApplyPreflightInconclusive(t *testing.T) {
 		},
 	}}}
 	rep, err := upgrade.Apply(ctx, connect(t, db), opts)
-	if !errors.Is(err, upgrade.ErrInconclusive) || rep.Outcome != upgrade.OutcomeInconclusive {
+	if !errors.Is(err, upgrade.ErrInconclusive) || rep.Outcome != upgrade.OutcomeInconclusive || upgrade.OutcomeOf(err) != upgrade.OutcomeInconclusive {
 		t.Fatalf("apply with a slow preflight check: %v %s", err, rep.Outcome)
 	}
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "inconclusive preflight")
@@ -622,9 +650,9 @@ func TestApplyRefusesDuplicateMessageIDs(t *testing.T) {
 	tag, err := db.Pool.Exec(ctx, `
 		update pgflow.step_tasks t set message_id = o.message_id
 		  from (select message_id from pgflow.step_tasks
-		         where flow_slug = 'fanout' and message_id is not null order by message_id limit 1) o
-		 where t.flow_slug = 'fanout' and t.message_id is not null
-		   and t.message_id = (select max(message_id) from pgflow.step_tasks where flow_slug = 'fanout')`)
+		         where flow_slug = 'root_map' and message_id is not null order by message_id limit 1) o
+		 where t.flow_slug = 'root_map' and t.message_id is not null
+		   and t.message_id = (select max(message_id) from pgflow.step_tasks where flow_slug = 'root_map')`)
 	if err != nil || tag.RowsAffected() != 1 {
 		t.Fatalf("making a duplicate: %v %d", err, tag.RowsAffected())
 	}

@@ -1,6 +1,7 @@
 package upgrade_test
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -35,23 +36,23 @@ func TestApplyInflight(t *testing.T) {
 		t.Fatalf("lock attempts %d, statements %d", rep.LockAttempts, len(rep.Statements))
 	}
 
-	// Every flow and every task has its queue: the flow slug (legacy rule).
-	var badFlows, badTasks, tasks int
-	if err := db.Pool.QueryRow(ctx, `select (select count(*) from pgflow.flows where queue_name is distinct from flow_slug),
-	        (select count(*) from pgflow.step_tasks where queue_name is distinct from flow_slug),
-	        (select count(*) from pgflow.step_tasks)`).Scan(&badFlows, &badTasks, &tasks); err != nil {
+	// Every step and task holds lower(flow_slug), every flow is in flow mode.
+	var badSteps, badTasks, badFlows, tasks int
+	if err := db.Pool.QueryRow(ctx, `select (select count(*) from pgflow.steps where queue_name is distinct from lower(flow_slug)),
+	        (select count(*) from pgflow.step_tasks where queue_name is distinct from lower(flow_slug)),
+	        (select count(*) from pgflow.flows where queue_mode is distinct from 'flow'),
+	        (select count(*) from pgflow.step_tasks)`).Scan(&badSteps, &badTasks, &badFlows, &tasks); err != nil {
 		t.Fatal(err)
 	}
-	if badFlows != 0 || badTasks != 0 || tasks != tasksBefore {
-		t.Fatalf("flows with wrong queue_name %d, tasks with wrong queue_name %d, tasks %d (before %d)", badFlows, badTasks, tasks, tasksBefore)
+	if badSteps != 0 || badTasks != 0 || badFlows != 0 || tasks != tasksBefore {
+		t.Fatalf("steps with wrong queue_name %d, tasks with wrong queue_name %d, flows not in flow mode %d, tasks %d (before %d)",
+			badSteps, badTasks, badFlows, tasks, tasksBefore)
 	}
-	var notNull []bool
-	if err := db.Pool.QueryRow(ctx, `select array_agg(attnotnull order by attrelid) from pg_attribute
-	        where attrelid in ('pgflow.flows'::regclass, 'pgflow.step_tasks'::regclass) and attname = 'queue_name'`).Scan(&notNull); err != nil {
-		t.Fatal(err)
+	if v := scalarOf[string](t, db, `select name from pgflow_upgrade.schema_revisions where version = $1`, upgrade.Version); v != upgrade.Name {
+		t.Fatalf("revision recorded as %q", v)
 	}
-	if len(notNull) != 2 || !notNull[0] || !notNull[1] {
-		t.Fatalf("queue_name NOT NULL: %v", notNull)
+	if !strings.Contains(rep.Supabase, upgrade.SupabaseRepairCommand) {
+		t.Fatalf("without --supabase-dir the report must say what to run: %q", rep.Supabase)
 	}
 	for _, pc := range rep.PostConditions {
 		if !pc.OK {
@@ -65,7 +66,7 @@ func TestApplyInflight(t *testing.T) {
 	if err != nil {
 		t.Fatalf("rerun: %v", err)
 	}
-	if rep2.Outcome != upgrade.OutcomeAlreadyApplied || !strings.Contains(rep2.Message, "already upgraded") {
+	if rep2.Outcome != upgrade.OutcomeAlreadyApplied || !strings.Contains(rep2.Message, "already upgraded") || !strings.Contains(rep2.Message, "nothing to do") {
 		t.Fatalf("rerun outcome %s: %s", rep2.Outcome, rep2.Message)
 	}
 	if rep2.LockAttempts != 0 {
@@ -109,4 +110,13 @@ func TestApplyRefusesCaseAliases(t *testing.T) {
 		}
 	}
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "refused apply")
+}
+
+func scalarOf[T any](t *testing.T, db *testdb.DB, sql string, args ...any) T {
+	t.Helper()
+	var v T
+	if err := db.Pool.QueryRow(context.Background(), sql, args...).Scan(&v); err != nil {
+		t.Fatalf("query %q: %v", sql, err)
+	}
+	return v
 }

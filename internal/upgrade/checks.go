@@ -1,14 +1,18 @@
 // Package upgrade implements `pgflow-upgrade apply`, `status` and `verify`:
-// the queue-persistence migration run safely in one transaction, and the
-// read-only questions asked before and after it.
+// the change from real pgflow 0.16.0 to upstream's 0.17.0 run safely in one
+// transaction, and the read-only questions asked before and after it.
 package upgrade
 
 import (
 	"context"
+	_ "embed"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 )
 
 // Querier is what the read-only checks need: a connection or a transaction.
@@ -19,14 +23,17 @@ type Querier interface {
 }
 
 // Check is one post-upgrade condition: a catalog query that returns
-// (ok boolean, detail text). The same list is the post-condition of `apply`
-// (inside its transaction, before commit) and the body of `verify`.
+// (ok boolean, detail text), or a Go function. The same list is the
+// post-condition of `apply` (inside its transaction, before commit) and
+// the body of `verify`.
 type Check struct {
 	ID    string
 	Title string
 	// SQL returns one row (ok boolean, detail text). It must be cheap: in
 	// `apply` it runs while step_tasks is ACCESS EXCLUSIVE locked.
 	SQL string
+	// Run, when set, is used instead of SQL.
+	Run func(ctx context.Context, q Querier) (bool, string, error)
 }
 
 // CheckOutcome is the result of one Check.
@@ -37,78 +44,66 @@ type CheckOutcome struct {
 	Detail string `json:"detail,omitempty"`
 }
 
-// notNullColumn asks whether pgflow.<table>.queue_name exists and is NOT NULL.
-func notNullColumn(table string) string {
-	return `select coalesce(bool_and(a.attnotnull), false),
-	               case when count(*) = 0 then 'column missing'
-	                    when bool_and(a.attnotnull) then 'not null'
-	                    else 'nullable' end
-	          from pg_catalog.pg_attribute a
-	         where a.attrelid = pg_catalog.to_regclass('pgflow.` + table + `')
-	           and a.attname = 'queue_name' and not a.attisdropped`
-}
+//go:embed catalogs/pgflow-0.17.0.catalog.json
+var catalog017 []byte
 
-// functionPresent asks whether a function with exactly this signature exists.
-func functionPresent(signature string) string {
-	return `select pg_catalog.to_regprocedure('` + signature + `') is not null,
-	               case when pg_catalog.to_regprocedure('` + signature + `') is null then 'missing' else 'present' end`
+// Want017 is upstream pgflow 0.17.0's catalog of schema pgflow (facts:
+// pgflow-0.17.0.catalog.json), the end state of the upgrade.
+func Want017() (*catalog.Catalog, error) {
+	c, err := catalog.Parse(catalog017)
+	if err != nil {
+		return nil, fmt.Errorf("the embedded pgflow 0.17.0 catalog: %w", err)
+	}
+	return c, nil
 }
 
 // functionGone asks whether a function with this signature no longer exists.
-func functionGone(signature string) string {
+func functionGone(signature, why string) string {
 	return `select pg_catalog.to_regprocedure('` + signature + `') is null,
-	               case when pg_catalog.to_regprocedure('` + signature + `') is null then 'gone' else 'still present: 0.16.0 workers are not fenced' end`
+	               case when pg_catalog.to_regprocedure('` + signature + `') is null then 'gone' else 'still present: ` + why + `' end`
 }
 
-// uniqueIndex asks whether pgflow.<table> has a valid unique index whose
-// definition (after "USING btree") matches the pattern.
-func uniqueIndex(table, pattern string) string {
-	return `select count(*) > 0,
-	               coalesce(string_agg(c.relname, ', '), 'no valid unique index matching ` + pattern + `')
-	          from pg_catalog.pg_index i
-	          join pg_catalog.pg_class c on c.oid = i.indexrelid
-	         where i.indrelid = pg_catalog.to_regclass('pgflow.` + table + `')
-	           and i.indisunique and i.indisvalid
-	           and pg_catalog.pg_get_indexdef(i.indexrelid) ~ '` + pattern + `'`
+// catalogCheck compares the live pgflow catalog with 0.17.0: every object
+// of the description present and defined the same (Missing: objects users
+// add, and the pgmq version, are tolerated and only named in the detail).
+func catalogCheck(ctx context.Context, q Querier) (bool, string, error) {
+	want, err := Want017()
+	if err != nil {
+		return false, "", err
+	}
+	got, err := catalog.Read(ctx, q, "pgflow")
+	if err != nil {
+		return false, "", err
+	}
+	if miss := catalog.Missing(want, got); len(miss) > 0 {
+		return false, strings.Join(catalog.Strings(miss), "; "), nil
+	}
+	var extra []string
+	for _, d := range catalog.Diff(want, got) {
+		if d.Change == catalog.ChangeExtra {
+			extra = append(extra, d.String())
+		}
+	}
+	if len(extra) > 0 {
+		return true, "equal to pgflow 0.17.0, plus objects of your own: " + strings.Join(extra, "; "), nil
+	}
+	return true, "equal to pgflow 0.17.0", nil
 }
 
 // Checks is the list behind `verify` and apply's post-conditions. Every
 // identifier is a constant of this file; nothing user-supplied is spliced.
 func Checks() []Check {
 	return []Check{
-		{ID: "flows_queue_name_not_null", Title: "pgflow.flows.queue_name exists and is NOT NULL", SQL: notNullColumn("flows")},
-		{ID: "step_tasks_queue_name_not_null", Title: "pgflow.step_tasks.queue_name exists and is NOT NULL", SQL: notNullColumn("step_tasks")},
-		// flows is small, so its rows are checked too; for step_tasks the
-		// validated NOT NULL constraint above is the proof (a scan would
-		// only lengthen apply's ACCESS EXCLUSIVE window).
-		{ID: "flows_queue_name_backfilled", Title: "every flow has a queue_name", SQL: `
-			select not exists (select 1 from pgflow.flows f where f.queue_name is null),
-			       (select count(*) filter (where f.queue_name is null) || ' flows without queue_name' from pgflow.flows f)`},
-		{ID: "step_tasks_unique_address", Title: "unique (queue_name, message_id) on pgflow.step_tasks",
-			SQL: uniqueIndex("step_tasks", `\(queue_name, message_id\)`)},
-		{ID: "flows_unique_lower_slug", Title: "flow slugs unique case-insensitively",
-			SQL: uniqueIndex("flows", `\(lower\(flow_slug\)\)`)},
-		{ID: "flows_unique_queue_name", Title: "one flow per queue (unique queue_name)",
-			SQL: uniqueIndex("flows", `\(queue_name\)$`)},
-		{ID: "schema_revision_recorded", Title: "pgflow.schema_revisions records " + Version, SQL: `
-			select exists (select 1 from pgflow.schema_revisions r where r.version = '` + Version + `'), 'checked'`},
-		{ID: "claim_tasks_present", Title: "pgflow.claim_tasks present",
-			SQL: functionPresent("pgflow.claim_tasks(text, uuid, integer, integer, integer, integer)")},
-		{ID: "ensure_flow_compiled_3_present", Title: "pgflow.ensure_flow_compiled(text, jsonb, boolean) present",
-			SQL: functionPresent("pgflow.ensure_flow_compiled(text, jsonb, boolean)")},
-		{ID: "complete_task_present", Title: "pgflow.complete_task present",
-			SQL: functionPresent("pgflow.complete_task(uuid, text, integer, jsonb)")},
-		{ID: "fail_task_present", Title: "pgflow.fail_task present",
-			SQL: functionPresent("pgflow.fail_task(uuid, text, integer, text)")},
-		{ID: "release_task_present", Title: "pgflow.release_task present",
-			SQL: functionPresent("pgflow.release_task(uuid, text, integer, uuid)")},
-		// A missing function fails the query at parse time: reported as failed.
-		{ID: "protocol_version_2", Title: "pgflow.queue_protocol_version() = 2", SQL: `
-			select pgflow.queue_protocol_version() = 2, 'returns ' || pgflow.queue_protocol_version()::text`},
-		{ID: "old_ensure_flow_compiled_gone", Title: "0.16.0 ensure_flow_compiled(text, jsonb) gone (fence)",
-			SQL: functionGone("pgflow.ensure_flow_compiled(text,jsonb)")},
-		{ID: "old_start_tasks_gone", Title: "0.16.0 start_tasks(text, bigint[], uuid) gone (fence)",
-			SQL: functionGone("pgflow.start_tasks(text,bigint[],uuid)")},
+		{ID: "catalog_0_17_0", Title: "schema pgflow is upstream's 0.17.0 (tables, columns, constraints, indexes, types, functions and their attributes)",
+			Run: catalogCheck},
+		{ID: "old_start_tasks_gone", Title: "0.16.0 start_tasks(text, bigint[], uuid) gone: a 0.16.0 worker cannot claim (42883)",
+			SQL: functionGone("pgflow.start_tasks(text,bigint[],uuid)", "0.16.0 workers can still claim")},
+		{ID: "old_ensure_flow_compiled_gone", Title: "0.16.0 ensure_flow_compiled(text, jsonb) gone (its calls resolve to the 4-argument form)",
+			SQL: functionGone("pgflow.ensure_flow_compiled(text,jsonb)", "two-argument calls are ambiguous")},
+		{ID: "old_create_flow_from_shape_gone", Title: "0.16.0 _create_flow_from_shape(text, jsonb) gone",
+			SQL: functionGone("pgflow._create_flow_from_shape(text,jsonb)", "0.16.0 compilation path left behind")},
+		{ID: "unreleased_start_tasks_gone", Title: "unreleased start_tasks(text, bigint[], uuid, text) gone",
+			SQL: functionGone("pgflow.start_tasks(text,bigint[],uuid,text)", "an unreleased claim path")},
 		// The review asked for no trigger on the step_tasks hot path.
 		{ID: "no_step_tasks_trigger", Title: "no trigger on pgflow.step_tasks (hot path)", SQL: `
 			select count(*) = 0, coalesce(string_agg(t.tgname, ', '), 'none')
@@ -124,15 +119,24 @@ func Checks() []Check {
 // Inside apply's transaction a failing query would abort the transaction,
 // so each check there runs under its own savepoint (inTx).
 func RunChecks(ctx context.Context, q Querier, inTx bool) ([]CheckOutcome, error) {
+	return runChecks(ctx, q, inTx, Checks())
+}
+
+func runChecks(ctx context.Context, q Querier, inTx bool, checks []Check) ([]CheckOutcome, error) {
 	var out []CheckOutcome
-	for _, c := range Checks() {
+	for _, c := range checks {
 		o := CheckOutcome{ID: c.ID, Title: c.Title}
 		if inTx {
 			if _, err := q.Exec(ctx, "savepoint pgflow_upgrade_check"); err != nil {
 				return out, fmt.Errorf("check %s: savepoint: %w", c.ID, err)
 			}
 		}
-		err := q.QueryRow(ctx, c.SQL).Scan(&o.OK, &o.Detail)
+		var err error
+		if c.Run != nil {
+			o.OK, o.Detail, err = c.Run(ctx, q)
+		} else {
+			err = q.QueryRow(ctx, c.SQL).Scan(&o.OK, &o.Detail)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return out, fmt.Errorf("check %s: %w", c.ID, ctx.Err())

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgretry"
 )
 
 // AdvisoryLockKey is the key of the transaction-level advisory lock that
@@ -32,12 +32,12 @@ type TableLock struct {
 
 // LockPlan is the fixed lock order of docs/design.md ("Lock order"), with
 // the modes the migration file takes itself: the tables it alters (flows,
-// step_tasks) need ACCESS EXCLUSIVE anyway; the others only need writers
+// steps, step_tasks) need ACCESS EXCLUSIVE anyway; the others only need writers
 // stopped (EXCLUSIVE), so plain reads keep going. Taking exactly the file's
 // modes first makes the file's own LOCK statements no-ops.
 var LockPlan = []TableLock{
 	{"flows", "access exclusive"},
-	{"steps", "exclusive"},
+	{"steps", "access exclusive"},
 	{"deps", "exclusive"},
 	{"runs", "exclusive"},
 	{"step_states", "exclusive"},
@@ -106,51 +106,21 @@ func (e *TableLockError) Error() string {
 
 func (e *TableLockError) Unwrap() error { return e.Err }
 
-// sleep waits d or until ctx is done.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
-// jittered returns a duration in [d/2, d): "equal jitter", so retries of
-// several tools do not line up, and each still waits about d.
-func jittered(d time.Duration) time.Duration {
-	if d <= 1 {
-		return d
-	}
-	return d/2 + rand.N(d/2)
-}
-
 // acquireAdvisoryLock polls pg_try_advisory_xact_lock with backoff until it
-// is held or wait has passed. Polling (not pg_advisory_xact_lock) keeps us
-// out of the lock queue, so nothing waits on us while we wait.
+// is held or wait has passed (pgretry.Poll: out of the lock queue, so
+// nothing waits on us while we wait).
 func acquireAdvisoryLock(ctx context.Context, tx pgx.Tx, wait time.Duration) error {
-	deadline := time.Now().Add(wait)
-	delay := 50 * time.Millisecond
-	for {
+	err := pgretry.Poll(ctx, wait, func(ctx context.Context) (bool, error) {
 		var ok bool
 		if err := tx.QueryRow(ctx, `select pg_catalog.pg_try_advisory_xact_lock($1)`, AdvisoryLockKey).Scan(&ok); err != nil {
-			return fmt.Errorf("taking the upgrade advisory lock: %w", err)
+			return false, fmt.Errorf("taking the upgrade advisory lock: %w", err)
 		}
-		if ok {
-			return nil
-		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			holder := advisoryHolder(ctx, tx)
-			return fmt.Errorf("%w%s; waited %s (--wait), giving up without changing anything", ErrUpgradeLocked, holder, wait)
-		}
-		if err := sleep(ctx, min(jittered(delay), left)); err != nil {
-			return err
-		}
-		delay = min(delay*2, time.Second)
+		return ok, nil
+	})
+	if errors.Is(err, pgretry.ErrNotAcquired) {
+		return fmt.Errorf("%w%s; waited %s (--wait), giving up without changing anything", ErrUpgradeLocked, advisoryHolder(ctx, tx), wait)
 	}
+	return err
 }
 
 // advisoryHolder describes who holds the advisory lock, best effort.
@@ -199,74 +169,80 @@ type lockResult struct {
 // application never sees 40P01; apply retries instead.
 func lockTables(ctx context.Context, tx pgx.Tx, timeout time.Duration, retries int, onRetry func(attempt int, table string, wait time.Duration)) (lockResult, error) {
 	var res lockResult
-	delay := 200 * time.Millisecond
 	var deadlockMS float64
 	if err := tx.QueryRow(ctx, `select extract(epoch from pg_catalog.current_setting('deadlock_timeout')::interval) * 1000`).Scan(&deadlockMS); err != nil {
 		return res, fmt.Errorf("reading deadlock_timeout: %w", err)
 	}
 	rest := min(timeout, time.Duration(deadlockMS/2)*time.Millisecond)
-	for attempt := 1; ; attempt++ {
-		res.Attempts = attempt
-		if _, err := tx.Exec(ctx, `savepoint pgflow_upgrade_locks`); err != nil {
-			return res, fmt.Errorf("savepoint before table locks: %w", err)
-		}
-		start := time.Now()
-		failed, lockErr := "", error(nil)
-		mode := ""
-		var firstHeld time.Time
-		for i, l := range LockPlan {
-			if i > 0 {
-				left := rest - time.Since(firstHeld)
-				if _, err := tx.Exec(ctx, fmt.Sprintf(`set local lock_timeout = %d`, max(left.Milliseconds(), 1))); err != nil {
-					return res, fmt.Errorf("setting the lock budget: %w", err)
+	policy := pgretry.Policy{Retries: retries, Backoff: pgretry.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second}}
+	var failed *TableLock
+	err := pgretry.Retry(ctx, policy, pgretry.LockError,
+		func(attempt int, _ error, wait time.Duration) {
+			if onRetry != nil {
+				onRetry(attempt, failed.Table, wait)
+			}
+		},
+		func(attempt int) error {
+			res.Attempts = attempt
+			start, l, err := lockAttempt(ctx, tx, rest, timeout)
+			if err != nil && pgretry.LockError(err) {
+				failed = l
+				res.Waited += time.Since(start)
+				if _, rbErr := tx.Exec(ctx, `rollback to savepoint pgflow_upgrade_locks`); rbErr != nil {
+					return fmt.Errorf("rolling back to the savepoint after lock_timeout on pgflow.%s: %w", l.Table, rbErr)
 				}
+				return err
 			}
-			// Identifiers and modes are constants of LockPlan.
-			if _, err := tx.Exec(ctx, `lock table pgflow.`+l.Table+` in `+l.Mode+` mode`); err != nil {
-				var pgErr *pgconn.PgError
-				// 55P03: lock_timeout. 40P01: an application transaction
-				// that holds a later table and now wants one we hold (e.g.
-				// complete_task holds runs, then its step_tasks insert
-				// checks the flows FK); we waited first, so the deadlock
-				// detector picks us, and we back off like on a timeout.
-				if errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "40P01") {
-					failed, lockErr, mode = l.Table, err, l.Mode
-					break
-				}
-				return res, fmt.Errorf("lock table pgflow.%s in %s mode: %w", l.Table, l.Mode, err)
+			if err == nil {
+				res.Held = start
 			}
-			if i == 0 {
-				firstHeld = time.Now()
-			}
-		}
-		if failed == "" {
-			// The statements after the locks get the full lock_timeout back.
-			if _, err := tx.Exec(ctx, fmt.Sprintf(`set local lock_timeout = %d`, timeout.Milliseconds())); err != nil {
-				return res, fmt.Errorf("restoring lock_timeout: %w", err)
-			}
-			if _, err := tx.Exec(ctx, `release savepoint pgflow_upgrade_locks`); err != nil {
-				return res, fmt.Errorf("release savepoint after table locks: %w", err)
-			}
-			res.Held = start
-			return res, nil
-		}
-		res.Waited += time.Since(start)
-		if _, err := tx.Exec(ctx, `rollback to savepoint pgflow_upgrade_locks`); err != nil {
-			return res, fmt.Errorf("rolling back to the savepoint after lock_timeout on pgflow.%s: %w", failed, err)
-		}
-		if attempt > retries {
-			return res, &TableLockError{Table: failed, Mode: mode, Attempts: attempt, Timeout: timeout,
-				Blockers: blockers(ctx, tx, failed, mode), Err: lockErr}
-		}
-		wait := jittered(delay)
-		if onRetry != nil {
-			onRetry(attempt, failed, wait)
-		}
-		if err := sleep(ctx, wait); err != nil {
-			return res, err
-		}
-		delay = min(delay*2, 5*time.Second)
+			return err
+		})
+	var ex *pgretry.ExhaustedError
+	if errors.As(err, &ex) {
+		return res, &TableLockError{Table: failed.Table, Mode: failed.Mode, Attempts: ex.Attempts, Timeout: timeout,
+			Blockers: blockers(ctx, tx, failed.Table, failed.Mode), Err: ex.Err}
 	}
+	return res, err
+}
+
+// lockAttempt is one try at LockPlan under a savepoint. The first lock waits
+// up to timeout; the others share a budget of rest from the first grant.
+// On a lock error it returns the table it failed on (the caller rolls back
+// to the savepoint, which releases every lock this attempt took).
+func lockAttempt(ctx context.Context, tx pgx.Tx, rest, timeout time.Duration) (time.Time, *TableLock, error) {
+	start := time.Now()
+	if _, err := tx.Exec(ctx, `savepoint pgflow_upgrade_locks`); err != nil {
+		return start, nil, fmt.Errorf("savepoint before table locks: %w", err)
+	}
+	var firstHeld time.Time
+	for i := range LockPlan {
+		l := &LockPlan[i]
+		if i > 0 {
+			left := rest - time.Since(firstHeld)
+			if _, err := tx.Exec(ctx, `select pg_catalog.set_config('lock_timeout', $1, true)`, pgretry.Millis(left)); err != nil {
+				return start, nil, fmt.Errorf("setting the lock budget: %w", err)
+			}
+		}
+		// Identifiers and modes are constants of LockPlan.
+		if _, err := tx.Exec(ctx, `lock table pgflow.`+l.Table+` in `+l.Mode+` mode`); err != nil {
+			if pgretry.LockError(err) {
+				return start, l, err
+			}
+			return start, nil, fmt.Errorf("lock table pgflow.%s in %s mode: %w", l.Table, l.Mode, err)
+		}
+		if i == 0 {
+			firstHeld = time.Now()
+		}
+	}
+	// The statements after the locks get the full lock_timeout back.
+	if _, err := tx.Exec(ctx, `select pg_catalog.set_config('lock_timeout', $1, true)`, pgretry.Millis(timeout)); err != nil {
+		return start, nil, fmt.Errorf("restoring lock_timeout: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `release savepoint pgflow_upgrade_locks`); err != nil {
+		return start, nil, fmt.Errorf("release savepoint after table locks: %w", err)
+	}
+	return start, nil, nil
 }
 
 // blockers lists the other sessions with a lock on pgflow.<table> that

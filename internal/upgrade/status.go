@@ -17,7 +17,7 @@ const (
 	readLockTimeout      = time.Second
 )
 
-// Revision is one row of pgflow.schema_revisions.
+// Revision is one row of pgflow_upgrade.schema_revisions.
 type Revision struct {
 	Version   string    `json:"version"`
 	Name      string    `json:"name"`
@@ -74,25 +74,27 @@ func Status(ctx context.Context, conn *pgx.Conn) (*StatusReport, error) {
 		return nil, err
 	}
 	var exists bool
-	if err := tx.QueryRow(ctx, `select pg_catalog.to_regclass('pgflow.schema_revisions') is not null`).Scan(&exists); err != nil {
-		return nil, fmt.Errorf("looking for pgflow.schema_revisions: %w", err)
+	if err := tx.QueryRow(ctx, `select pg_catalog.to_regclass('pgflow_upgrade.schema_revisions') is not null`).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("looking for %s: %w", RevisionsTable, err)
 	}
 	if exists {
-		rows, err := tx.Query(ctx, `select version, name, applied_at from pgflow.schema_revisions order by version`)
+		rows, err := tx.Query(ctx, `select version, name, applied_at from pgflow_upgrade.schema_revisions order by version`)
 		if err != nil {
-			return nil, fmt.Errorf("reading pgflow.schema_revisions: %w", err)
+			return nil, fmt.Errorf("reading %s: %w", RevisionsTable, err)
 		}
 		if rep.Applied, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Revision]); err != nil {
-			return nil, fmt.Errorf("reading pgflow.schema_revisions: %w", err)
+			return nil, fmt.Errorf("reading %s: %w", RevisionsTable, err)
 		}
 	}
 	applied := map[string]bool{}
 	for _, r := range rep.Applied {
 		applied[r.Version] = true
 	}
+	// A 0.17.0 database needs nothing, whoever upgraded it.
+	done := rep.State.State == audit.StateUpgraded
 	for _, m := range all {
-		rep.Migrations = append(rep.Migrations, MigrationStatus{Version: m.Version, Name: m.Name, File: m.File, Applied: applied[m.Version]})
-		if !applied[m.Version] {
+		rep.Migrations = append(rep.Migrations, MigrationStatus{Version: m.Version, Name: m.Name, File: m.File, Applied: applied[m.Version] || done})
+		if !applied[m.Version] && !done {
 			rep.Pending = append(rep.Pending, m.Version+"_"+m.Name)
 		}
 	}

@@ -1,0 +1,207 @@
+package audit
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+// pgmqFunctions are the pgmq functions pgflow and the upgrade call.
+var pgmqFunctions = []string{
+	"pgmq.list_queues()", "pgmq.create(text)", "pgmq.drop_queue(text)",
+	"pgmq.send_batch(text, jsonb[], integer)",
+	"pgmq.read(text, integer, integer, jsonb)",
+	"pgmq.read_with_poll(text, integer, integer, integer, integer, jsonb)",
+	"pgmq.archive(text, bigint)", "pgmq.archive(text, bigint[])",
+	"pgmq.delete(text, bigint[])", "pgmq.set_vt(text, bigint, integer)",
+}
+
+func checkPGMQInstalled(ctx context.Context, q Querier, env Env) ([]Finding, error) {
+	c := check("pgmq.installed")
+	p := env.PGMQ
+	if p.Kind == "" {
+		return []Finding{c.finding(1, "pgmq is not installed (no schema pgmq)", nil)}, nil
+	}
+	var missing []string
+	// From pg_proc rather than to_regprocedure, which needs USAGE on the schema.
+	if err := q.QueryRow(ctx, `select coalesce(pg_catalog.array_agg(f order by f), '{}')
+		from pg_catalog.unnest($1::text[]) f
+		where f not in (select 'pgmq.' || p.proname || '(' || pg_catalog.oidvectortypes(p.proargtypes) || ')'
+		                from pg_catalog.pg_proc p
+		                join pg_catalog.pg_namespace n on n.oid = p.pronamespace and n.nspname = 'pgmq')`, pgmqFunctions).Scan(&missing); err != nil {
+		return nil, fmt.Errorf("looking up pgmq's functions: %w", err)
+	}
+	if len(missing) > 0 {
+		var samples []map[string]any
+		for _, m := range missing {
+			if len(samples) < env.Sample {
+				samples = append(samples, map[string]any{"function": m})
+			}
+		}
+		return []Finding{c.finding(int64(len(missing)), "pgmq ("+p.String()+") lacks functions pgflow calls: "+strings.Join(missing, ", "), samples)}, nil
+	}
+	f := c.finding(0, "pgmq: "+p.String(), []map[string]any{{"kind": p.Kind, "version": p.Version}})
+	f.Severity, f.Remedy = Info, "None."
+	if p.Kind == "extension" && versionBelow(p.Version, 1, 5) {
+		f.Severity, f.Message, f.Remedy = Warning, "pgmq extension "+p.Version+" is older than 1.5, the version pgflow 0.16.0 and the upgrade are written for",
+			"ALTER EXTENSION pgmq UPDATE (to 1.5 or later) before the upgrade."
+	}
+	return []Finding{f}, nil
+}
+
+// versionBelow compares a "major.minor[.patch]" version with major.minor.
+func versionBelow(v string, major, minor int) bool {
+	var a, b int
+	if n, _ := fmt.Sscanf(v, "%d.%d", &a, &b); n < 2 {
+		return false // unparsable: say nothing rather than guess
+	}
+	return a < major || (a == major && b < minor)
+}
+
+func checkFlowQueueMissing(ctx context.Context, q Querier, env Env) ([]Finding, error) {
+	c := check("pgmq.flow_queue_missing")
+	// pgmq names a queue's tables lower(name): a flow's queue is any listed
+	// spelling of lower(flow_slug) (0.16.0 created it as the slug was given,
+	// 0.17.0 sends to lower(flow_slug)).
+	var n int64
+	var samples []map[string]any
+	err := scanTable(ctx, q, "flows", func(int64) (int64, error) {
+		return 0, q.QueryRow(ctx, `
+		with queues as materialized (select pg_catalog.lower(l.queue_name::text) as queue from pgmq.list_queues() l),
+		m as (
+		  select f.flow_slug from pgflow.flows f
+		  where not exists (select 1 from queues q where q.queue = pg_catalog.lower(f.flow_slug))
+		)
+		select (select pg_catalog.count(*) from m),
+		       pg_catalog.to_jsonb(array(
+		         select pg_catalog.jsonb_build_object('flow_slug', m.flow_slug, 'expected_queue', pg_catalog.lower(m.flow_slug))
+		         from m order by m.flow_slug limit $1))`, env.Sample).Scan(&n, &samples)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("comparing flows with pgmq.list_queues(): %w", err)
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	return []Finding{c.finding(n, fmt.Sprintf("%d flow(s) without their pgmq queue", n), samples)}, nil
+}
+
+// queuePhysicalSQL lists what is wrong with each flow queue's q_ and a_
+// tables, from the system catalogs only.
+const queuePhysicalSQL = `
+with queues as materialized (
+  select l.queue_name::text as queue_name, l.is_partitioned
+  from pgmq.list_queues() l
+  where exists (select 1 from pgflow.flows f where pg_catalog.lower(f.flow_slug) = pg_catalog.lower(l.queue_name::text))
+),
+expected (prefix, col, typ, required) as (values
+  ('q', 'msg_id', 'bigint', true), ('q', 'read_ct', 'integer', true),
+  ('q', 'enqueued_at', 'timestamp with time zone', true), ('q', 'vt', 'timestamp with time zone', true),
+  ('q', 'message', 'jsonb', false), ('q', 'headers', 'jsonb', false),
+  ('a', 'msg_id', 'bigint', true), ('a', 'read_ct', 'integer', true),
+  ('a', 'enqueued_at', 'timestamp with time zone', true), ('a', 'archived_at', 'timestamp with time zone', true),
+  ('a', 'vt', 'timestamp with time zone', true), ('a', 'message', 'jsonb', false), ('a', 'headers', 'jsonb', false)
+),
+tabs as (
+  select q.queue_name, q.is_partitioned, p.prefix, p.prefix || '_' || pg_catalog.lower(q.queue_name) as relname,
+         (select c.oid from pg_catalog.pg_class c
+          join pg_catalog.pg_namespace n on n.oid = c.relnamespace and n.nspname = 'pgmq'
+          where c.relname = p.prefix || '_' || pg_catalog.lower(q.queue_name) and c.relkind in ('r', 'p')) as relid
+  from queues q cross join (values ('q'), ('a')) p (prefix)
+),
+problems as (
+  select t.queue_name, t.relname, 'table is missing' as problem
+  from tabs t where t.relid is null
+  union all
+  select t.queue_name, t.relname, 'column ' || e.col || ' is missing'
+  from tabs t join expected e on e.prefix = t.prefix
+  where t.relid is not null
+    and not exists (select 1 from pg_catalog.pg_attribute a where a.attrelid = t.relid and a.attname = e.col and a.attnum > 0 and not a.attisdropped)
+  union all
+  select t.queue_name, t.relname,
+         'column ' || e.col || ' is ' || pg_catalog.format_type(a.atttypid, a.atttypmod) || ', expected ' || e.typ
+  from tabs t join expected e on e.prefix = t.prefix
+  join pg_catalog.pg_attribute a on a.attrelid = t.relid and a.attname = e.col and a.attnum > 0 and not a.attisdropped
+  where pg_catalog.format_type(a.atttypid, a.atttypmod) <> e.typ
+  union all
+  select t.queue_name, t.relname, 'column ' || e.col || ' is nullable, expected not null'
+  from tabs t join expected e on e.prefix = t.prefix
+  join pg_catalog.pg_attribute a on a.attrelid = t.relid and a.attname = e.col and a.attnum > 0 and not a.attisdropped
+  where e.required and not a.attnotnull
+  union all
+  -- Partitioned queues (pg_partman) have no primary key or identity by design.
+  select t.queue_name, t.relname, 'msg_id is not the primary key'
+  from tabs t
+  where t.relid is not null and not t.is_partitioned
+    and not exists (
+      select 1 from pg_catalog.pg_index i
+      join pg_catalog.pg_attribute a on a.attrelid = t.relid and a.attname = 'msg_id' and not a.attisdropped
+      where i.indrelid = t.relid and i.indisprimary and i.indnkeyatts = 1 and i.indkey[0] = a.attnum)
+  union all
+  select t.queue_name, t.relname, 'msg_id is not an identity column'
+  from tabs t
+  where t.prefix = 'q' and t.relid is not null and not t.is_partitioned
+    and not exists (select 1 from pg_catalog.pg_attribute a
+                    where a.attrelid = t.relid and a.attname = 'msg_id' and not a.attisdropped and a.attidentity in ('a', 'd'))
+)
+select pg_catalog.jsonb_build_object('queue', p.queue_name, 'table', 'pgmq.' || p.relname, 'problem', p.problem)
+from problems p
+order by p.queue_name, p.relname, p.problem`
+
+func checkQueuePhysical(ctx context.Context, q Querier, env Env) ([]Finding, error) {
+	c := check("pgmq.queue_physical")
+	rows, err := q.Query(ctx, queuePhysicalSQL)
+	if err != nil {
+		return nil, fmt.Errorf("reading the flow queues' tables from pg_catalog: %w", err)
+	}
+	defer rows.Close()
+	var samples []map[string]any
+	queues := map[string]bool{}
+	var problems int64
+	for rows.Next() {
+		var m map[string]any
+		if err := rows.Scan(&m); err != nil {
+			return nil, fmt.Errorf("reading the flow queues' tables from pg_catalog: %w", err)
+		}
+		problems++
+		queues[fmt.Sprint(m["queue"])] = true
+		if len(samples) < env.Sample {
+			samples = append(samples, m)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("reading the flow queues' tables from pg_catalog: %w", err)
+	}
+	if problems == 0 {
+		return nil, nil
+	}
+	return []Finding{c.finding(int64(len(queues)),
+		fmt.Sprintf("%d flow queue(s) with %d physical problem(s)", len(queues), problems), samples)}, nil
+}
+
+func checkBackup(ctx context.Context, q Querier, env Env) ([]Finding, error) {
+	c := check("backup.pgdump_pgmq")
+	var queues, unlogged int64
+	var samples, unloggedSamples []map[string]any
+	err := q.QueryRow(ctx, `
+		with l as materialized (select l.queue_name::text as queue_name, l.is_unlogged from pgmq.list_queues() l)
+		select (select pg_catalog.count(*) from l),
+		       (select pg_catalog.count(*) from l where l.is_unlogged),
+		       pg_catalog.to_jsonb(array(select pg_catalog.jsonb_build_object('queue', l.queue_name) from l order by l.queue_name limit $1)),
+		       pg_catalog.to_jsonb(array(select pg_catalog.jsonb_build_object('queue', l.queue_name, 'unlogged', true) from l where l.is_unlogged order by l.queue_name limit $1))`,
+		env.Sample).Scan(&queues, &unlogged, &samples, &unloggedSamples)
+	if err != nil {
+		return nil, fmt.Errorf("listing queues with pgmq.list_queues(): %w", err)
+	}
+	var out []Finding
+	if env.PGMQ.Kind == "extension" {
+		out = append(out, c.finding(queues,
+			fmt.Sprintf("pgmq is an extension: pg_dump leaves out pgmq.meta and the tables and messages of all %d queue(s)", queues), samples))
+	}
+	if unlogged > 0 {
+		f := c.finding(unlogged, fmt.Sprintf("%d unlogged queue(s): their messages are lost on a crash and absent from physical backups and replicas", unlogged), unloggedSamples)
+		f.Remedy = "Export their messages before apply, or recreate them as logged queues when they are empty."
+		out = append(out, f)
+	}
+	return out, nil
+}

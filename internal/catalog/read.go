@@ -1,0 +1,208 @@
+package catalog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Querier is a connection, a pool or a transaction. Read runs in a
+// transaction of its own (a savepoint when q is already a transaction), so
+// it can pin search_path to ” with set_config(.., true) and leave the
+// caller's setting as it was.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+type beginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// ErrNoBegin: Read was given a Querier that cannot open a transaction.
+var ErrNoBegin = errors.New("catalog.Read needs a connection, pool or transaction (something with Begin)")
+
+// Read reads schema's catalog from a live database: the same JSON form as
+// the facts, produced by one catalog query (pg_catalog only, no lock on
+// any table of the schema, works with a role that can only read). With
+// search_path = ” every pg_get_* text names objects outside pg_catalog
+// with their schema; every sort is COLLATE "C". A schema that does not
+// exist reads as an empty catalog (see Exists).
+func Read(ctx context.Context, q Querier, schema string) (*Catalog, error) {
+	b, ok := q.(beginner)
+	if !ok {
+		return nil, ErrNoBegin
+	}
+	tx, err := b.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading the catalog of schema %s: opening a transaction: %w", schema, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) // read only: nothing to keep
+	if _, err := tx.Exec(ctx, `select pg_catalog.set_config('search_path', '', true)`); err != nil {
+		return nil, fmt.Errorf("reading the catalog of schema %s: pinning search_path: %w", schema, err)
+	}
+	var raw []byte
+	if err := tx.QueryRow(ctx, readSQL, schema).Scan(&raw); err != nil {
+		return nil, fmt.Errorf("reading the catalog of schema %s from pg_catalog: %w", schema, err)
+	}
+	c, err := Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("reading the catalog of schema %s: %w", schema, err)
+	}
+	return c, nil
+}
+
+// Exists reports whether schema exists (catalog rows only).
+func Exists(ctx context.Context, q Querier, schema string) (bool, error) {
+	var ok bool
+	err := q.QueryRow(ctx, `select exists (select 1 from pg_catalog.pg_namespace where nspname = $1)`, schema).Scan(&ok)
+	if err != nil {
+		return false, fmt.Errorf("looking for schema %s: %w", schema, err)
+	}
+	return ok, nil
+}
+
+// readSQL builds the whole catalog as one jsonb value; $1 is the schema.
+// Each part lists one kind of object, ordered as the format says (names
+// COLLATE "C"; columns and attributes by attnum).
+const readSQL = `
+with ns as (select n.oid from pg_catalog.pg_namespace n where n.nspname = $1),
+tables as (
+  select c.relname, pg_catalog.jsonb_build_object(
+    'name', c.relname,
+    'kind', case when c.relkind = 'p' then 'partitioned table' else 'table' end,
+    'columns', coalesce((
+      select pg_catalog.jsonb_agg(
+               pg_catalog.jsonb_build_object(
+                 'name', a.attname,
+                 'type', pg_catalog.format_type(a.atttypid, a.atttypmod),
+                 'not_null', a.attnotnull,
+                 'default', pg_catalog.pg_get_expr(ad.adbin, ad.adrelid))
+               || case a.attidentity
+                    when 'a' then pg_catalog.jsonb_build_object('identity', 'always')
+                    when 'd' then pg_catalog.jsonb_build_object('identity', 'by default')
+                    else '{}'::jsonb end
+               || case when a.attgenerated <> '' then pg_catalog.jsonb_build_object('generated', 'stored')
+                    else '{}'::jsonb end
+               order by a.attnum)
+      from pg_catalog.pg_attribute a
+      left join pg_catalog.pg_attrdef ad on ad.adrelid = a.attrelid and ad.adnum = a.attnum
+      where a.attrelid = c.oid and a.attnum > 0 and not a.attisdropped), '[]'::jsonb),
+    'constraints', coalesce((
+      select pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+               'name', k.conname, 'contype', k.contype, 'definition', pg_catalog.pg_get_constraintdef(k.oid))
+               order by k.conname collate "C", pg_catalog.pg_get_constraintdef(k.oid) collate "C")
+      from pg_catalog.pg_constraint k where k.conrelid = c.oid), '[]'::jsonb),
+    'indexes', coalesce((
+      select pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+               'name', ic.relname, 'definition', pg_catalog.pg_get_indexdef(ic.oid))
+               order by ic.relname collate "C")
+      from pg_catalog.pg_index x join pg_catalog.pg_class ic on ic.oid = x.indexrelid
+      where x.indrelid = c.oid), '[]'::jsonb)) as j
+  from pg_catalog.pg_class c
+  where c.relnamespace = (select oid from ns) and c.relkind in ('r', 'p')
+),
+ctypes as (
+  select t.typname, pg_catalog.jsonb_build_object(
+    'name', t.typname,
+    'attributes', coalesce((
+      select pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+               'name', a.attname, 'type', pg_catalog.format_type(a.atttypid, a.atttypmod)) order by a.attnum)
+      from pg_catalog.pg_attribute a
+      where a.attrelid = t.typrelid and a.attnum > 0 and not a.attisdropped), '[]'::jsonb)) as j
+  from pg_catalog.pg_type t join pg_catalog.pg_class c on c.oid = t.typrelid
+  where t.typnamespace = (select oid from ns) and t.typtype = 'c' and c.relkind = 'c'
+),
+enums as (
+  select t.typname, pg_catalog.jsonb_build_object(
+    'name', t.typname,
+    'labels', coalesce((select pg_catalog.jsonb_agg(e.enumlabel order by e.enumsortorder)
+                        from pg_catalog.pg_enum e where e.enumtypid = t.oid), '[]'::jsonb)) as j
+  from pg_catalog.pg_type t
+  where t.typnamespace = (select oid from ns) and t.typtype = 'e'
+),
+domains as (
+  select t.typname, pg_catalog.jsonb_build_object(
+    'name', t.typname,
+    'type', pg_catalog.format_type(t.typbasetype, t.typtypmod),
+    'not_null', t.typnotnull,
+    'default', t.typdefault,
+    'constraints', coalesce((
+      select pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+               'name', k.conname, 'definition', pg_catalog.pg_get_constraintdef(k.oid)) order by k.conname collate "C")
+      from pg_catalog.pg_constraint k where k.contypid = t.oid), '[]'::jsonb)) as j
+  from pg_catalog.pg_type t
+  where t.typnamespace = (select oid from ns) and t.typtype = 'd'
+),
+functions as (
+  select p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) as ident, pg_catalog.jsonb_build_object(
+    'name', p.proname,
+    'kind', case p.prokind when 'f' then 'function' when 'p' then 'procedure'
+                           when 'a' then 'aggregate' when 'w' then 'window' end,
+    'identity_arguments', pg_catalog.pg_get_function_identity_arguments(p.oid),
+    'arguments', pg_catalog.pg_get_function_arguments(p.oid),
+    'result', pg_catalog.pg_get_function_result(p.oid),
+    'language', l.lanname,
+    'volatility', case p.provolatile when 'i' then 'immutable' when 's' then 'stable' else 'volatile' end,
+    'strict', p.proisstrict,
+    'security_definer', p.prosecdef,
+    'leakproof', p.proleakproof,
+    'parallel', case p.proparallel when 's' then 'safe' when 'r' then 'restricted' else 'unsafe' end,
+    'config', (select pg_catalog.jsonb_agg(s order by s collate "C") from pg_catalog.unnest(p.proconfig) as s)) as j
+  from pg_catalog.pg_proc p join pg_catalog.pg_language l on l.oid = p.prolang
+  where p.pronamespace = (select oid from ns)
+),
+triggers as (
+  select c.relname, tg.tgname, pg_catalog.jsonb_build_object(
+    'name', tg.tgname, 'table', c.relname, 'definition', pg_catalog.pg_get_triggerdef(tg.oid)) as j
+  from pg_catalog.pg_trigger tg join pg_catalog.pg_class c on c.oid = tg.tgrelid
+  where c.relnamespace = (select oid from ns) and not tg.tgisinternal
+),
+sequences as (
+  select pg_catalog.format('%I.%I', sn.nspname, s.relname) as name, pg_catalog.jsonb_build_object(
+    'name', pg_catalog.format('%I.%I', sn.nspname, s.relname),
+    'owned_by', pg_catalog.format('%I.%I', t.relname, a.attname),
+    'identity', d.deptype = 'i',
+    'type', pg_catalog.format_type(q.seqtypid, null),
+    'start', q.seqstart, 'increment', q.seqincrement, 'min', q.seqmin, 'max', q.seqmax,
+    'cache', q.seqcache, 'cycle', q.seqcycle) as j
+  from pg_catalog.pg_class s
+  join pg_catalog.pg_namespace sn on sn.oid = s.relnamespace
+  join pg_catalog.pg_sequence q on q.seqrelid = s.oid
+  join pg_catalog.pg_depend d on d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass and d.objid = s.oid
+   and d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass and d.deptype in ('a', 'i')
+  join pg_catalog.pg_class t on t.oid = d.refobjid
+  join pg_catalog.pg_attribute a on a.attrelid = t.oid and a.attnum = d.refobjsubid
+  where s.relkind = 'S' and t.relnamespace = (select oid from ns)
+),
+views as (
+  select c.relname, pg_catalog.jsonb_build_object(
+    'name', c.relname,
+    'kind', case when c.relkind = 'm' then 'materialized view' else 'view' end,
+    'columns', coalesce((
+      select pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
+               'name', a.attname, 'type', pg_catalog.format_type(a.atttypid, a.atttypmod)) order by a.attnum)
+      from pg_catalog.pg_attribute a
+      where a.attrelid = c.oid and a.attnum > 0 and not a.attisdropped), '[]'::jsonb),
+    'definition', pg_catalog.pg_get_viewdef(c.oid)) as j
+  from pg_catalog.pg_class c
+  where c.relnamespace = (select oid from ns) and c.relkind in ('v', 'm')
+)
+select pg_catalog.jsonb_build_object(
+  'format', 'pgflow-catalog/1',
+  'schema', $1::text,
+  'tables', coalesce((select pg_catalog.jsonb_agg(j order by relname collate "C") from tables), '[]'::jsonb),
+  'composite_types', coalesce((select pg_catalog.jsonb_agg(j order by typname collate "C") from ctypes), '[]'::jsonb),
+  'enums', coalesce((select pg_catalog.jsonb_agg(j order by typname collate "C") from enums), '[]'::jsonb),
+  'domains', coalesce((select pg_catalog.jsonb_agg(j order by typname collate "C") from domains), '[]'::jsonb),
+  'functions', coalesce((select pg_catalog.jsonb_agg(j order by proname collate "C", ident collate "C") from functions), '[]'::jsonb),
+  'triggers', coalesce((select pg_catalog.jsonb_agg(j order by relname collate "C", tgname collate "C") from triggers), '[]'::jsonb),
+  'sequences', coalesce((select pg_catalog.jsonb_agg(j order by name collate "C") from sequences), '[]'::jsonb),
+  'views', coalesce((select pg_catalog.jsonb_agg(j order by relname collate "C") from views), '[]'::jsonb),
+  'pgmq', pg_catalog.jsonb_build_object(
+    'extension_version', (select e.extversion from pg_catalog.pg_extension e where e.extname = 'pgmq')))
+`
