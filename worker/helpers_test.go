@@ -22,11 +22,17 @@ import (
 const hangGuard = 2 * time.Minute
 
 // upgraded returns a fresh pgflow 0.16.0 database (testdb.Baseline) with the
-// embedded migration to 0.17.0 applied
-// in one transaction.
+// embedded migration to 0.17.0 applied in one transaction.
 func upgraded(t *testing.T) *testdb.DB {
 	t.Helper()
 	db := testdb.Baseline(t)
+	migrate(t, db)
+	return db
+}
+
+// migrate applies the embedded migrations in one transaction.
+func migrate(t *testing.T, db *testdb.DB) {
+	t.Helper()
 	ctx := context.Background()
 	all, err := migrations.All()
 	if err != nil || len(all) == 0 {
@@ -45,7 +51,6 @@ func upgraded(t *testing.T) *testdb.DB {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return db
 }
 
 func testLogger(t *testing.T) *slog.Logger {
