@@ -29,8 +29,9 @@ import (
 // start_tasks + complete_task), in one run, at 1, 4 and 16 workers.
 //
 // Method (BENCHMARKS.md repeats it):
-//   - every measurement gets a fresh database: a 0.16.0 clone, upgraded with
-//     the embedded migration (one transaction) for the new protocol;
+//   - every measurement gets a fresh database: a clone of the real pgflow
+//     0.16.0 engine, upgraded to 0.17.0 with the embedded migration (one
+//     transaction) for the new worker;
 //   - the flow is compiled, then all workers start (each its own pool) and
 //     poll the empty queue; only then is the whole workload enqueued in one
 //     transaction, so every message becomes visible at its commit;
@@ -214,7 +215,7 @@ func medianSample(ss []workerSample) workerSample {
 
 // measureWorkers runs one measurement on a fresh database.
 func measureWorkers(ctx context.Context, env *Env, p protocol, shape workerShape, n int) (workerSample, error) {
-	dsn, drop, err := env.CloneBaseline(ctx)
+	dsn, drop, err := env.CloneRealBaseline(ctx)
 	if err != nil {
 		return workerSample{}, err
 	}
