@@ -56,11 +56,9 @@ func checkDuplicateMessageID(ctx context.Context, q Querier, env Env) ([]Finding
 	var samples []map[string]any
 	err := scanTable(ctx, q, "step_tasks", func(estimate int64) (int64, error) {
 		var examined int64
-		// Per-range sorts and hashes of about Bound rows fit in 64MB; ranges
-		// are read through the message_id index, not by a sequential scan
-		// per range (SET LOCAL: gone with the transaction or savepoint).
-		if _, err := q.Exec(ctx, `select pg_catalog.set_config('work_mem', '64MB', true),
-		                                 pg_catalog.set_config('enable_seqscan', 'off', true)`); err != nil {
+		// Per-range sorts and hashes of about Bound rows fit in 64MB (SET
+		// LOCAL: gone with the transaction or savepoint).
+		if _, err := q.Exec(ctx, `select pg_catalog.set_config('work_mem', '64MB', true)`); err != nil {
 			return 0, fmt.Errorf("setting work_mem: %w", err)
 		}
 		var lo, hi *int64
@@ -75,6 +73,11 @@ func checkDuplicateMessageID(ctx context.Context, q Querier, env Env) ([]Finding
 		span := width // one range unless the table is bigger than a range
 		if estimate > target {
 			span = scale(width, target, estimate)
+			// Several ranges: each read through the message_id index, never
+			// by a sequential scan of the whole table per range.
+			if _, err := q.Exec(ctx, `select pg_catalog.set_config('enable_seqscan', 'off', true)`); err != nil {
+				return 0, fmt.Errorf("setting enable_seqscan: %w", err)
+			}
 		}
 		for from := *lo; from <= *hi; {
 			if err := tighten(ctx, q, env); err != nil {

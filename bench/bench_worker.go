@@ -22,15 +22,16 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/worker"
 )
 
-// worker: tasks per second claimed and completed with no-op handlers, the new
-// protocol (package worker on an upgraded database: claim_tasks +
-// complete_task) against the 0.16.0 two-phase path (fixtures/oldworker on a
-// baseline database: read_with_poll + start_tasks + complete_task), in one
-// run, at 1, 4 and 16 workers.
+// worker: tasks per second claimed and completed with no-op handlers, the Go
+// pgflow 0.17 worker (package worker on a database upgraded to 0.17.0:
+// read_with_poll + 5-argument start_tasks + complete_task) against the 0.16.0
+// path (fixtures/oldworker on a baseline database: read_with_poll + 3-argument
+// start_tasks + complete_task), in one run, at 1, 4 and 16 workers.
 //
 // Method (BENCHMARKS.md repeats it):
-//   - every measurement gets a fresh database: a 0.16.0 clone, upgraded with
-//     the embedded migration (one transaction) for the new protocol;
+//   - every measurement gets a fresh database: a clone of the real pgflow
+//     0.16.0 engine, upgraded to 0.17.0 with the embedded migration (one
+//     transaction) for the new worker;
 //   - the flow is compiled, then all workers start (each its own pool) and
 //     poll the empty queue; only then is the whole workload enqueued in one
 //     transaction, so every message becomes visible at its commit;
@@ -45,7 +46,7 @@ import (
 func init() {
 	Register(Benchmark{
 		Name: "worker",
-		Goal: "new protocol (claim_tasks) at least as many tasks/s as 0.16.0's read_with_poll + start_tasks at 1, 4 and 16 workers",
+		Goal: "the 0.17 Go worker on 0.17.0 at least as many tasks/s as the 0.16.0 worker simulator on 0.16.0 at 1, 4 and 16 workers",
 		Run:  benchWorker,
 	})
 }
@@ -89,7 +90,7 @@ type protocol string
 
 const (
 	protoOld protocol = "0.16.0 read_with_poll+start_tasks"
-	protoNew protocol = "claim_tasks"
+	protoNew protocol = "0.17.0 worker (package worker)"
 )
 
 const wbFlowSlug = "bench_worker"
@@ -115,8 +116,8 @@ type workerSample struct {
 	Elapsed     time.Duration
 	Tasks       int
 	ExtraReads  int64   // sum(read_ct) - messages: reads that did not end in a claim
-	ClaimCalls  int64   // new protocol: claim_tasks calls that returned
-	ClaimedMean float64 // new protocol: tasks per claim_tasks call
+	ClaimCalls  int64   // new worker: start_tasks calls that returned
+	ClaimedMean float64 // new worker: tasks per start_tasks call
 	// ServerCPU is the CPU time the workers' backends used between the
 	// enqueue commit and the last completion, RunQueue the time they waited
 	// for a CPU (from /proc/<pid>/schedstat; 0 when the server is not local).
@@ -157,7 +158,7 @@ func benchWorker(ctx context.Context, env *Env) ([]Row, error) {
 			rows = append(rows, Row{Benchmark: "worker", Case: fmt.Sprintf("%s, %d worker(s) x %d concurrency, batch %d", shape.Name, n, wbConcurrency, wbBatchSize),
 				Metrics: []Metric{
 					{"0.16.0", o.rate() / 1000, "k tasks/s"},
-					{"claim_tasks", nw.rate() / 1000, "k tasks/s"},
+					{"0.17.0", nw.rate() / 1000, "k tasks/s"},
 					{"new/old", nw.rate() / o.rate(), "x"},
 					{"extra reads old", float64(o.ExtraReads), ""},
 					{"extra reads new", float64(nw.ExtraReads), ""},
@@ -214,7 +215,7 @@ func medianSample(ss []workerSample) workerSample {
 
 // measureWorkers runs one measurement on a fresh database.
 func measureWorkers(ctx context.Context, env *Env, p protocol, shape workerShape, n int) (workerSample, error) {
-	dsn, drop, err := env.CloneBaseline(ctx)
+	dsn, drop, err := env.CloneRealBaseline(ctx)
 	if err != nil {
 		return workerSample{}, err
 	}
@@ -430,7 +431,7 @@ func logFunctionStats(ctx context.Context, env *Env, conn *pgx.Conn, what string
 }
 
 // applyProposal runs the SQL file named by PGFLOW_BENCH_WORKER_SQL after the
-// migration (upgraded databases only): how a proposed change to claim_tasks or
+// migration (upgraded databases only): how a proposed change to start_tasks or
 // complete_task is measured in this benchmark before it goes into the
 // migration. Results measured with it say so in the log.
 func applyProposal(ctx context.Context, conn *pgx.Conn) error {
@@ -519,14 +520,14 @@ func (b *benchWorkers) stop() error {
 	errs = append(errs, b.errs...)
 	b.mu.Unlock()
 	for _, w := range b.news {
-		if st := w.Stats(); st.WriteErrors > 0 || st.Fatal > 0 || st.Failed > 0 {
+		if st := w.Stats(); st.WriteErrors > 0 || st.ClaimErrors > 0 || st.Failed > 0 {
 			errs = append(errs, fmt.Errorf("worker %s: %+v", w.ID(), st))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// claimStats: claim_tasks calls and tasks per call (new protocol only).
+// claimStats: start_tasks calls and tasks per call (new worker only).
 func (b *benchWorkers) claimStats() (int64, float64) {
 	var calls, claimed int64
 	for _, w := range b.news {

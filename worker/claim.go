@@ -7,111 +7,121 @@ import (
 	"time"
 )
 
-// ClaimedTask is a task claim_tasks handed to this worker: started, with its
-// attempt counted, its message invisible for the visibility timeout.
+// ClaimedTask is a task pgflow.start_tasks handed to this worker (one
+// pgflow.step_task_record, plus the queue it was claimed from): started,
+// its attempt counted, its message invisible for the step's timeout + 2 s.
 //
 // MessageID is exact: an int64 in Go and a string in JSON (a JavaScript
 // number would lose precision above 2^53).
 type ClaimedTask struct {
 	QueueName string          `json:"queue_name"`
-	MessageID int64           `json:"message_id,string"`
+	MessageID int64           `json:"msg_id,string"`
 	FlowSlug  string          `json:"flow_slug"`
 	RunID     string          `json:"run_id"`
 	StepSlug  string          `json:"step_slug"`
 	TaskIndex int             `json:"task_index"`
-	Attempt   int             `json:"attempt"` // 1 on the first try
-	Input     json.RawMessage `json:"input"`   // map element, {dep: output}, or the flow input for a root single step
-	FlowInput json.RawMessage `json:"flow_input"`
+	Input     json.RawMessage `json:"input"` // map element, {dep: output}, or {} for a root single step
+	// FlowInput is the run's input as the claim carried it: set for root
+	// single steps, nil (SQL NULL) otherwise; Task.LoadFlowInput reads it
+	// from pgflow.runs when it is nil.
+	FlowInput json.RawMessage `json:"flow_input,omitempty"`
 }
 
-// Fatal claim reasons.
-const (
-	ReasonNoTask     = "no_task"     // a message with no task
-	ReasonWrongRoute = "wrong_route" // a message routed to the wrong flow
-	ReasonWrongWork  = "wrong_work"  // a message whose body names different work
-)
-
-// FatalClaimError is a message claim_tasks refused to hand out. The message
-// stays in its queue, invisible for the visibility timeout; an operator has
-// to look at it (`pgflow-upgrade audit`). It is an error value so it can be
-// logged and returned, and it carries the message's exact address.
-type FatalClaimError struct {
-	QueueName string `json:"queue_name"`
-	MessageID int64  `json:"message_id,string"`
-	Reason    string `json:"reason"`
-}
-
-func (e *FatalClaimError) Error() string {
-	return fmt.Sprintf("fatal claim: message %d in queue %q: %s", e.MessageID, e.QueueName, e.Reason)
-}
-
-// ClaimParams are the arguments of pgflow.claim_tasks.
-type ClaimParams struct {
+// ReadParams are the arguments of pgmq.read_with_poll.
+type ReadParams struct {
 	Queue             string
-	WorkerID          string // uuid
-	BatchSize         int
-	VisibilityTimeout time.Duration // whole seconds, at least 1
-	MaxPollSeconds    int           // 0: read once, do not wait
-	PollInterval      time.Duration // between reads while polling
+	VisibilityTimeout time.Duration // whole seconds (rounded up), at least 1
+	Qty               int
+	MaxPollSeconds    int
+	PollInterval      time.Duration // milliseconds
 }
 
-// Claim calls pgflow.claim_tasks once and returns its typed result: claimed
-// tasks, or fatal messages (one call returns one kind only).
-func Claim(ctx context.Context, db Querier, p ClaimParams) ([]ClaimedTask, []FatalClaimError, error) {
+// ReadMessages is the worker's poll: pgmq.read_with_poll with named
+// arguments. It returns the ids of the messages read (now invisible for the
+// visibility timeout), in the order pgmq returned them.
+func ReadMessages(ctx context.Context, db Querier, p ReadParams) ([]int64, error) {
 	rows, err := db.Query(ctx,
-		`select c.kind, c.queue_name, c.message_id, c.flow_slug, c.run_id::text, c.step_slug,
-		        c.task_index, c.attempt, c.input, c.flow_input, c.reason
-		 from pgflow.claim_tasks($1::text, $2::uuid, $3::integer, $4::integer, $5::integer, $6::integer) c`,
-		p.Queue, p.WorkerID, p.BatchSize, seconds(p.VisibilityTimeout), p.MaxPollSeconds, int(p.PollInterval/time.Millisecond))
+		`select r.msg_id from pgmq.read_with_poll(queue_name => $1::text, vt => $2::integer, qty => $3::integer,
+		        max_poll_seconds => $4::integer, poll_interval_ms => $5::integer) r`,
+		p.Queue, seconds(p.VisibilityTimeout), p.Qty, p.MaxPollSeconds, int(p.PollInterval/time.Millisecond))
 	if err != nil {
-		return nil, nil, claimErr(p.Queue, err)
+		return nil, fmt.Errorf("polling queue %q: %w", p.Queue, err)
 	}
 	defer rows.Close()
-	var claimed []ClaimedTask
-	var fatal []FatalClaimError
+	var ids []int64
 	for rows.Next() {
-		var (
-			kind                           string
-			queue, flow, run, step, reason *string
-			msgID                          *int64
-			index, attempt                 *int32
-			input, flowInput               []byte
-		)
-		if err := rows.Scan(&kind, &queue, &msgID, &flow, &run, &step, &index, &attempt, &input, &flowInput, &reason); err != nil {
-			return nil, nil, claimErr(p.Queue, err)
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("polling queue %q: %w", p.Queue, err)
 		}
-		switch kind {
-		case "claimed":
-			claimed = append(claimed, ClaimedTask{
-				QueueName: deref(queue), MessageID: deref(msgID), FlowSlug: deref(flow), RunID: deref(run),
-				StepSlug: deref(step), TaskIndex: int(deref(index)), Attempt: int(deref(attempt)),
-				Input: rawJSON(input), FlowInput: rawJSON(flowInput),
-			})
-		case "fatal":
-			fatal = append(fatal, FatalClaimError{QueueName: deref(queue), MessageID: deref(msgID), Reason: deref(reason)})
-		default:
-			return nil, nil, fmt.Errorf("claiming tasks from queue %q: unknown claim_result kind %q", p.Queue, kind)
-		}
+		ids = append(ids, id)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, nil, claimErr(p.Queue, err)
+		return nil, fmt.Errorf("polling queue %q: %w", p.Queue, err)
 	}
-	return claimed, fatal, nil
+	return ids, nil
 }
 
-func claimErr(queue string, err error) error {
+// StartParams are the arguments of pgflow.start_tasks.
+type StartParams struct {
+	FlowSlug   string
+	MessageIDs []int64
+	WorkerID   string // uuid
+	Queue      string // the canonical route the messages were read from
+	StepSlug   string // step mode only; "" is SQL NULL (flow mode)
+}
+
+// StartTasks claims the tasks of the messages read, through
+// pgflow.start_tasks with named arguments (step_slug NULL in flow mode). A
+// message with no claimable task returns no row; it stays invisible until
+// its visibility timeout, then comes back.
+func StartTasks(ctx context.Context, db Querier, p StartParams) ([]ClaimedTask, error) {
+	var step *string
+	if p.StepSlug != "" {
+		step = &p.StepSlug
+	}
+	rows, err := db.Query(ctx,
+		`select t.flow_slug, t.run_id::text, t.step_slug, t.input, t.msg_id, t.task_index, t.flow_input
+		 from pgflow.start_tasks(flow_slug => $1::text, msg_ids => $2::bigint[], worker_id => $3::uuid,
+		                         queue_name => $4::text, step_slug => $5::text) t`,
+		p.FlowSlug, p.MessageIDs, p.WorkerID, p.Queue, step)
+	if err != nil {
+		return nil, claimErr(p, err)
+	}
+	defer rows.Close()
+	var out []ClaimedTask
+	for rows.Next() {
+		var (
+			t                ClaimedTask
+			msgID            *int64
+			index            int32
+			input, flowInput []byte
+		)
+		if err := rows.Scan(&t.FlowSlug, &t.RunID, &t.StepSlug, &input, &msgID, &index, &flowInput); err != nil {
+			return nil, claimErr(p, err)
+		}
+		t.QueueName = p.Queue
+		if msgID != nil {
+			t.MessageID = *msgID
+		}
+		t.TaskIndex = int(index)
+		t.Input = rawJSON(input)
+		if flowInput != nil {
+			t.FlowInput = append(json.RawMessage(nil), flowInput...)
+		}
+		out = append(out, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, claimErr(p, err)
+	}
+	return out, nil
+}
+
+func claimErr(p StartParams, err error) error {
 	if isUndefined(err) {
-		return &ProtocolMismatchError{Want: ProtocolVersion, Missing: []string{"pgflow.claim_tasks(text,uuid,integer,integer,integer,integer)"}, Err: err}
+		return &ProtocolMismatchError{Missing: []string{"pgflow.start_tasks(text, bigint[], uuid, text, text)"}, Err: err}
 	}
-	return fmt.Errorf("claiming tasks from queue %q: %w", queue, err)
-}
-
-func deref[T any](p *T) T {
-	var zero T
-	if p == nil {
-		return zero
-	}
-	return *p
+	return fmt.Errorf("claiming %d messages of queue %q for flow %q: %w", len(p.MessageIDs), p.Queue, p.FlowSlug, err)
 }
 
 // rawJSON copies a scanned jsonb value (pgx reuses its buffers); SQL NULL is
@@ -123,7 +133,7 @@ func rawJSON(b []byte) json.RawMessage {
 	return append(json.RawMessage(nil), b...)
 }
 
-// seconds rounds a duration up to whole seconds (claim_tasks takes integers).
+// seconds rounds a duration up to whole seconds (pgmq takes integers).
 func seconds(d time.Duration) int {
 	s := int(d / time.Second)
 	if d%time.Second != 0 {

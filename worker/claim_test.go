@@ -11,13 +11,16 @@ const bigID = int64(9007199254740993)
 
 func TestClaimedTaskJSONKeepsMessageIDExact(t *testing.T) {
 	in := ClaimedTask{QueueName: "q", MessageID: bigID, FlowSlug: "f", RunID: "0b3c0f8e-0000-4000-8000-000000000001",
-		StepSlug: "s", TaskIndex: 3, Attempt: 2, Input: json.RawMessage(`{"x":1}`), FlowInput: json.RawMessage(`null`)}
+		StepSlug: "s", TaskIndex: 3, Input: json.RawMessage(`{"x":1}`)}
 	b, err := json.Marshal(in)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(string(b), `"message_id":"9007199254740993"`) {
-		t.Fatalf("message_id not written as an exact string: %s", b)
+	if !strings.Contains(string(b), `"msg_id":"9007199254740993"`) {
+		t.Fatalf("msg_id not written as an exact string: %s", b)
+	}
+	if strings.Contains(string(b), "flow_input") {
+		t.Errorf("an absent flow input was written: %s", b)
 	}
 	var out ClaimedTask
 	if err := json.Unmarshal(b, &out); err != nil {
@@ -27,21 +30,14 @@ func TestClaimedTaskJSONKeepsMessageIDExact(t *testing.T) {
 		t.Fatalf("round trip changed the task: %+v", out)
 	}
 	// A number is refused rather than silently rounded.
-	if err := json.Unmarshal([]byte(`{"message_id":9007199254740993}`), &out); err == nil {
-		t.Error("a numeric message_id was accepted")
+	if err := json.Unmarshal([]byte(`{"msg_id":9007199254740993}`), &out); err == nil {
+		t.Error("a numeric msg_id was accepted")
 	}
 }
 
-func TestFatalClaimErrorJSONAndMessage(t *testing.T) {
-	f := FatalClaimError{QueueName: "orders", MessageID: bigID, Reason: ReasonNoTask}
-	b, err := json.Marshal(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(b) != `{"queue_name":"orders","message_id":"9007199254740993","reason":"no_task"}` {
-		t.Errorf("json: %s", b)
-	}
-	if msg := f.Error(); !strings.Contains(msg, "9007199254740993") || !strings.Contains(msg, `"orders"`) {
-		t.Errorf("error message lacks the message address: %s", msg)
+func TestIDStringsAreExact(t *testing.T) {
+	got := idStrings([]int64{bigID, 1<<63 - 1})
+	if got[0] != "9007199254740993" || got[1] != "9223372036854775807" {
+		t.Errorf("got %v", got)
 	}
 }

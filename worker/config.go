@@ -3,44 +3,23 @@ package worker
 import (
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"regexp"
 	"time"
 )
 
-// Task is what a handler gets: the claimed task plus the worker that runs it.
-type Task struct {
-	ClaimedTask
-	WorkerID string
-}
-
-// DecodeInput unmarshals the task's input into v.
-func (t *Task) DecodeInput(v any) error {
-	if err := json.Unmarshal(t.Input, v); err != nil {
-		return fmt.Errorf("decoding input of %s/%s[%d]: %w", t.RunID, t.StepSlug, t.TaskIndex, err)
-	}
-	return nil
-}
-
-// DecodeFlowInput unmarshals the run's input into v.
-func (t *Task) DecodeFlowInput(v any) error {
-	if err := json.Unmarshal(t.FlowInput, v); err != nil {
-		return fmt.Errorf("decoding flow input of run %s: %w", t.RunID, err)
-	}
-	return nil
-}
-
 // HandlerFunc runs one task. Its output is marshalled to JSON (a
 // json.RawMessage is used as is; nil is JSON null) and stored by
-// complete_task; an error (or a panic) goes to fail_task, which retries the
-// task with the engine's delays until its attempts are used up.
+// complete_task; an error (or a panic) goes to fail_task with the error's
+// message, and the engine retries the task with its delays until its
+// attempts are used up.
 //
 // ctx is cancelled when the worker stops hard (Stop's soft timeout passed, or
 // Start's context was cancelled). A handler that returns because of that is
-// not counted as a failure: its task is released (or, after a hard kill, left
-// for its visibility timeout).
+// not counted as a failure: nothing is written (upstream's worker sends
+// neither call on an abort), and the task comes back after its message's
+// visibility timeout.
 type HandlerFunc func(ctx context.Context, t *Task) (output any, err error)
 
 // Outcome is what became of a claimed task.
@@ -49,8 +28,7 @@ type Outcome string
 const (
 	OutcomeCompleted Outcome = "completed" // complete_task was called
 	OutcomeFailed    Outcome = "failed"    // fail_task was called (the engine retries or fails it)
-	OutcomeReleased  Outcome = "released"  // release_task gave it back (shutdown)
-	OutcomeAbandoned Outcome = "abandoned" // nothing was written (hard kill, or a write failed): visible again after its visibility timeout
+	OutcomeAbandoned Outcome = "abandoned" // nothing was written (cancelled by a stop, or a write failed): visible again after its visibility timeout
 )
 
 // Result reports one task's outcome to Config.OnResult.
@@ -61,11 +39,13 @@ type Result struct {
 	Err      error // the handler's error, or the error writing the outcome
 }
 
-// Defaults.
+// Defaults: those of upstream's TypeScript worker (batchSize,
+// visibilityTimeout, maxPollSeconds, pollIntervalMs, maxConcurrent,
+// heartbeat), plus this package's own.
 const (
 	DefaultBatchSize         = 10
 	DefaultConcurrency       = 10
-	DefaultVisibilityTimeout = 60 * time.Second
+	DefaultVisibilityTimeout = 5 * time.Second
 	DefaultPollInterval      = 100 * time.Millisecond
 	DefaultMaxPollSeconds    = 2
 	DefaultHeartbeatInterval = 5 * time.Second
@@ -73,78 +53,86 @@ const (
 	DefaultWriteTimeout      = 30 * time.Second
 	DefaultClaimLinger       = 20 * time.Millisecond
 
-	// NoServerPoll as Config.MaxPollSeconds makes each claim read once.
-	NoServerPoll = -1
-	// NoClaimLinger as Config.ClaimLinger claims as soon as one slot is free.
+	// NoClaimLinger as Config.ClaimLinger polls as soon as one slot is free.
 	NoClaimLinger = -1
+)
+
+// Start modes of pgflow.worker_functions.start_mode.
+const (
+	// StartModeProcess: a long-running process (what a Go service is);
+	// pgflow's ensure_workers cron never pings it.
+	StartModeProcess = "process"
+	// StartModeHTTP: a function that ensure_workers may invoke over HTTP.
+	StartModeHTTP = "http"
 )
 
 // Config configures a Worker. Zero values take the defaults above; New
 // validates the result and reports the first problem as a *ConfigError.
 type Config struct {
 	// Flow is the flow this worker runs; it is created (or checked) with
-	// ensure_flow_compiled at Start. Required.
+	// ensure_flow_compiled at Start. Its QueueMode decides the worker's
+	// route. Required.
 	Flow Flow
-	// Handlers maps every step slug of Flow to its handler. Required.
+	// StepSlug is the one step a worker of a step-mode flow serves: it
+	// claims from that step's private queue. It must be empty in flow mode,
+	// where a worker serves every step from lower(flow slug).
+	StepSlug string
+	// Handlers maps step slugs to handlers: every step of Flow in flow mode;
+	// at least StepSlug in step mode (other steps of the flow may be listed,
+	// so one map can serve all of a flow's workers). Required.
 	Handlers map[string]HandlerFunc
 
-	// Queue is the pgmq queue to claim from. Empty means the flow's
-	// queue_name as recorded in pgflow.flows; when set it must match it.
-	Queue string
 	// WorkerID is this worker's uuid in pgflow.workers; empty generates one.
 	WorkerID string
-	// FunctionName is recorded in pgflow.workers.function_name; empty means
-	// "go:<flow slug>".
+	// FunctionName is recorded by track_worker_function and in
+	// pgflow.workers.function_name; empty means "go:<flow slug>".
 	FunctionName string
+	// StartMode is worker_functions.start_mode: StartModeProcess (the
+	// default: the worker calls track_worker_function(name, 'process')) or
+	// StartModeHTTP (track_worker_function(name)).
+	StartMode string
 
-	// BatchSize caps one claim; a claim never asks for more tasks than there
-	// are free slots.
+	// BatchSize caps one poll; a poll never asks for more messages than
+	// there are free slots.
 	BatchSize int
-	// Concurrency is how many handlers run at once.
+	// Concurrency is how many handlers run at once (upstream's
+	// maxConcurrent).
 	Concurrency int
-	// VisibilityTimeout is the lease of a claimed task, in whole seconds: if
-	// the worker dies, its tasks are claimable again after it. The protocol
-	// has no lease extension, so it must exceed the longest handler run: a
-	// task still running when its lease ends can be claimed (and run) again
-	// by another worker. The engine completes it once either way.
+	// VisibilityTimeout is the vt of pgmq.read_with_poll, in whole seconds:
+	// how long a message read but not claimed stays invisible. A claimed
+	// task's message is then hidden for its step's timeout + 2 s by
+	// start_tasks.
 	VisibilityTimeout time.Duration
-	// PollInterval is the wait between reads of an empty queue.
+	// PollInterval is the wait between reads inside one read_with_poll.
 	PollInterval time.Duration
-	// MaxPollSeconds is how long one claim_tasks call may wait for messages
-	// (server side); 0 means DefaultMaxPollSeconds, NoServerPoll (-1) reads
-	// once and waits PollInterval in the worker instead. Stop waits for a
-	// claim in flight (a claim is never cut off halfway, so nothing it
-	// claimed is stranded), so this bounds how long stopping takes to begin.
+	// MaxPollSeconds is how long one read_with_poll may wait for messages
+	// (server side), 1 to 60. A stop cancels a poll in flight (messages it
+	// read but nobody claimed come back after VisibilityTimeout).
 	MaxPollSeconds int
-	// ClaimLinger is how long the claim loop, once a slot is free while other
-	// handlers still run, waits for more of them to finish before it claims
-	// fewer than BatchSize tasks. Every claim_tasks call has a fixed cost (a
-	// pgmq read and a few statements); claiming one task per freed slot pays
-	// it per task, which with short handlers costs the server more than the
-	// 0.16.0 worker's whole-batch polling (BENCHMARKS.md, "worker"). A free
-	// slot idles at most this long, plus, while the database is slow to take
-	// outcomes, the recent complete_task round trip (up to 10x ClaimLinger
-	// more: when completions queue in the database, claiming more often only
-	// adds to its load). An idle worker (every slot free) claims at once. 0
-	// means DefaultClaimLinger; NoClaimLinger (-1) claims as soon as one slot
-	// is free.
+	// ClaimLinger is how long the poll loop, once a slot is free while other
+	// handlers still run, waits for more of them to finish before it polls
+	// for fewer than BatchSize messages. Every poll + start_tasks pair has a
+	// fixed cost; polling one message per freed slot pays it per task, which
+	// with short handlers costs the server more than whole-batch polling
+	// (BENCHMARKS.md, "worker"). A free slot idles at most this long, plus,
+	// while the database is slow to take outcomes, the recent complete_task
+	// round trip (up to 10x ClaimLinger more). An idle worker (every slot
+	// free) polls at once. 0 means DefaultClaimLinger; NoClaimLinger (-1)
+	// polls as soon as one slot is free.
 	ClaimLinger time.Duration
 	// HeartbeatInterval is how often the worker updates last_heartbeat_at and
 	// checks whether it was deprecated.
 	HeartbeatInterval time.Duration
 	// ShutdownTimeout is Stop's soft phase: how long in-flight handlers may
-	// keep running before they are cancelled and their tasks released.
+	// keep running before their contexts are cancelled.
 	ShutdownTimeout time.Duration
-	// WriteTimeout bounds each complete/fail/release call. They run on a
-	// context that is not cancelled by shutdown, so finished work is never
-	// lost to a cancel.
+	// WriteTimeout bounds each complete_task / fail_task /
+	// mark_worker_stopped call. They run on a context that is not cancelled
+	// by a stop, so finished work is never lost to a cancel.
 	WriteTimeout time.Duration
 
 	// Logger receives the worker's logs; nil means slog.Default().
 	Logger *slog.Logger
-	// OnFatal is called (from the claim loop) for every fatal claim result,
-	// after it was logged. Fatal messages are also counted in Stats.
-	OnFatal func(FatalClaimError)
 	// OnResult is called after each task's outcome was written (from the
 	// task's goroutine; keep it quick).
 	OnResult func(Result)
@@ -187,6 +175,9 @@ func (c Config) withDefaults() Config {
 	if c.FunctionName == "" && c.Flow.Slug != "" {
 		c.FunctionName = "go:" + c.Flow.Slug
 	}
+	if c.StartMode == "" {
+		c.StartMode = StartModeProcess
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -198,18 +189,40 @@ func (c Config) validate() error {
 	if err := c.Flow.Validate(); err != nil {
 		return err
 	}
-	for _, s := range c.Flow.Steps {
-		if c.Handlers[s.Slug] == nil {
-			return &ConfigError{Field: "Handlers", Reason: fmt.Sprintf("no handler for step %q", s.Slug)}
+	switch c.Flow.mode() {
+	case QueueModeFlow:
+		if c.StepSlug != "" {
+			return &ConfigError{Field: "StepSlug", Reason: fmt.Sprintf("flow %q is in flow mode: its workers serve every step from one queue, so StepSlug must be empty", c.Flow.Slug)}
+		}
+		for _, s := range c.Flow.Steps {
+			if c.Handlers[s.Slug] == nil {
+				return &ConfigError{Field: "Handlers", Reason: fmt.Sprintf("no handler for step %q", s.Slug)}
+			}
+		}
+	case QueueModeStep:
+		if c.StepSlug == "" {
+			return &ConfigError{Field: "StepSlug", Reason: fmt.Sprintf("flow %q is in step mode: name the step this worker serves", c.Flow.Slug)}
+		}
+		if !c.Flow.hasStep(c.StepSlug) {
+			return &ConfigError{Field: "StepSlug", Reason: fmt.Sprintf("%q is not a step of flow %q", c.StepSlug, c.Flow.Slug)}
+		}
+		if c.Handlers[c.StepSlug] == nil {
+			return &ConfigError{Field: "Handlers", Reason: fmt.Sprintf("no handler for step %q", c.StepSlug)}
 		}
 	}
-	for slug := range c.Handlers {
+	for slug, h := range c.Handlers {
 		if !c.Flow.hasStep(slug) {
 			return &ConfigError{Field: "Handlers", Reason: fmt.Sprintf("handler for %q, which is not a step of flow %q", slug, c.Flow.Slug)}
 		}
+		if h == nil {
+			return &ConfigError{Field: "Handlers", Reason: fmt.Sprintf("nil handler for step %q", slug)}
+		}
 	}
-	if c.Queue != "" && (len(c.Queue) > maxQueueName || !slugRE.MatchString(c.Queue)) {
-		return &ConfigError{Field: "Queue", Reason: fmt.Sprintf("%q is not a valid queue name", c.Queue)}
+	if c.StartMode != StartModeProcess && c.StartMode != StartModeHTTP {
+		return &ConfigError{Field: "StartMode", Reason: fmt.Sprintf("%q is neither %q nor %q", c.StartMode, StartModeProcess, StartModeHTTP)}
+	}
+	if c.FunctionName == "" {
+		return &ConfigError{Field: "FunctionName", Reason: "is empty"}
 	}
 	if !uuidRE.MatchString(c.WorkerID) {
 		return &ConfigError{Field: "WorkerID", Reason: fmt.Sprintf("%q is not a uuid", c.WorkerID)}
@@ -223,8 +236,9 @@ func (c Config) validate() error {
 		return &ConfigError{Field: "VisibilityTimeout", Reason: fmt.Sprintf("%s is less than 1s", c.VisibilityTimeout)}
 	case c.PollInterval < time.Millisecond:
 		return &ConfigError{Field: "PollInterval", Reason: fmt.Sprintf("%s is less than 1ms", c.PollInterval)}
-	case c.MaxPollSeconds < NoServerPoll || c.MaxPollSeconds > 60:
-		return &ConfigError{Field: "MaxPollSeconds", Reason: fmt.Sprintf("%d is not between -1 and 60", c.MaxPollSeconds)}
+	case c.MaxPollSeconds < 1 || c.MaxPollSeconds > 60:
+		// read_with_poll with 0 seconds returns nothing at all.
+		return &ConfigError{Field: "MaxPollSeconds", Reason: fmt.Sprintf("%d is not between 1 and 60", c.MaxPollSeconds)}
 	case c.ClaimLinger < NoClaimLinger || c.ClaimLinger > time.Minute:
 		return &ConfigError{Field: "ClaimLinger", Reason: fmt.Sprintf("%s is negative (NoClaimLinger disables it) or longer than 1m", c.ClaimLinger)}
 	case c.HeartbeatInterval < 10*time.Millisecond:

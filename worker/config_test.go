@@ -37,11 +37,18 @@ func TestConfigDefaults(t *testing.T) {
 		{"WriteTimeout", c.WriteTimeout, DefaultWriteTimeout},
 		{"ClaimLinger", c.ClaimLinger, DefaultClaimLinger},
 		{"FunctionName", c.FunctionName, "go:greet"},
+		{"StartMode", c.StartMode, StartModeProcess},
 	}
 	for _, ch := range checks {
 		if ch.got != ch.want {
 			t.Errorf("%s = %v, want %v", ch.name, ch.got, ch.want)
 		}
+	}
+	// Upstream's defaults (facts §3): batchSize 10, visibilityTimeout 5 s,
+	// maxPollSeconds 2, pollIntervalMs 100, maxConcurrent 10, heartbeat 5 s.
+	if c.BatchSize != 10 || c.VisibilityTimeout != 5*time.Second || c.MaxPollSeconds != 2 ||
+		c.PollInterval != 100*time.Millisecond || c.Concurrency != 10 || c.HeartbeatInterval != 5*time.Second {
+		t.Errorf("defaults differ from upstream's worker: %+v", c)
 	}
 	if !uuidRE.MatchString(c.WorkerID) || c.WorkerID[14] != '4' {
 		t.Errorf("generated WorkerID %q is not a v4 uuid", c.WorkerID)
@@ -78,12 +85,35 @@ func TestConfigValidation(t *testing.T) {
 		{"negative base delay", func(c *Config) { c.Flow.Options.BaseDelay = Int(-1) }, "Flow.Options"},
 		{"zero timeout", func(c *Config) { c.Flow.Steps[1].Options.Timeout = Int(0) }, "Flow.Steps[1].Options.Timeout"},
 		{"bad worker id", func(c *Config) { c.WorkerID = "worker-1" }, "WorkerID"},
-		{"bad queue", func(c *Config) { c.Queue = "a;b" }, "Queue"},
+		{"step slug in flow mode", func(c *Config) { c.StepSlug = "hello" }, "StepSlug"},
+		{"step mode without step slug", func(c *Config) { c.Flow.QueueMode = QueueModeStep }, "StepSlug"},
+		{"step mode, unknown step", func(c *Config) { c.Flow.QueueMode = QueueModeStep; c.StepSlug = "nope" }, "StepSlug"},
+		{"step mode, no handler for the step", func(c *Config) {
+			c.Flow.QueueMode = QueueModeStep
+			c.StepSlug = "bye"
+			delete(c.Handlers, "bye")
+		}, "Handlers"},
+		{"nil handler", func(c *Config) { c.Handlers["bye"] = nil }, "Handlers"},
+		{"bad queue mode", func(c *Config) { c.Flow.QueueMode = "queue" }, "Flow.QueueMode"},
+		{"bad start mode", func(c *Config) { c.StartMode = "cron" }, "StartMode"},
+		{"slug with a leading underscore", func(c *Config) { c.Flow.Slug = "_greet" }, "Flow.Slug"},
+		{"slug with a trailing underscore", func(c *Config) { c.Flow.Slug = "greet_" }, "Flow.Slug"},
+		{"slug with a double underscore", func(c *Config) { c.Flow.Slug = "gr__eet" }, "Flow.Slug"},
+		{"step slugs equal but for case", func(c *Config) {
+			c.Flow.Steps[1].Slug = "HELLO"
+			c.Flow.Steps[1].DependsOn = nil
+			c.Handlers["HELLO"] = noop
+		}, "Flow.Steps[1].Slug"},
+		{"step-mode flow slug too long for any step queue", func(c *Config) {
+			c.Flow.QueueMode = QueueModeStep
+			c.Flow.Slug = strings.Repeat("a", 45)
+			c.StepSlug = "hello"
+		}, "Flow.Slug"},
 		{"batch too big", func(c *Config) { c.BatchSize = 1001 }, "BatchSize"},
 		{"negative concurrency", func(c *Config) { c.Concurrency = -1 }, "Concurrency"},
 		{"sub-second visibility", func(c *Config) { c.VisibilityTimeout = 500 * time.Millisecond }, "VisibilityTimeout"},
 		{"max poll too long", func(c *Config) { c.MaxPollSeconds = 61 }, "MaxPollSeconds"},
-		{"max poll below -1", func(c *Config) { c.MaxPollSeconds = -2 }, "MaxPollSeconds"},
+		{"max poll below 1", func(c *Config) { c.MaxPollSeconds = -1 }, "MaxPollSeconds"},
 		{"claim linger below -1", func(c *Config) { c.ClaimLinger = -2 }, "ClaimLinger"},
 		{"claim linger too long", func(c *Config) { c.ClaimLinger = time.Hour }, "ClaimLinger"},
 		{"heartbeat too often", func(c *Config) { c.HeartbeatInterval = time.Millisecond }, "HeartbeatInterval"},
@@ -102,6 +132,47 @@ func TestConfigValidation(t *testing.T) {
 				t.Errorf("field %q, want %q (%v)", ce.Field, tc.field, err)
 			}
 		})
+	}
+}
+
+// A step-mode worker needs only its own step's handler, and may carry the
+// others (one map for all of a flow's workers).
+func TestStepModeHandlers(t *testing.T) {
+	c := validConfig()
+	c.Flow.QueueMode = QueueModeStep
+	c.StepSlug = "bye"
+	if err := c.withDefaults().validate(); err != nil {
+		t.Errorf("all handlers: %v", err)
+	}
+	delete(c.Handlers, "hello")
+	if err := c.withDefaults().validate(); err != nil {
+		t.Errorf("only its step's handler: %v", err)
+	}
+}
+
+func TestNewResolvesTheCanonicalRoute(t *testing.T) {
+	pool := fakePool(t)
+	w, err := New(pool, validConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Queue() != "greet" {
+		t.Errorf("flow mode queue %q, want greet", w.Queue())
+	}
+	c := validConfig()
+	c.Flow.Slug = "Greet"
+	c.Flow.QueueMode = QueueModeStep
+	c.StepSlug = "bye"
+	w, err = New(pool, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Queue() != "greet__bye" {
+		t.Errorf("step mode queue %q, want greet__bye", w.Queue())
+	}
+	want := []Route{{"hello", "greet__hello"}, {"bye", "greet__bye"}}
+	if got := w.Routes(); len(got) != 2 || got[0] != want[0] || got[1] != want[1] {
+		t.Errorf("routes %v, want %v", got, want)
 	}
 }
 

@@ -1,6 +1,21 @@
-// Package worker runs the tasks of a pgflow flow on the queue-aware protocol
-// that the pgflow_persist_queue upgrade installs (SPEC §5, docs/design.md
-// "The new protocol").
+// Package worker runs the tasks of a pgflow flow as a first-class pgflow 0.17
+// worker: the same calls, in the same order, with the same arguments and
+// defaults as upstream's TypeScript worker, so a Go service can serve a flow
+// beside TypeScript workers (SPEC §5, docs/design.md "The worker").
+//
+// # Routes
+//
+// A flow's queue layout is its Flow.QueueMode, resolved locally by New with
+// no database call (Flow.Routes):
+//
+//   - flow mode (the default, and every flow migrated from 0.16.0): every
+//     step on one queue, lower(flow_slug); a worker serves every step;
+//   - step mode: each step on its own queue, StepQueueName: the readable
+//     lower(flow_slug||'__'||step_slug) when it fits pgmq's 47 characters,
+//     else lower(flow_slug||'__'||step_index), and the flow is refused (a
+//     *ConfigError) when even lower(flow_slug||'__0') is too long or the
+//     fallback does not fit. Names are never truncated. A worker serves one
+//     step (Config.StepSlug) and polls that step's queue.
 //
 // # Lifecycle
 //
@@ -8,53 +23,55 @@
 // *ConfigError before anything touches the database). Start then runs, in
 // this order:
 //
-//  1. the startup fence, CheckProtocol: select pgflow.queue_protocol_version()
-//     and check that every function the worker calls exists. A pgflow 0.16.0
-//     database fails here with a *ProtocolMismatchError (errors.Is
-//     ErrProtocolMismatch; the *pgconn.PgError stays reachable), before the
-//     worker has written anything;
-//  2. EnsureFlow: pgflow.ensure_flow_compiled(slug, shape, false) creates the
-//     flow and its queue, or checks the existing shape (a different one is a
-//     *FlowMismatchError; data is never dropped);
-//  3. registration in pgflow.workers;
-//  4. a heartbeat every HeartbeatInterval, which also notices
-//     pgflow.workers.deprecated_at: a deprecated worker stops claiming and
-//     shuts down gracefully;
-//  5. the claim loop.
+//  1. pgflow.ensure_flow_compiled(slug, shape, queue_mode, route_map), four
+//     positional arguments. The database compiles a missing flow, verifies an
+//     existing one, or reports a mismatch: a *FlowShapeMismatchError or a
+//     *FlowRoutingMismatchError (both errors.Is ErrFlowMismatch). A pgflow
+//     0.16.0 database has no such function (SQLSTATE 42883): a
+//     *ProtocolMismatchError (errors.Is ErrProtocolMismatch, the
+//     *pgconn.PgError reachable). Either way nothing has been registered;
+//  2. pgflow.track_worker_function(name, 'process'), or (name) for
+//     StartModeHTTP;
+//  3. an INSERT into pgflow.workers with the canonical route as queue_name;
+//  4. a heartbeat every HeartbeatInterval (last_heartbeat_at =
+//     clock_timestamp(), returning whether deprecated_at is set): a
+//     deprecated worker stops polling and shuts down gracefully;
+//  5. the poll loop.
 //
-// # Claiming and running
+// # Polling and running
 //
-// The claim loop waits for a free slot (and, while other handlers still run,
-// up to ClaimLinger for more, so that one claim serves several tasks), then
-// calls pgflow.claim_tasks for as many tasks as there are free slots (at most
-// BatchSize), so nothing is claimed that cannot start at once. Results are typed: ClaimedTask, or
-// FatalClaimError for a message claim_tasks refused (no task, wrong flow,
-// different work). Fatal messages are logged with their address (queue_name,
-// message_id), counted in Stats and passed to Config.OnFatal; they stay in
-// their queue for an operator.
+// The poll loop waits for a free slot (and, while other handlers still run,
+// up to ClaimLinger for more, so one poll serves several tasks), then calls
+// pgmq.read_with_poll on its route for min(BatchSize, free slots) messages
+// and claims them with pgflow.start_tasks(flow_slug, msg_ids, worker_id,
+// queue_name, step_slug), step_slug NULL in flow mode. Messages with no
+// claimable task are logged (queue, ids, flow, step) and come back after
+// VisibilityTimeout; a failed claim is logged, counted in Stats and the loop
+// backs off.
 //
-// Each claimed task runs its step's HandlerFunc in its own goroutine with the
-// task's input, the flow input, run id, step slug, task index and attempt.
-// Success calls pgflow.complete_task with the output as JSON; an error or a
-// panic (recovered, the worker keeps running) calls pgflow.fail_task, and the
-// engine retries with its delays (floor(base_delay * 2^attempts)) until
-// max_attempts, then applies when_exhausted. Outcomes are written on a
-// context that no stop or cancel can cut off (context.WithoutCancel, bounded
-// by WriteTimeout), so finished work is never lost to a shutdown.
+// Each claimed task runs its step's HandlerFunc in its own goroutine. The
+// run's input is on the claim for root single steps; Task.LoadFlowInput reads
+// it from pgflow.runs for the others, only when a handler asks. Success calls
+// pgflow.complete_task with the output as JSON; an error or a panic
+// (recovered, the worker keeps running) calls pgflow.fail_task with the
+// error's message, and the engine retries with its delays until max_attempts.
+// Outcomes are written on a context no stop or cancel can cut off
+// (context.WithoutCancel, bounded by WriteTimeout).
 //
 // # Stopping
 //
-// Stop(ctx) is graceful: it stops claiming (a claim in flight is allowed to
-// return, so nothing it claimed is stranded), lets running handlers finish
-// within ShutdownTimeout, then cancels their contexts and releases their
-// tasks with pgflow.release_task (queued again at once, no attempt used),
-// and finally calls pgflow.mark_worker_stopped. Run(ctx) wraps Start and
-// Stop for a main function driven by signal.NotifyContext.
+// Stop(ctx) is graceful, in upstream's order: pgflow.mark_worker_stopped,
+// stop polling (a poll in flight is cancelled; a claim in flight finishes
+// and its tasks run), wait for in-flight handlers within ShutdownTimeout and
+// write their outcomes. Handlers still running after it are cancelled; a
+// task whose handler returns because of that gets no call at all (as
+// upstream on an abort): it stays started until pgflow.requeue_stalled_tasks
+// takes it back after its visibility timeout. Run(ctx) wraps Start and Stop
+// for a main function driven by signal.NotifyContext.
 //
 // Cancelling the context given to Start is a hard stop, like a crash:
-// handlers are cancelled, nothing is released and the worker is not marked
-// stopped; its unfinished tasks become claimable by other workers when their
-// visibility timeout passes.
+// handlers are cancelled and the worker is not marked stopped.
 //
-// Message ids are exact everywhere: int64 in Go, strings in JSON.
+// Message ids are exact everywhere: int64 in Go and in every SQL parameter,
+// strings in JSON.
 package worker

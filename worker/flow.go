@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -84,30 +85,47 @@ type Step struct {
 // Flow is a flow definition: what ensure_flow_compiled creates (or checks)
 // in the database.
 type Flow struct {
-	Slug    string
-	Options FlowOptions
-	Steps   []Step
+	Slug string
+	// QueueMode is where the flow's messages live: QueueModeFlow (the
+	// default, "" means it) puts every step on one queue named
+	// lower(Slug); QueueModeStep gives each step its own queue (Routes), and
+	// each worker then serves one step (Config.StepSlug). Like upstream's
+	// withStepQueues(flow), it is part of the deployment, stored per flow by
+	// ensure_flow_compiled.
+	QueueMode QueueMode
+	Options   FlowOptions
+	Steps     []Step
 }
 
-// slugRE is pgflow.is_valid_slug's pattern.
-var slugRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+// slugRE is pgflow 0.17's is_valid_slug pattern: a letter first, then
+// letters, digits and single underscores, ending in a letter or digit (the
+// `__` separator of step queue names can then never be ambiguous).
+var slugRE = regexp.MustCompile(`^[A-Za-z](?:[A-Za-z0-9]|_[A-Za-z0-9])*$`)
 
-// maxQueueName is pgmq's limit on queue names; a flow's queue is named as its
-// slug, so it bounds flow slugs too.
+// maxQueueName is pgmq's limit on queue names (pgflow.is_valid_queue_name).
 const maxQueueName = 47
 
+// validSlug is pgflow.is_valid_slug of 0.17.0: 1-128 characters, not "run".
 func validSlug(s string) bool {
 	return len(s) >= 1 && len(s) <= 128 && slugRE.MatchString(s) && s != "run"
 }
+
+const slugRule = "1-128 chars of [A-Za-z0-9_], a letter first, a letter or digit last, no \"__\", not \"run\""
 
 // Validate checks the definition the way the engine would, so mistakes are
 // reported before anything is written.
 func (f Flow) Validate() error {
 	if !validSlug(f.Slug) {
-		return &ConfigError{Field: "Flow.Slug", Reason: fmt.Sprintf("%q is not a valid slug (1-128 chars of [A-Za-z0-9_], not starting with a digit, not \"run\")", f.Slug)}
+		return &ConfigError{Field: "Flow.Slug", Reason: fmt.Sprintf("%q is not a valid slug (%s)", f.Slug, slugRule)}
 	}
-	if len(f.Slug) > maxQueueName {
-		return &ConfigError{Field: "Flow.Slug", Reason: fmt.Sprintf("%q is longer than %d characters, pgmq's limit for the flow's queue name", f.Slug, maxQueueName)}
+	switch f.QueueMode {
+	case "", QueueModeFlow:
+		if len(f.Slug) > maxQueueName {
+			return &ConfigError{Field: "Flow.Slug", Reason: fmt.Sprintf("%q is longer than %d characters, pgmq's limit for the flow's queue name", f.Slug, maxQueueName)}
+		}
+	case QueueModeStep:
+	default:
+		return &ConfigError{Field: "Flow.QueueMode", Reason: fmt.Sprintf("%q is neither %q nor %q", f.QueueMode, QueueModeFlow, QueueModeStep)}
 	}
 	if len(f.Steps) == 0 {
 		return &ConfigError{Field: "Flow.Steps", Reason: "a flow needs at least one step"}
@@ -119,14 +137,21 @@ func (f Flow) Validate() error {
 		return &ConfigError{Field: "Flow.Options.Timeout", Reason: "must be positive"}
 	}
 	seen := map[string]bool{}
+	seenLower := map[string]string{}
 	for i, s := range f.Steps {
 		field := fmt.Sprintf("Flow.Steps[%d]", i)
 		if !validSlug(s.Slug) {
-			return &ConfigError{Field: field + ".Slug", Reason: fmt.Sprintf("%q is not a valid slug", s.Slug)}
+			return &ConfigError{Field: field + ".Slug", Reason: fmt.Sprintf("%q is not a valid slug (%s)", s.Slug, slugRule)}
 		}
 		if seen[s.Slug] {
 			return &ConfigError{Field: field + ".Slug", Reason: fmt.Sprintf("duplicate step %q", s.Slug)}
 		}
+		// The engine keeps step slugs unique case-insensitively (and step
+		// queue names are lowercase).
+		if other, ok := seenLower[strings.ToLower(s.Slug)]; ok {
+			return &ConfigError{Field: field + ".Slug", Reason: fmt.Sprintf("%q differs from step %q only by case", s.Slug, other)}
+		}
+		seenLower[strings.ToLower(s.Slug)] = s.Slug
 		switch s.Type {
 		case "", StepSingle, StepMap:
 		default:
@@ -169,6 +194,11 @@ func (f Flow) Validate() error {
 			return &ConfigError{Field: field + ".Options.Timeout", Reason: "must be positive"}
 		}
 		seen[s.Slug] = true
+	}
+	if f.QueueMode == QueueModeStep {
+		if _, err := f.Routes(); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -260,94 +290,4 @@ func compact(raw json.RawMessage) json.RawMessage {
 		return raw // Validate has checked it parses
 	}
 	return buf.Bytes()
-}
-
-// Compile statuses reported by ensure_flow_compiled.
-const (
-	StatusCompiled   = "compiled"   // the flow was created
-	StatusVerified   = "verified"   // it existed with the same shape
-	StatusRecompiled = "recompiled" // it was rebuilt (only with allow_data_loss or on a local dev database)
-	StatusMismatch   = "mismatch"   // it exists with a different shape
-)
-
-// CompileResult is what ensure_flow_compiled returned.
-type CompileResult struct {
-	Status      string   `json:"status"`
-	Differences []string `json:"differences"`
-}
-
-// EnsureFlow creates the flow (with its queue) or checks that the existing
-// one has the same shape, through pgflow.ensure_flow_compiled(slug, shape,
-// false). It never drops data: a different shape is a *FlowMismatchError.
-// On a database without the new protocol it returns a *ProtocolMismatchError.
-func EnsureFlow(ctx context.Context, db Querier, f Flow) (CompileResult, error) {
-	shape, err := f.Shape()
-	if err != nil {
-		return CompileResult{}, err
-	}
-	var raw []byte
-	err = db.QueryRow(ctx, `select pgflow.ensure_flow_compiled($1::text, $2::jsonb, false)`, f.Slug, string(shape)).Scan(&raw)
-	if err != nil {
-		if isUndefined(err) {
-			return CompileResult{}, &ProtocolMismatchError{Want: ProtocolVersion, Missing: []string{"pgflow.ensure_flow_compiled(text, jsonb, boolean)"}, Err: err}
-		}
-		return CompileResult{}, fmt.Errorf("compiling flow %q: %w", f.Slug, err)
-	}
-	var res CompileResult
-	if err := json.Unmarshal(raw, &res); err != nil {
-		return CompileResult{}, fmt.Errorf("compiling flow %q: unexpected result %s: %w", f.Slug, raw, err)
-	}
-	switch res.Status {
-	case StatusCompiled, StatusVerified, StatusRecompiled:
-		return res, nil
-	case StatusMismatch:
-		return res, &FlowMismatchError{FlowSlug: f.Slug, Differences: res.Differences}
-	}
-	return res, fmt.Errorf("compiling flow %q: unknown status %q", f.Slug, res.Status)
-}
-
-// ProtocolVersion is the queue protocol version this package speaks
-// (pgflow.queue_protocol_version()).
-const ProtocolVersion = 2
-
-// protocolFunctions are the functions the worker calls, as regprocedure
-// signatures; the fence checks that all exist before anything is written.
-var protocolFunctions = []string{
-	"pgflow.ensure_flow_compiled(text,jsonb,boolean)",
-	"pgflow.claim_tasks(text,uuid,integer,integer,integer,integer)",
-	"pgflow.complete_task(uuid,text,integer,jsonb)",
-	"pgflow.fail_task(uuid,text,integer,text)",
-	"pgflow.release_task(uuid,text,integer,uuid)",
-	"pgflow.mark_worker_stopped(uuid)",
-}
-
-// CheckProtocol is the startup fence: it only reads, and returns a
-// *ProtocolMismatchError unless the database speaks ProtocolVersion and has
-// every function the worker calls.
-func CheckProtocol(ctx context.Context, db Querier) error {
-	var got int
-	err := db.QueryRow(ctx, `select pgflow.queue_protocol_version()`).Scan(&got)
-	if err != nil {
-		if isUndefined(err) {
-			return &ProtocolMismatchError{Want: ProtocolVersion, Missing: []string{"pgflow.queue_protocol_version()"}, Err: err}
-		}
-		return fmt.Errorf("checking the pgflow queue protocol version: %w", err)
-	}
-	if got != ProtocolVersion {
-		return &ProtocolMismatchError{Want: ProtocolVersion, Got: got}
-	}
-	rows, err := db.Query(ctx,
-		`select f from pg_catalog.unnest($1::text[]) with ordinality as u(f, i)
-		 where pg_catalog.to_regprocedure(f) is null order by i`, protocolFunctions)
-	if err != nil {
-		return fmt.Errorf("checking the pgflow queue protocol functions: %w", err)
-	}
-	missing, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return fmt.Errorf("checking the pgflow queue protocol functions: %w", err)
-	}
-	if len(missing) > 0 {
-		return &ProtocolMismatchError{Want: ProtocolVersion, Got: got, Missing: missing}
-	}
-	return nil
 }

@@ -21,11 +21,18 @@ import (
 // hangGuard only stops a broken test from hanging; no assertion depends on it.
 const hangGuard = 2 * time.Minute
 
-// upgraded returns a fresh 0.16.0 database with the embedded migration applied
-// in one transaction.
+// upgraded returns a fresh pgflow 0.16.0 database (testdb.Baseline) with the
+// embedded migration to 0.17.0 applied in one transaction.
 func upgraded(t *testing.T) *testdb.DB {
 	t.Helper()
-	db := testdb.Model(t)
+	db := testdb.Baseline(t)
+	migrate(t, db)
+	return db
+}
+
+// migrate applies the embedded migrations in one transaction.
+func migrate(t *testing.T, db *testdb.DB) {
+	t.Helper()
 	ctx := context.Background()
 	all, err := migrations.All()
 	if err != nil || len(all) == 0 {
@@ -44,7 +51,6 @@ func upgraded(t *testing.T) *testdb.DB {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	return db
 }
 
 func testLogger(t *testing.T) *slog.Logger {
@@ -234,4 +240,17 @@ func assertEachTaskOnce(t *testing.T, pool *pgxpool.Pool, success *counter, want
 	for k := range got {
 		t.Errorf("handler ran for %s, which is not a task", k)
 	}
+}
+
+// withHandlers returns cfg with h as the handler of every step (nil: a
+// no-op) and the test's logger.
+func withHandlers(cfg worker.Config, h worker.HandlerFunc) worker.Config {
+	if h == nil {
+		h = func(context.Context, *worker.Task) (any, error) { return nil, nil }
+	}
+	cfg.Handlers = map[string]worker.HandlerFunc{}
+	for _, s := range cfg.Flow.Steps {
+		cfg.Handlers[s.Slug] = h
+	}
+	return cfg
 }

@@ -2,11 +2,10 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,55 +16,60 @@ import (
 
 // Stats are the worker's counters since Start.
 type Stats struct {
-	ClaimCalls  int64 // claim_tasks calls that returned
-	Claimed     int64 // tasks handed to this worker
+	Polls       int64 // read_with_poll calls that returned
+	Read        int64 // messages those polls returned
+	ClaimCalls  int64 // start_tasks calls that returned
+	Claimed     int64 // tasks start_tasks handed to this worker
+	Unclaimed   int64 // messages read that start_tasks did not claim (back after their vt)
+	ClaimErrors int64 // start_tasks calls that failed (messages back after their vt)
 	Completed   int64
 	Failed      int64 // fail_task calls (retries included)
 	Panicked    int64 // handler panics (also counted in Failed)
-	Released    int64
-	Abandoned   int64
-	Fatal       int64 // fatal claim results (messages refused by claim_tasks)
+	Abandoned   int64 // tasks left started: cancelled by a stop, or their outcome write failed
 	WriteErrors int64
 }
 
 type counters struct {
-	claimCalls, claimed, completed, failed, panicked, released, abandoned, fatal, writeErrors atomic.Int64
+	polls, read, claimCalls, claimed, unclaimed, claimErrors,
+	completed, failed, panicked, abandoned, writeErrors atomic.Int64
 }
 
-// Worker runs the tasks of one flow on the new (queue-aware) protocol. Create
-// it with New, run it with Start and Stop (or Run).
+// Worker runs the tasks of one flow (flow mode) or of one step of a
+// step-mode flow, as a pgflow 0.17 worker. Create it with New, run it with
+// Start and Stop (or Run).
 type Worker struct {
-	pool  *pgxpool.Pool
-	cfg   Config
-	log   *slog.Logger
-	queue string // resolved at Start
+	pool   *pgxpool.Pool
+	cfg    Config
+	log    *slog.Logger
+	routes []Route // resolved by New, with no database call
+	queue  string  // the canonical route this worker polls
 
 	started atomic.Bool // Start was called
 	startMu sync.Mutex  // held while Start runs
 	running bool        // Start succeeded (guarded by startMu)
 
-	// hardCtx is Start's context: cancelling it stops everything at once,
-	// as if the process died (only results already produced are written).
+	// hardCtx is the worker's lifetime (Start's context): cancelling it
+	// stops everything at once, as if the process died.
 	hardCtx context.Context
-	// fetchCtx stops the claim loop (soft stop: nothing in flight is
-	// touched).
+	// fetchCtx stops polling (the soft stop): a poll in flight is cancelled,
+	// a claim in flight is not.
 	fetchCtx    context.Context
 	fetchCancel context.CancelFunc
 	// workCtx is the parent of every handler's context; cancelled at the end
 	// of the soft phase.
 	workCtx    context.Context
 	workCancel context.CancelFunc
-	// hbCtx stops the heartbeat, last.
+	// hbCtx stops the heartbeat, at the start of a stop.
 	hbCtx    context.Context
 	hbCancel context.CancelFunc
 
 	slots    chan struct{} // a token per running handler
 	inflight sync.WaitGroup
-	loops    sync.WaitGroup // claim loop
+	loops    sync.WaitGroup // poll loop
 	hbDone   chan struct{}
 
 	shutdownOnce sync.Once
-	stopping     chan struct{} // closed when the soft stop begins
+	stopping     chan struct{} // closed when the stop begins
 	forceOnce    sync.Once
 	force        chan struct{} // closed to end the soft phase early
 	done         chan struct{} // closed when the worker is fully stopped
@@ -78,8 +82,8 @@ type Worker struct {
 	writeNanos atomic.Int64
 }
 
-// New validates cfg (after filling in defaults) and returns a worker that has
-// not touched the database yet.
+// New validates cfg (after filling in defaults), resolves the flow's routes
+// locally and returns a worker that has not touched the database yet.
 func New(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 	if pool == nil {
 		return nil, &ConfigError{Field: "pool", Reason: "is nil"}
@@ -88,10 +92,24 @@ func New(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	routes, err := cfg.Flow.Routes()
+	if err != nil {
+		return nil, err
+	}
+	queue := routes[0].QueueName // flow mode: the same for every step
+	if cfg.Flow.mode() == QueueModeStep {
+		queue, _ = routeOf(routes, cfg.StepSlug) // validate checked the step exists
+	}
+	attrs := []any{slog.String("flow_slug", cfg.Flow.Slug), slog.String("worker_id", cfg.WorkerID), slog.String("queue_name", queue)}
+	if cfg.StepSlug != "" {
+		attrs = append(attrs, slog.String("step_slug", cfg.StepSlug))
+	}
 	return &Worker{
 		pool:     pool,
 		cfg:      cfg,
-		log:      cfg.Logger.With(slog.String("flow_slug", cfg.Flow.Slug), slog.String("worker_id", cfg.WorkerID)),
+		log:      cfg.Logger.With(attrs...),
+		routes:   routes,
+		queue:    queue,
 		slots:    make(chan struct{}, cfg.Concurrency),
 		hbDone:   make(chan struct{}),
 		stopping: make(chan struct{}),
@@ -103,10 +121,14 @@ func New(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 // ID returns the worker's uuid.
 func (w *Worker) ID() string { return w.cfg.WorkerID }
 
-// Queue returns the queue the worker claims from (known after Start).
+// Queue returns the canonical route the worker polls: lower(flow slug) in
+// flow mode, its step's queue in step mode. Known from New on.
 func (w *Worker) Queue() string { return w.queue }
 
-// Stopping is closed when the worker stops claiming (Stop was called, it was
+// Routes returns the flow's route map as sent to ensure_flow_compiled.
+func (w *Worker) Routes() []Route { return append([]Route(nil), w.routes...) }
+
+// Stopping is closed when the worker stops polling (Stop was called, it was
 // deprecated, or Start's context was cancelled).
 func (w *Worker) Stopping() <-chan struct{} { return w.stopping }
 
@@ -124,25 +146,26 @@ func (w *Worker) Err() error {
 // Stats returns a snapshot of the counters.
 func (w *Worker) Stats() Stats {
 	return Stats{
-		ClaimCalls: w.n.claimCalls.Load(), Claimed: w.n.claimed.Load(), Completed: w.n.completed.Load(),
-		Failed: w.n.failed.Load(), Panicked: w.n.panicked.Load(), Released: w.n.released.Load(),
-		Abandoned: w.n.abandoned.Load(), Fatal: w.n.fatal.Load(), WriteErrors: w.n.writeErrors.Load(),
+		Polls: w.n.polls.Load(), Read: w.n.read.Load(), ClaimCalls: w.n.claimCalls.Load(),
+		Claimed: w.n.claimed.Load(), Unclaimed: w.n.unclaimed.Load(), ClaimErrors: w.n.claimErrors.Load(),
+		Completed: w.n.completed.Load(), Failed: w.n.failed.Load(), Panicked: w.n.panicked.Load(),
+		Abandoned: w.n.abandoned.Load(), WriteErrors: w.n.writeErrors.Load(),
 	}
 }
 
-// Start runs the startup sequence and then claims in the background:
+// Start runs upstream's startup sequence and then polls in the background:
 //
-//  1. the fence (CheckProtocol): a *ProtocolMismatchError before anything is
-//     written;
-//  2. ensure_flow_compiled(slug, shape, false): a *FlowMismatchError if the
-//     database has a different shape;
-//  3. registration in pgflow.workers;
-//  4. the heartbeat and the claim loop.
+//  1. pgflow.ensure_flow_compiled(slug, shape, queue_mode, route_map): a
+//     *ProtocolMismatchError on a 0.16.0 database, a *FlowShapeMismatchError
+//     or *FlowRoutingMismatchError on a mismatch; nothing is registered yet;
+//  2. pgflow.track_worker_function(name[, 'process']);
+//  3. registration in pgflow.workers with the canonical route;
+//  4. the heartbeat and the poll loop.
 //
 // ctx is the worker's lifetime: cancelling it is a hard stop (handlers are
-// cancelled, nothing is released, the worker is not marked stopped, its
-// tasks come back after their visibility timeout). Use Stop to stop
-// gracefully.
+// cancelled, the worker is not marked stopped, its unfinished tasks are
+// taken back by requeue_stalled_tasks after their visibility timeout). Use
+// Stop to stop gracefully.
 func (w *Worker) Start(ctx context.Context) error { return w.start(ctx, ctx) }
 
 // start runs the startup calls on ctx and the worker's lifetime on life.
@@ -152,28 +175,24 @@ func (w *Worker) start(ctx, life context.Context) error {
 	}
 	w.startMu.Lock()
 	defer w.startMu.Unlock()
-	if err := CheckProtocol(ctx, w.pool); err != nil {
-		return w.failStart(err)
-	}
 	res, err := EnsureFlow(ctx, w.pool, w.cfg.Flow)
 	if err != nil {
 		return w.failStart(err)
 	}
 	w.log.LogAttrs(ctx, slog.LevelInfo, "flow ensured", slog.String("status", res.Status))
 
-	var queue string
-	if err := w.pool.QueryRow(ctx, `select f.queue_name from pgflow.flows f where f.flow_slug = $1`, w.cfg.Flow.Slug).Scan(&queue); err != nil {
-		return w.failStart(fmt.Errorf("reading the queue of flow %q: %w", w.cfg.Flow.Slug, err))
+	if w.cfg.StartMode == StartModeHTTP {
+		_, err = w.pool.Exec(ctx, `select pgflow.track_worker_function($1::text)`, w.cfg.FunctionName)
+	} else {
+		_, err = w.pool.Exec(ctx, `select pgflow.track_worker_function($1::text, $2::text)`, w.cfg.FunctionName, w.cfg.StartMode)
 	}
-	if w.cfg.Queue != "" && w.cfg.Queue != queue {
-		return w.failStart(&ConfigError{Field: "Queue", Reason: fmt.Sprintf("flow %q uses queue %q, not %q", w.cfg.Flow.Slug, queue, w.cfg.Queue)})
+	if err != nil {
+		return w.failStart(fmt.Errorf("tracking worker function %q: %w", w.cfg.FunctionName, err))
 	}
-	w.queue = queue
-	w.log = w.log.With(slog.String("queue_name", queue))
-
-	if _, err := w.pool.Exec(ctx,
-		`insert into pgflow.workers (worker_id, queue_name, function_name) values ($1::uuid, $2, $3)`,
-		w.cfg.WorkerID, queue, w.cfg.FunctionName); err != nil {
+	var startedAt time.Time
+	if err := w.pool.QueryRow(ctx,
+		`insert into pgflow.workers (queue_name, worker_id, function_name) values ($1, $2::uuid, $3) returning started_at`,
+		w.queue, w.cfg.WorkerID, w.cfg.FunctionName).Scan(&startedAt); err != nil {
 		return w.failStart(fmt.Errorf("registering worker %s in pgflow.workers: %w", w.cfg.WorkerID, err))
 	}
 
@@ -184,7 +203,7 @@ func (w *Worker) start(ctx, life context.Context) error {
 
 	w.running = true
 	w.loops.Add(1)
-	go w.claimLoop()
+	go w.pollLoop()
 	go w.heartbeatLoop()
 	// A cancelled Start context (hard stop) runs the same shutdown, which
 	// then skips everything that would write.
@@ -196,6 +215,7 @@ func (w *Worker) start(ctx, life context.Context) error {
 		}
 	}()
 	w.log.LogAttrs(ctx, slog.LevelInfo, "worker started",
+		slog.Time("started_at", startedAt), slog.String("queue_mode", string(w.cfg.Flow.mode())),
 		slog.Int("concurrency", w.cfg.Concurrency), slog.Int("batch_size", w.cfg.BatchSize),
 		slog.Duration("visibility_timeout", w.cfg.VisibilityTimeout))
 	return nil
@@ -207,13 +227,13 @@ func (w *Worker) failStart(err error) error {
 	return fmt.Errorf("starting worker for flow %q: %w", w.cfg.Flow.Slug, err)
 }
 
-// Stop stops gracefully: it stops claiming, lets in-flight handlers finish
-// within ShutdownTimeout, then cancels the rest and releases their tasks so
-// they are visible again at once, and marks the worker stopped. If ctx ends
-// first, the soft phase ends at once; Stop then returns ctx.Err() without
-// waiting for handlers that ignore their context (their results are still
-// written when they return). Do not call Stop from a handler or a callback:
-// it waits for them.
+// Stop stops gracefully, in upstream's order: mark_worker_stopped, stop
+// polling, let in-flight handlers finish (within ShutdownTimeout, then their
+// contexts are cancelled) and write their outcomes. If ctx ends first, the
+// soft phase ends at once; Stop then returns ctx.Err() without waiting for
+// handlers that ignore their context (their results are still written when
+// they return). Do not call Stop from a handler or a callback: it waits for
+// them.
 func (w *Worker) Stop(ctx context.Context) error {
 	w.startMu.Lock()
 	running := w.running
@@ -246,9 +266,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	select {
 	case <-ctx.Done():
-		// Stop applies ShutdownTimeout itself; the extra margin only bounds
-		// how long we wait for handlers that ignore cancellation.
-		stopCtx, cancel := context.WithTimeout(context.Background(), w.cfg.ShutdownTimeout+w.cfg.WriteTimeout+time.Duration(w.cfg.MaxPollSeconds)*time.Second)
+		// Stop applies ShutdownTimeout itself; the margin only bounds how
+		// long we wait for handlers that ignore cancellation.
+		stopCtx, cancel := context.WithTimeout(context.Background(), w.cfg.ShutdownTimeout+2*w.cfg.WriteTimeout)
 		defer cancel()
 		if err := w.Stop(stopCtx); err != nil {
 			return err
@@ -261,7 +281,6 @@ func (w *Worker) Run(ctx context.Context) error {
 func (w *Worker) beginShutdown() {
 	w.shutdownOnce.Do(func() {
 		close(w.stopping)
-		w.fetchCancel()
 		go w.shutdown()
 	})
 }
@@ -270,9 +289,24 @@ func (w *Worker) shutdown() {
 	defer close(w.done)
 	killed := func() bool { return w.hardCtx.Err() != nil }
 
-	// No new handlers start once the claim loop has returned.
+	// 1. Upstream marks the worker stopped first, then stops polling.
+	if !killed() {
+		ctx, cancel := w.writeCtx()
+		if _, err := w.pool.Exec(ctx, `select pgflow.mark_worker_stopped($1::uuid)`, w.cfg.WorkerID); err != nil {
+			w.n.writeErrors.Add(1)
+			w.log.LogAttrs(ctx, slog.LevelError, "marking worker stopped", slog.Any("error", err))
+			w.setErr(fmt.Errorf("marking worker %s stopped: %w", w.cfg.WorkerID, err))
+		}
+		cancel()
+	}
+	// 2. Stop polling and heartbeating; no new handler starts once the poll
+	// loop has returned (a claim in flight finishes and its tasks run).
+	w.fetchCancel()
+	w.hbCancel()
 	w.loops.Wait()
+	<-w.hbDone
 
+	// 3. Wait for in-flight tasks; their outcomes are written on writeCtx.
 	drained := make(chan struct{})
 	go func() { w.inflight.Wait(); close(drained) }()
 	soft := time.NewTimer(w.cfg.ShutdownTimeout)
@@ -286,27 +320,14 @@ func (w *Worker) shutdown() {
 		w.log.LogAttrs(context.Background(), slog.LevelWarn, "stop context ended: cancelling in-flight handlers")
 	case <-w.hardCtx.Done():
 	}
-	// Handlers that return because of this have their tasks released (or,
-	// when killed, abandoned) by their own goroutine.
 	w.workCancel()
 	<-drained
 
-	w.hbCancel()
-	<-w.hbDone
-
 	if killed() {
-		w.log.LogAttrs(context.Background(), slog.LevelWarn, "worker killed: not marked stopped; its unfinished tasks return after their visibility timeout")
+		w.log.LogAttrs(context.Background(), slog.LevelWarn, "worker killed: not marked stopped; its unfinished tasks are taken back by requeue_stalled_tasks after their visibility timeout")
 		return
 	}
-	ctx, cancel := w.writeCtx()
-	defer cancel()
-	if _, err := w.pool.Exec(ctx, `select pgflow.mark_worker_stopped($1::uuid)`, w.cfg.WorkerID); err != nil {
-		w.n.writeErrors.Add(1)
-		w.log.LogAttrs(ctx, slog.LevelError, "marking worker stopped", slog.Any("error", err))
-		w.setErr(fmt.Errorf("marking worker %s stopped: %w", w.cfg.WorkerID, err))
-		return
-	}
-	w.log.LogAttrs(ctx, slog.LevelInfo, "worker stopped", slog.Any("stats", w.Stats()))
+	w.log.LogAttrs(context.Background(), slog.LevelInfo, "worker stopped", slog.Any("stats", w.Stats()))
 }
 
 func (w *Worker) setErr(err error) {
@@ -317,13 +338,17 @@ func (w *Worker) setErr(err error) {
 	}
 }
 
-// writeCtx is the context of every write of a task's outcome: never
-// cancelled by a stop or a kill (claimed work is not stranded by a cancel),
-// only bounded by WriteTimeout.
+// writeCtx is the context of every outcome write: never cancelled by a stop
+// or a kill (claimed work is not stranded by a cancel), only bounded by
+// WriteTimeout.
 func (w *Worker) writeCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(w.hardCtx), w.cfg.WriteTimeout)
 }
 
+// heartbeatLoop: every HeartbeatInterval, last_heartbeat_at =
+// clock_timestamp(), returning whether deprecated_at is set. A deprecated
+// worker (or one whose row is gone, as upstream counts it) stops polling and
+// shuts down gracefully.
 func (w *Worker) heartbeatLoop() {
 	defer close(w.hbDone)
 	t := time.NewTicker(w.cfg.HeartbeatInterval)
@@ -336,32 +361,30 @@ func (w *Worker) heartbeatLoop() {
 		}
 		var deprecated bool
 		err := w.pool.QueryRow(w.hbCtx,
-			`update pgflow.workers set last_heartbeat_at = now() where worker_id = $1::uuid returning deprecated_at is not null`,
+			`update pgflow.workers set last_heartbeat_at = pg_catalog.clock_timestamp() where worker_id = $1::uuid
+			 returning deprecated_at is not null`,
 			w.cfg.WorkerID).Scan(&deprecated)
 		switch {
 		case w.hbCtx.Err() != nil:
 			return
 		case errors.Is(err, pgx.ErrNoRows):
-			// The row is gone (pruned as stale, or deleted by hand). Claims
-			// record last_worker_id, a foreign key to it, so put it back.
-			w.log.LogAttrs(w.hbCtx, slog.LevelWarn, "worker row missing at heartbeat: registering again")
-			if _, err := w.pool.Exec(w.hbCtx,
-				`insert into pgflow.workers (worker_id, queue_name, function_name) values ($1::uuid, $2, $3) on conflict (worker_id) do nothing`,
-				w.cfg.WorkerID, w.queue, w.cfg.FunctionName); err != nil && w.hbCtx.Err() == nil {
-				w.log.LogAttrs(w.hbCtx, slog.LevelError, "registering again failed", slog.Any("error", err))
-			}
+			w.log.LogAttrs(w.hbCtx, slog.LevelWarn, "worker row missing at heartbeat: counted as deprecated; stopping")
+			w.beginShutdown()
+			return
 		case err != nil:
 			w.log.LogAttrs(w.hbCtx, slog.LevelWarn, "heartbeat failed", slog.Any("error", err))
 		case deprecated:
-			w.log.LogAttrs(w.hbCtx, slog.LevelWarn, "worker deprecated: stopping claims and shutting down")
+			w.log.LogAttrs(w.hbCtx, slog.LevelWarn, "worker deprecated: stopping polling and shutting down")
 			w.beginShutdown()
+			return
 		}
 	}
 }
 
-// claimLoop claims as many tasks as there are free slots (at most BatchSize)
-// and runs each in its own goroutine.
-func (w *Worker) claimLoop() {
+// pollLoop polls the canonical route for as many messages as there are free
+// slots (at most BatchSize), claims them with start_tasks and runs each task
+// in its own goroutine.
+func (w *Worker) pollLoop() {
 	defer w.loops.Done()
 	backoff := time.Duration(0)
 	for {
@@ -386,63 +409,79 @@ func (w *Worker) claimLoop() {
 			return
 		}
 
-		// The claim runs on hardCtx, not fetchCtx: a soft stop never cuts a
-		// claim off after the database has handed tasks over.
-		claimed, fatal, err := Claim(w.hardCtx, w.pool, ClaimParams{
-			Queue: w.queue, WorkerID: w.cfg.WorkerID, BatchSize: n,
-			VisibilityTimeout: w.cfg.VisibilityTimeout,
-			MaxPollSeconds:    max(w.cfg.MaxPollSeconds, 0),
-			PollInterval:      w.cfg.PollInterval,
-		})
+		tasks, err := w.pollAndClaim(n)
 		if err != nil {
 			w.freeSlots(n)
-			if w.hardCtx.Err() != nil {
-				return
-			}
-			if errors.Is(err, ErrProtocolMismatch) {
-				// The schema changed under us: claiming cannot work again.
-				w.log.LogAttrs(w.hardCtx, slog.LevelError, "claim failed: protocol mismatch; shutting down", slog.Any("error", err))
-				w.setErr(err)
-				go w.beginShutdown()
+			if w.fetchCtx.Err() != nil {
 				return
 			}
 			backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
-			w.log.LogAttrs(w.hardCtx, slog.LevelError, "claim failed", slog.Any("error", err), slog.Duration("retry_in", backoff))
+			w.log.LogAttrs(w.hardCtx, slog.LevelError, "poll or claim failed", slog.Any("error", err), slog.Duration("retry_in", backoff))
 			if !w.sleep(backoff) {
 				return
 			}
 			continue
 		}
 		backoff = 0
-		w.n.claimCalls.Add(1)
-		for _, f := range fatal {
-			w.n.fatal.Add(1)
-			w.log.LogAttrs(w.hardCtx, slog.LevelError, "fatal claim result: message refused, left invisible for the visibility timeout",
-				slog.String("queue_name", f.QueueName), slog.Int64("message_id", f.MessageID), slog.String("reason", f.Reason))
-			if w.cfg.OnFatal != nil {
-				w.cfg.OnFatal(f)
-			}
-		}
-		w.n.claimed.Add(int64(len(claimed)))
-		w.freeSlots(n - len(claimed))
-		if w.fetchCtx.Err() != nil {
-			// Stopping: these never started, so give them straight back.
-			for _, t := range claimed {
-				w.release(t, nil)
-				w.freeSlots(1)
-			}
-			return
-		}
-		for _, t := range claimed {
+		w.freeSlots(n - len(tasks))
+		for _, t := range tasks {
 			w.inflight.Add(1)
 			go w.runTask(t)
 		}
-		if len(claimed) == 0 && len(fatal) == 0 && w.cfg.MaxPollSeconds <= 0 {
-			if !w.sleep(w.cfg.PollInterval) {
-				return
-			}
+		if w.fetchCtx.Err() != nil {
+			return
 		}
 	}
+}
+
+// pollAndClaim is one pass: read_with_poll for up to n messages, then
+// start_tasks on the ids read. Messages start_tasks did not claim are
+// warned about and left to come back after their visibility timeout.
+func (w *Worker) pollAndClaim(n int) ([]ClaimedTask, error) {
+	// The poll runs on fetchCtx: a stop cancels it. Messages it read that
+	// nobody claims come back after VisibilityTimeout, unclaimed.
+	ids, err := ReadMessages(w.fetchCtx, w.pool, ReadParams{
+		Queue: w.queue, VisibilityTimeout: w.cfg.VisibilityTimeout, Qty: n,
+		MaxPollSeconds: w.cfg.MaxPollSeconds, PollInterval: w.cfg.PollInterval,
+	})
+	if err != nil {
+		return nil, err
+	}
+	w.n.polls.Add(1)
+	w.n.read.Add(int64(len(ids)))
+	if len(ids) == 0 || w.fetchCtx.Err() != nil {
+		return nil, nil
+	}
+	// The claim runs on hardCtx, not fetchCtx: a soft stop never cuts it off
+	// after the database has handed tasks over; what it claims runs.
+	tasks, err := StartTasks(w.hardCtx, w.pool, StartParams{
+		FlowSlug: w.cfg.Flow.Slug, MessageIDs: ids, WorkerID: w.cfg.WorkerID,
+		Queue: w.queue, StepSlug: w.cfg.StepSlug,
+	})
+	if err != nil {
+		// Logged by the poll loop, which then backs off.
+		w.n.claimErrors.Add(1)
+		return nil, fmt.Errorf("messages %v come back after their visibility timeout: %w", ids, err)
+	}
+	w.n.claimCalls.Add(1)
+	w.n.claimed.Add(int64(len(tasks)))
+	if len(tasks) < len(ids) {
+		claimed := make(map[int64]bool, len(tasks))
+		for _, t := range tasks {
+			claimed[t.MessageID] = true
+		}
+		var left []int64
+		for _, id := range ids {
+			if !claimed[id] {
+				left = append(left, id)
+			}
+		}
+		w.n.unclaimed.Add(int64(len(left)))
+		w.log.LogAttrs(w.hardCtx, slog.LevelWarn, "messages read but not claimed: they come back after their visibility timeout",
+			slog.String("queue_name", w.queue), slog.Any("msg_ids", idStrings(left)),
+			slog.String("flow_slug", w.cfg.Flow.Slug), slog.String("step_slug", w.cfg.StepSlug))
+	}
+	return tasks, nil
 }
 
 // observeWrite folds one complete_task round trip into writeNanos (an
@@ -453,19 +492,18 @@ func (w *Worker) observeWrite(d time.Duration) {
 	w.writeNanos.Store(old + (int64(d)-old)/8)
 }
 
-// lingerFor is how long the claim loop may wait for more free slots:
+// lingerFor is how long the poll loop may wait for more free slots:
 // ClaimLinger, plus the recent complete_task round trip (at most 10x
-// ClaimLinger more). When completions queue in the database (many workers on
-// one busy run, an overloaded server), slots free slowly and claiming each
-// one at once only adds claim_tasks calls to the load that slows them; a
-// fast database keeps the wait at ClaimLinger.
+// ClaimLinger more). When completions queue in the database, slots free
+// slowly and polling for each one at once only adds calls to the load that
+// slows them; a fast database keeps the wait at ClaimLinger.
 func (w *Worker) lingerFor() time.Duration {
 	return w.cfg.ClaimLinger + min(time.Duration(w.writeNanos.Load()), 10*w.cfg.ClaimLinger)
 }
 
 // linger waits up to lingerFor for more slots while handlers still run, so
-// one claim serves several tasks; n counts the slots taken. It returns false
-// when the claim loop is stopped meanwhile.
+// one poll serves several tasks; n counts the slots taken. It returns false
+// when the poll loop is stopped meanwhile.
 func (w *Worker) linger(n *int) bool {
 	want := min(w.cfg.BatchSize, w.cfg.Concurrency)
 	if w.cfg.ClaimLinger <= 0 || *n >= want || len(w.slots) == *n {
@@ -492,7 +530,7 @@ func (w *Worker) freeSlots(n int) {
 	}
 }
 
-// sleep waits d unless the claim loop is stopped first.
+// sleep waits d unless the poll loop is stopped first.
 func (w *Worker) sleep(d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -504,150 +542,12 @@ func (w *Worker) sleep(d time.Duration) bool {
 	}
 }
 
-func taskAttrs(t ClaimedTask) slog.Attr {
-	return slog.Group("task",
-		slog.String("queue_name", t.QueueName), slog.Int64("message_id", t.MessageID),
-		slog.String("run_id", t.RunID), slog.String("step_slug", t.StepSlug),
-		slog.Int("task_index", t.TaskIndex), slog.Int("attempt", t.Attempt))
-}
-
-func (w *Worker) runTask(t ClaimedTask) {
-	defer w.inflight.Done()
-	defer w.freeSlots(1)
-
-	ctx, cancel := context.WithCancel(w.workCtx)
-	out, err, panicked := w.callHandler(ctx, t)
-	cancel()
-
-	switch {
-	case err == nil:
-		w.complete(t, out)
-	case w.workCtx.Err() != nil && !panicked:
-		// The handler gave up because we cancelled it: not a failure.
-		if w.hardCtx.Err() != nil {
-			w.n.abandoned.Add(1)
-			w.log.LogAttrs(context.Background(), slog.LevelWarn, "task abandoned by a hard stop", taskAttrs(t))
-			w.report(Result{Task: t, Outcome: OutcomeAbandoned, Err: err})
-			return
-		}
-		w.release(t, err)
-	default:
-		w.fail(t, err, panicked)
+// idStrings spells message ids as decimal strings, so a JSON log keeps them
+// exact (a JavaScript reader would round numbers above 2^53).
+func idStrings(ids []int64) []string {
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = strconv.FormatInt(id, 10)
 	}
-}
-
-func (w *Worker) callHandler(ctx context.Context, t ClaimedTask) (out any, err error, panicked bool) {
-	h := w.cfg.Handlers[t.StepSlug]
-	if h == nil {
-		// Validation makes this impossible for the configured flow; a task of
-		// an unknown step still must not vanish.
-		return nil, fmt.Errorf("no handler for step %q", t.StepSlug), false
-	}
-	defer func() {
-		if r := recover(); r != nil {
-			w.n.panicked.Add(1)
-			w.log.LogAttrs(ctx, slog.LevelError, "handler panicked", taskAttrs(t),
-				slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
-			out, err, panicked = nil, fmt.Errorf("panic: %v", r), true
-		}
-	}()
-	out, err = h(ctx, &Task{ClaimedTask: t, WorkerID: w.cfg.WorkerID})
-	return out, err, false
-}
-
-func (w *Worker) report(r Result) {
-	if w.cfg.OnResult != nil {
-		w.cfg.OnResult(r)
-	}
-}
-
-func marshalOutput(out any) (string, error) {
-	switch v := out.(type) {
-	case nil:
-		return "null", nil
-	case json.RawMessage:
-		if !json.Valid(v) {
-			return "", errors.New("output is not valid JSON")
-		}
-		return string(v), nil
-	}
-	b, err := json.Marshal(out)
-	if err != nil {
-		return "", fmt.Errorf("encoding output: %w", err)
-	}
-	return string(b), nil
-}
-
-func (w *Worker) complete(t ClaimedTask, out any) {
-	output, err := marshalOutput(out)
-	if err != nil {
-		// Output the engine cannot store is the handler's failure.
-		w.fail(t, err, false)
-		return
-	}
-	ctx, cancel := w.writeCtx()
-	defer cancel()
-	var status string
-	began := time.Now()
-	err = w.pool.QueryRow(ctx,
-		`select coalesce((select c.status from pgflow.complete_task($1::uuid, $2::text, $3::integer, $4::jsonb) c), 'missing')`,
-		t.RunID, t.StepSlug, t.TaskIndex, output).Scan(&status)
-	w.observeWrite(time.Since(began))
-	if err != nil {
-		w.writeFailed(t, fmt.Errorf("completing task %s/%s[%d]: %w", t.RunID, t.StepSlug, t.TaskIndex, err))
-		return
-	}
-	w.n.completed.Add(1)
-	if status != "completed" {
-		// A late completion (the run failed, the step was skipped, the task
-		// was taken back): the engine archived the message and kept its state.
-		w.log.LogAttrs(ctx, slog.LevelInfo, "completion not applied", taskAttrs(t), slog.String("task_status", status))
-	}
-	w.report(Result{Task: t, Outcome: OutcomeCompleted})
-}
-
-func (w *Worker) fail(t ClaimedTask, herr error, panicked bool) {
-	msg := herr.Error()
-	ctx, cancel := w.writeCtx()
-	defer cancel()
-	var status string
-	err := w.pool.QueryRow(ctx,
-		`select coalesce((select f.status from pgflow.fail_task($1::uuid, $2::text, $3::integer, $4::text) f), 'missing')`,
-		t.RunID, t.StepSlug, t.TaskIndex, msg).Scan(&status)
-	if err != nil {
-		w.writeFailed(t, fmt.Errorf("failing task %s/%s[%d]: %w", t.RunID, t.StepSlug, t.TaskIndex, err))
-		return
-	}
-	w.n.failed.Add(1)
-	w.log.LogAttrs(ctx, slog.LevelWarn, "task failed", taskAttrs(t),
-		slog.String("error", msg), slog.Bool("panicked", panicked), slog.String("task_status", status))
-	w.report(Result{Task: t, Outcome: OutcomeFailed, Panicked: panicked, Err: herr})
-}
-
-// release gives a started task back (queued again, message visible now,
-// attempt not consumed).
-func (w *Worker) release(t ClaimedTask, cause error) {
-	ctx, cancel := w.writeCtx()
-	defer cancel()
-	var ok bool
-	err := w.pool.QueryRow(ctx, `select pgflow.release_task($1::uuid, $2::text, $3::integer, $4::uuid)`,
-		t.RunID, t.StepSlug, t.TaskIndex, w.cfg.WorkerID).Scan(&ok)
-	if err != nil {
-		w.writeFailed(t, fmt.Errorf("releasing task %s/%s[%d]: %w", t.RunID, t.StepSlug, t.TaskIndex, err))
-		return
-	}
-	w.n.released.Add(1)
-	w.log.LogAttrs(ctx, slog.LevelInfo, "task released", taskAttrs(t), slog.Bool("was_ours", ok))
-	w.report(Result{Task: t, Outcome: OutcomeReleased, Err: cause})
-}
-
-// writeFailed: the outcome could not be written. The task stays started with
-// its message invisible until the visibility timeout, then another worker
-// claims it: delayed, not lost.
-func (w *Worker) writeFailed(t ClaimedTask, err error) {
-	w.n.writeErrors.Add(1)
-	w.n.abandoned.Add(1)
-	w.log.LogAttrs(context.Background(), slog.LevelError, "writing task outcome failed; the task returns after its visibility timeout",
-		taskAttrs(t), slog.Any("error", err))
-	w.report(Result{Task: t, Outcome: OutcomeAbandoned, Err: err})
+	return out
 }

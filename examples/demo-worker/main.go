@@ -9,6 +9,13 @@
 // SIGINT/SIGTERM, then stops gracefully. The connection string comes from
 // --dsn, PGFLOW_UPGRADE_DSN, DATABASE_URL or libpq's PG* variables.
 //
+// --queue-mode flow (the default) runs flow demo_greetings with one worker
+// that serves every step from the queue demo_greetings. --queue-mode step
+// runs the same steps as flow demo_greetings_by_step, where each step has its
+// own queue (demo_greetings_by_step__names, ...) and its own worker, as
+// upstream's withStepQueues flows do. (A flow keeps the mode it was compiled
+// with, so the two modes use two flows.)
+//
 // Exit codes: 0 done, 1 the run failed or the database is not upgraded,
 // 2 usage error, 3 connection error, 130 interrupted.
 package main
@@ -24,6 +31,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -41,6 +49,7 @@ func main() {
 }
 
 // Flow is the demo flow: split the names, greet each (a map step), sum up.
+// It is in flow mode: every step on the queue demo_greetings.
 var Flow = worker.Flow{
 	Slug:    "demo_greetings",
 	Options: worker.FlowOptions{MaxAttempts: worker.Int(3), BaseDelay: worker.Int(1)},
@@ -51,14 +60,22 @@ var Flow = worker.Flow{
 	},
 }
 
-// Handlers are the demo flow's step handlers.
+// StepFlow is the same flow in step mode: each step on its own queue.
+var StepFlow = worker.Flow{
+	Slug:      "demo_greetings_by_step",
+	QueueMode: worker.QueueModeStep,
+	Options:   Flow.Options,
+	Steps:     Flow.Steps,
+}
+
+// Handlers are the demo flow's step handlers (for both modes).
 var Handlers = map[string]worker.HandlerFunc{
-	// Root single step: its input is the flow input.
-	"names": func(_ context.Context, t *worker.Task) (any, error) {
+	// Root single step: it reads the flow input (on its claim).
+	"names": func(ctx context.Context, t *worker.Task) (any, error) {
 		var in struct {
 			Names []string `json:"names"`
 		}
-		if err := t.DecodeInput(&in); err != nil {
+		if err := t.DecodeFlowInput(ctx, &in); err != nil {
 			return nil, err
 		}
 		names := []string{}
@@ -94,9 +111,19 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	fs.SetOutput(stderr)
 	dsnFlag := fs.String("dsn", "", "connection string (else PGFLOW_UPGRADE_DSN, DATABASE_URL, PG* variables)")
 	runInput := fs.String("run", "", `start one run with this JSON input (e.g. {"names":["Ada"]}), print its output and exit`)
-	concurrency := fs.Int("concurrency", 4, "handlers running at once")
+	concurrency := fs.Int("concurrency", 4, "handlers running at once (per worker)")
+	queueMode := fs.String("queue-mode", "flow", "flow: one worker, every step on one queue; step: a queue and a worker per step")
 	verbose := fs.Bool("v", false, "log every task")
 	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	flow := Flow
+	switch *queueMode {
+	case "flow":
+	case "step":
+		flow = StepFlow
+	default:
+		fmt.Fprintf(stderr, "demo-worker: --queue-mode is flow or step, not %q\n", *queueMode)
 		return 2
 	}
 	if *runInput != "" && !json.Valid([]byte(*runInput)) {
@@ -131,47 +158,76 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	defer pool.Close()
 
 	done := make(chan struct{}, 1)
-	w, err := worker.New(pool, worker.Config{
-		Flow: Flow, Handlers: Handlers, Concurrency: *concurrency, Logger: logger,
-		FunctionName: "demo-worker",
-		OnResult: func(worker.Result) {
-			select {
-			case done <- struct{}{}:
-			default:
+	var ws []*worker.Worker
+	// Flow mode: one worker for every step. Step mode: one per step, each on
+	// its step's queue.
+	stepSlugs := []string{""}
+	if flow.QueueMode == worker.QueueModeStep {
+		stepSlugs = stepSlugs[:0]
+		for _, s := range flow.Steps {
+			stepSlugs = append(stepSlugs, s.Slug)
+		}
+	}
+	for _, step := range stepSlugs {
+		w, err := worker.New(pool, worker.Config{
+			Flow: flow, StepSlug: step, Handlers: Handlers, Concurrency: *concurrency, Logger: logger,
+			FunctionName: "demo-worker",
+			OnResult: func(worker.Result) {
+				select {
+				case done <- struct{}{}:
+				default:
+				}
+			},
+		})
+		if err != nil {
+			fmt.Fprintf(stderr, "demo-worker: %v\n", err)
+			return 2
+		}
+		ws = append(ws, w)
+	}
+	stopWorkers := func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		for _, w := range ws {
+			if err := w.Stop(stopCtx); err != nil {
+				fmt.Fprintf(stderr, "demo-worker: %s\n", redact(err))
 			}
-		},
-		OnFatal: func(f worker.FatalClaimError) { fmt.Fprintf(stderr, "demo-worker: %v\n", &f) },
-	})
-	if err != nil {
-		fmt.Fprintf(stderr, "demo-worker: %v\n", err)
-		return 2
+		}
 	}
 	if *runInput == "" {
-		fmt.Fprintf(stdout, "demo-worker: working on flow %s; Ctrl-C stops gracefully\n", Flow.Slug)
-		if err := w.Run(ctx); err != nil {
-			return report(stderr, err, redact)
+		fmt.Fprintf(stdout, "demo-worker: working on flow %s (%s mode); Ctrl-C stops gracefully\n", flow.Slug, *queueMode)
+		if len(ws) == 1 {
+			if err := ws[0].Run(ctx); err != nil {
+				return report(stderr, err, redact)
+			}
+			return 0
 		}
+		for _, w := range ws {
+			if err := w.Start(context.WithoutCancel(ctx)); err != nil {
+				stopWorkers()
+				return report(stderr, err, redact)
+			}
+		}
+		<-ctx.Done()
+		stopWorkers()
 		return 0
 	}
 
-	if err := w.Start(context.WithoutCancel(ctx)); err != nil {
-		return report(stderr, err, redact)
-	}
-	stopWorker := func() {
-		stopCtx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := w.Stop(stopCtx); err != nil {
-			fmt.Fprintf(stderr, "demo-worker: %s\n", redact(err))
+	for _, w := range ws {
+		if err := w.Start(context.WithoutCancel(ctx)); err != nil {
+			stopWorkers()
+			return report(stderr, err, redact)
 		}
 	}
-	defer stopWorker()
+	defer stopWorkers()
 
 	var runID string
-	if err := pool.QueryRow(ctx, `select run_id::text from pgflow.start_flow($1, $2::jsonb)`, Flow.Slug, *runInput).Scan(&runID); err != nil {
+	if err := pool.QueryRow(ctx, `select run_id::text from pgflow.start_flow($1, $2::jsonb)`, flow.Slug, *runInput).Scan(&runID); err != nil {
 		fmt.Fprintf(stderr, "demo-worker: starting a run: %s\n", redact(err))
 		return 1
 	}
 	fmt.Fprintf(stderr, "demo-worker: run %s started\n", runID)
+	stopped := anyDone(ws)
 	for {
 		var status string
 		var output json.RawMessage
@@ -197,8 +253,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		case <-time.After(time.Second):
 		case <-ctx.Done():
 			return 130
-		case <-w.Done():
-			fmt.Fprintln(stderr, "demo-worker: the worker stopped (deprecated?)")
+		case <-stopped:
+			fmt.Fprintln(stderr, "demo-worker: a worker stopped (deprecated?)")
 			return 1
 		}
 	}
@@ -207,9 +263,23 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 func report(stderr io.Writer, err error, redact func(error) string) int {
 	if errors.Is(err, worker.ErrProtocolMismatch) {
 		fmt.Fprintf(stderr, "demo-worker: %s\n", redact(err))
-		fmt.Fprintln(stderr, "demo-worker: this database does not speak the new worker protocol; upgrade it with `pgflow-upgrade apply`")
+		fmt.Fprintln(stderr, "demo-worker: this database does not speak pgflow 0.17's worker protocol; upgrade it with `pgflow-upgrade apply`")
 		return 1
 	}
 	fmt.Fprintf(stderr, "demo-worker: %s\n", redact(err))
 	return 1
+}
+
+// anyDone is closed when any of the workers has stopped (its goroutines end
+// when every worker has).
+func anyDone(ws []*worker.Worker) <-chan struct{} {
+	out := make(chan struct{})
+	var once sync.Once
+	for _, w := range ws {
+		go func() {
+			<-w.Done()
+			once.Do(func() { close(out) })
+		}()
+	}
+	return out
 }

@@ -217,6 +217,22 @@ func writeApplyTable(w io.Writer, where string, rep *upgrade.Report) error {
 			}
 		}
 	}
+	// Warnings do not stop the upgrade, but the operator should see them
+	// (e.g. 0.16.0 workers still alive, a queue that is not pgflow's).
+	var warns [][]string
+	for _, r := range rep.Preflight {
+		for _, f := range r.Findings {
+			if f.Severity == audit.Warning {
+				warns = append(warns, []string{f.CheckID, countCell(f), f.Message, f.Remedy})
+			}
+		}
+	}
+	if len(warns) > 0 {
+		fmt.Fprintln(w, "\nwarnings (not blocking):")
+		if err := writeTable(w, []string{"check", "count", "finding", "remedy"}, warns); err != nil {
+			return err
+		}
+	}
 	var unproven [][]string
 	for _, r := range rep.Preflight {
 		if r.Status == audit.StatusError || r.Status == audit.StatusInconclusive {

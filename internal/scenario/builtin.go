@@ -34,16 +34,14 @@ func Builtin() []Scenario {
 			Proves: "a 0.16.0 worker running during the upgrade fails loudly on its next claim (start_tasks: SQLSTATE 42883); the messages it read become visible again and the new worker finishes every run: nothing lost"},
 		{Name: "concurrent-traffic", Run: concurrentTraffic,
 			Proves: "start_flow and complete_task from other sessions (lock_timeout 2s) during apply: no deadlock, waits bounded by the lock timeout (longest reported), every committed write survives with the right queue_name"},
-		{Name: "malformed-queue-missing-column", Run: malformed(sabotageMissingColumn),
-			Proves: "a queue table missing a column (headers): apply refuses, the database is unchanged"},
-		{Name: "malformed-flow-without-queue", Run: malformed(sabotageFlowWithoutQueue),
-			Proves: "a flow whose pgmq queue is gone: apply refuses, the database is unchanged"},
 		{Name: "malformed-case-aliases", Run: malformed(sabotageCaseAliases),
 			Proves: "flow slugs that differ only in case (one physical queue): apply refuses, the database is unchanged"},
-		{Name: "malformed-foreign-message", Run: malformed(sabotageForeignMessage),
-			Proves: "a message in a flow's queue that belongs to no task: apply refuses, the database is unchanged"},
-		{Name: "malformed-contradicting-envelope", Run: malformed(sabotageEnvelope),
-			Proves: "a message whose body names different work than the task pointing at it: apply refuses, the database is unchanged"},
+		{Name: "malformed-step-case-aliases", Run: malformed(sabotageStepCaseAliases),
+			Proves: "two steps of one flow whose slugs differ only in case: apply refuses, the database is unchanged"},
+		{Name: "malformed-strict-slug", Run: malformed(sabotageStrictSlug),
+			Proves: "a slug valid in 0.16.0 that 0.17.0's rule rejects (a__b): apply refuses, the database is unchanged"},
+		{Name: "malformed-long-queue-name", Run: malformed(sabotageLongQueueName),
+			Proves: "a flow whose lower(flow_slug) is over pgmq's 47 characters: apply refuses, the database is unchanged"},
 		{Name: "state-survival", Run: stateSurvival,
 			Proves: "random 0.16.0 states (seeds 1-4: DAGs, maps, every task and message status): the fingerprint of every pre-existing row and queue message is identical after the upgrade and the new columns hold the right values"},
 		{Name: "new-worker-drains", Run: newWorkerDrains,
@@ -407,16 +405,12 @@ type sabotage struct {
 }
 
 var (
-	sabotageMissingColumn    = sabotage{"queue table missing a column", `alter table pgmq.q_legacy drop column headers; alter table pgmq.a_legacy drop column headers`, "pgmq.queue_physical"}
-	sabotageFlowWithoutQueue = sabotage{"flow without its queue", `select pgmq.drop_queue('legacy')`, "pgmq.flow_queue_missing"}
-	sabotageCaseAliases      = sabotage{"case-only slug aliases", `select pgflow.create_flow('Legacy'); select pgflow.add_step('Legacy', 'a')`, "flows.case_alias"}
-	sabotageForeignMessage   = sabotage{"foreign message", `select pgmq.send('legacy', '{"hello": "not a pgflow task"}'::jsonb)`, "queue.orphan_message"}
-	// The message of run 0's task a now names task_index 7: the address
-	// (queue, message_id) and the body disagree about the work.
-	sabotageEnvelope = sabotage{"envelope contradicting its task", `
-		update pgmq.q_legacy m set message = jsonb_set(m.message, '{task_index}', '7')
-		where m.msg_id = (select t.message_id from pgflow.step_tasks t join pgflow.runs r on r.run_id = t.run_id
-		                  where r.input = '{"i": 0}' and t.step_slug = 'a')`, "queue.envelope_contradiction"}
+	sabotageCaseAliases     = sabotage{"case-only slug aliases", `select pgflow.create_flow('Legacy'); select pgflow.add_step('Legacy', 'a')`, "flows.case_alias"}
+	sabotageStepCaseAliases = sabotage{"case-only step slug aliases", `select pgflow.add_step('legacy', 'A')`, "steps.case_alias"}
+	sabotageStrictSlug      = sabotage{"slug 0.17.0 rejects", `select pgflow.add_step('legacy', 'a__b')`, "slugs.strict_rule"}
+	// pgmq refuses such a queue, so only a row written directly has it.
+	sabotageLongQueueName = sabotage{"queue name over 47 characters",
+		`insert into pgflow.flows (flow_slug) values ('legacy_` + strings.Repeat("x", 41) + `')`, "flows.queue_name_too_long"}
 )
 
 // malformed: a valid state, then the sabotage; apply must refuse and leave

@@ -45,9 +45,10 @@ type drainFlow struct {
 // the new worker runtime (package worker): one worker per flow, the flow
 // definition read back from pgflow.steps and pgflow.deps (so ensure_flow_compiled
 // verifies it), handlers that succeed, a step feeding a map with a
-// two-element array. It fails when a worker refuses to start, when a fatal
-// claim result appears, when a run that can finish does not, or when a
-// message of a finished run is left in a queue.
+// two-element array. Every flow is taken in flow mode (its queue
+// lower(flow_slug)), the mode of every flow the upgrade migrates. It fails
+// when a worker refuses to start, when a run that can finish does not, or
+// when a message of a finished run is left in a queue.
 func Drain(ctx context.Context, db *DB, opts DrainOptions) (*DrainReport, error) {
 	if opts.Timeout == 0 {
 		opts.Timeout = 60 * time.Second
@@ -66,7 +67,6 @@ func Drain(ctx context.Context, db *DB, opts DrainOptions) (*DrainReport, error)
 	}
 	var (
 		mu       sync.Mutex
-		fatals   []string
 		problems []string // tasks not completed, with why
 	)
 	logger := quiet
@@ -91,7 +91,7 @@ func Drain(ctx context.Context, db *DB, opts DrainOptions) (*DrainReport, error)
 		}
 		w, err := worker.New(db.Pool, worker.Config{
 			Flow: f.def, Handlers: handlers, Concurrency: 4, BatchSize: 20,
-			VisibilityTimeout: 30 * time.Second, MaxPollSeconds: worker.NoServerPoll,
+			VisibilityTimeout: 30 * time.Second, MaxPollSeconds: 1,
 			PollInterval: 20 * time.Millisecond, HeartbeatInterval: time.Second,
 			ShutdownTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, Logger: logger,
 			OnResult: func(r worker.Result) {
@@ -100,11 +100,6 @@ func Drain(ctx context.Context, db *DB, opts DrainOptions) (*DrainReport, error)
 					problems = append(problems, fmt.Sprintf("%s/%s[%d] %s: %v", r.Task.RunID, r.Task.StepSlug, r.Task.TaskIndex, r.Outcome, r.Err))
 					mu.Unlock()
 				}
-			},
-			OnFatal: func(e worker.FatalClaimError) {
-				mu.Lock()
-				fatals = append(fatals, e.Error())
-				mu.Unlock()
 			},
 		})
 		if err != nil {
@@ -118,11 +113,8 @@ func Drain(ctx context.Context, db *DB, opts DrainOptions) (*DrainReport, error)
 	rep := &DrainReport{}
 	for {
 		mu.Lock()
-		nFatal, nProblems := len(fatals), len(problems)
+		nProblems := len(problems)
 		mu.Unlock()
-		if nFatal > 0 {
-			return rep, fmt.Errorf("drain: claim_tasks returned fatal results on a clean state: %s", strings.Join(fatals, "; "))
-		}
 		if nProblems > 0 {
 			return rep, fmt.Errorf("drain: tasks the new worker could not finish: %s", strings.Join(problems, "; "))
 		}
@@ -187,7 +179,7 @@ func Drain(ctx context.Context, db *DB, opts DrainOptions) (*DrainReport, error)
 
 func loadFlows(ctx context.Context, db *DB) ([]drainFlow, error) {
 	rows, err := db.Pool.Query(ctx, `
-		select f.flow_slug, f.queue_name, s.step_slug, s.step_type, s.when_unmet, s.when_exhausted,
+		select f.flow_slug, pg_catalog.lower(f.flow_slug), s.step_slug, s.step_type, s.when_unmet, s.when_exhausted,
 		       s.required_input_pattern, s.forbidden_input_pattern,
 		       coalesce((select array_agg(d.dep_slug order by p.step_index) from pgflow.deps d
 		                 join pgflow.steps p on p.flow_slug = d.flow_slug and p.step_slug = d.dep_slug
