@@ -441,3 +441,32 @@ func TestOnlineIndexDuplicatesRefused(t *testing.T) {
 	}
 	checkUpgraded(t, db, nil)
 }
+
+// The switch on the prepared shape rewrites nothing: step_tasks keeps its
+// relfilenode (no table rewrite, SET NOT NULL proven by the validated check)
+// and the three unique indexes built concurrently are the ones the end
+// state has (same oids: reused, not rebuilt under the locks).
+func TestSwitchReusesPreparedShape(t *testing.T) {
+	ctx := context.Background()
+	db := inflight(t)
+	conn := connect(t, db)
+	stopOnlineAt(t, conn, online.PointSwitch)
+	const q = `select (select relfilenode::text from pg_class where oid = 'pgflow.step_tasks'::regclass) || ' ' ||
+		string_agg(to_regclass('pgflow.' || n)::oid::text, ' ' order by n)
+		from unnest(array['idx_flows_normalized_slug', 'idx_steps_normalized_slug', 'idx_step_tasks_queue_message']) n`
+	var before, after string
+	if err := db.Pool.QueryRow(ctx, q).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := online.Apply(ctx, conn, online.Options{})
+	if err != nil || rep.Outcome != upgrade.OutcomeApplied {
+		t.Fatalf("switch: %v %+v", err, rep)
+	}
+	if err := db.Pool.QueryRow(ctx, q).Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	if before != after {
+		t.Fatalf("the switch rewrote step_tasks or rebuilt an index: relfilenode and index oids %s before, %s after", before, after)
+	}
+	checkUpgraded(t, db, nil)
+}
