@@ -81,7 +81,7 @@ func (p *probe) run(ctx context.Context, dsn string) error {
 // measured runs fn on a fresh clone of the real pgflow 0.16.0 with size
 // generated step_tasks rows, the probe running throughout.
 func measured(ctx context.Context, env *Env, size int64, fn func(ctx context.Context, conn *pgx.Conn) error) (took time.Duration, p *probe, err error) {
-	dsn, drop, err := env.CloneReal(ctx, size)
+	dsn, drop, err := env.Clone(ctx, size)
 	if err != nil {
 		return 0, nil, err
 	}

@@ -89,20 +89,6 @@ func (e *Env) CloneRealBaseline(ctx context.Context) (string, func(), error) {
 // realBaseline is the template key of CloneRealBaseline (sizes are >= 0).
 const realBaseline = -1
 
-// CloneReal returns a fresh database holding the real pgflow 0.16.0 engine
-// and the generated data of size rows (CloneRealBaseline is size 0).
-func (e *Env) CloneReal(ctx context.Context, size int64) (string, func(), error) {
-	tpl, err := e.template(ctx, realKey(size))
-	if err != nil {
-		return "", nil, err
-	}
-	return e.clone(ctx, tpl)
-}
-
-// realKey is the template key of the real engine with size rows: negative,
-// so it never meets a model template's key (realKey(0) == realBaseline).
-func realKey(size int64) int64 { return -size - 1 }
-
 func (e *Env) clone(ctx context.Context, tpl string) (string, func(), error) {
 	name := pgprovider.RandomName("pgflow_bench")
 	if err := e.admin(ctx, "create database "+pgx.Identifier{name}.Sanitize()+" template "+pgx.Identifier{tpl}.Sanitize()+" strategy file_copy"); err != nil {
@@ -122,16 +108,12 @@ func (e *Env) admin(ctx context.Context, sql string) error {
 	return err
 }
 
-func (e *Env) template(ctx context.Context, key int64) (string, error) {
+func (e *Env) template(ctx context.Context, size int64) (string, error) {
 	if e.templates == nil {
 		e.templates = map[int64]string{}
 	}
-	if tpl, ok := e.templates[key]; ok {
+	if tpl, ok := e.templates[size]; ok {
 		return tpl, nil
-	}
-	size, real := key, key < 0
-	if real {
-		size = -key - 1
 	}
 	name := pgprovider.RandomName(fmt.Sprintf("pgflow_bench_tpl_%d", max(size, 0)))
 	if err := e.Server.CreateDatabase(ctx, name, ""); err != nil {
@@ -142,11 +124,9 @@ func (e *Env) template(ctx context.Context, key int64) (string, error) {
 		return "", err
 	}
 	defer conn.Close(ctx)
-	install := fixtures.InstallModelEngine
-	if real {
-		install = fixtures.InstallEngine
-	}
-	if _, err := install(ctx, conn); err != nil {
+	// Every size starts from the real 0.16.0 baseline (the generator
+	// writes rows the real engine's constraints accept).
+	if _, err := fixtures.InstallEngine(ctx, conn); err != nil {
 		return "", err
 	}
 	if size > 0 {
@@ -163,7 +143,7 @@ func (e *Env) template(ctx context.Context, key int64) (string, error) {
 	if err := e.Server.MarkTemplate(ctx, name); err != nil {
 		return "", err
 	}
-	e.templates[key] = name
+	e.templates[size] = name
 	return name, nil
 }
 
