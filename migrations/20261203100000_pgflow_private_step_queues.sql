@@ -8,7 +8,11 @@
 -- by the stored queue name, realtime broadcasts unchanged. Written here from
 -- the facts of that change; nothing of the tool's own lives in schema pgflow.
 --
--- Parts (the online path reuses B and C; A and D are this file's frame):
+-- Parts (A is this file's frame; `apply --online` does most of B itself in
+-- phases - the steps/step_tasks columns, batched backfill, validated checks,
+-- is_valid_queue_name, the three unique indexes built concurrently - and
+-- runs this file, which then finishes B and runs all of C, as its short
+-- switch transaction; see "Online-prepared start" below):
 --   A. guard and locks            (refuse anything but 0.16.0; lock in order)
 --   B. data definition            (columns nullable -> backfilled -> CHECK +
 --                                  NOT NULL, unique indexes)
