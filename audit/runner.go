@@ -91,8 +91,8 @@ type Options struct {
 	// 500,000). It sets the granularity of "examined N" when a check runs
 	// out of time; it never limits a count.
 	Bound        int64
-	CheckTimeout time.Duration // per check (default 30s)
-	TotalTimeout time.Duration // whole audit (default 120s); ignored by RunPreflight
+	CheckTimeout time.Duration // per check (default 60s)
+	TotalTimeout time.Duration // whole audit (default 180s); ignored by RunPreflight
 	LockTimeout  time.Duration // lock_timeout of each check (default 1s)
 	// ApplicationName for SET LOCAL application_name (default "pgflow-upgrade audit").
 	ApplicationName string
@@ -111,10 +111,10 @@ const (
 	// work_mem (BENCHMARKS.md, "audit at 5M").
 	defaultBound = 500_000
 	// defaultCheckTimeout: the exact duplicate scan of 5M step_tasks rows
-	// takes a few seconds (BENCHMARKS.md); 30 s leaves room for a busier
-	// or bigger database before a check says "inconclusive".
-	defaultCheckTimeout = 30 * time.Second
-	defaultTotalTimeout = 120 * time.Second
+	// took 13-26 s on a 2-core machine at load 10-15 (a few seconds when
+	// quiet; BENCHMARKS.md, "audit at 5M"): 60 s answers there with room.
+	defaultCheckTimeout = 60 * time.Second
+	defaultTotalTimeout = 180 * time.Second
 	defaultLockTimeout  = time.Second
 	// idle_in_transaction_session_timeout: the runner never idles in a
 	// transaction; this only bounds a client that hangs between statements.

@@ -211,3 +211,35 @@ func TestRequeueStalledUsesTheStoredQueue(t *testing.T) {
 		t.Fatalf("archived minus queued = %d, want the one message archived", n)
 	}
 }
+
+// On a local database a changed definition is recompiled: here a migrated
+// flow-mode flow moves to step mode, and its one queue makes way for the
+// step queues; elsewhere the same call is a shape or routing mismatch.
+func TestLocalRecompileMovesAFlowToStepMode(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.Baseline(t)
+	p := db.Pool
+	exec(t, p, `select pgflow.create_flow('Moving')`)
+	exec(t, p, `select pgflow.add_step('Moving', 'a')`)
+	applyMigration(t, p)
+	shape := `{"steps": [` + shapeStep("a") + `]}`
+	changed := `{"steps": [` + shapeStep("a") + `, ` + shapeStep("b", "a") + `]}`
+	if k := scalar[string](t, p, `select pgflow.ensure_flow_compiled('Moving', $1::jsonb) ->> 'mismatchKind'`, changed); k != "shape" {
+		t.Fatalf("a changed shape in production: mismatchKind %q, want shape", k)
+	}
+	tx, err := p.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	exec(t, tx, `select set_config('app.settings.jwt_secret', 'super-secret-jwt-token-with-at-least-32-characters-long', true)`)
+	if st := scalar[string](t, tx, `select pgflow.ensure_flow_compiled('Moving', $1::jsonb, 'step') ->> 'status'`, shape); st != "recompiled" {
+		t.Fatalf("local recompile into step mode: %s", st)
+	}
+	if q := scalar[string](t, tx, `select string_agg(queue_name::text, ',' order by queue_name) from pgmq.list_queues()`); q != "moving__a" {
+		t.Fatalf("queues after the recompile %q, want only the step queue", q)
+	}
+	if m := scalar[string](t, tx, `select queue_mode from pgflow.flows where flow_slug = 'Moving'`); m != "step" {
+		t.Fatalf("queue_mode %s", m)
+	}
+}
