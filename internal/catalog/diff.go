@@ -1,6 +1,7 @@
 package catalog
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
@@ -359,4 +360,14 @@ func isMultiWordType(s string) bool {
 		}
 	}
 	return false
+}
+
+// MarshalJSON adds the message String prints, so a JSON reader need not
+// rebuild it.
+func (d Difference) MarshalJSON() ([]byte, error) {
+	type plain Difference
+	return json.Marshal(struct {
+		plain
+		Message string `json:"message"`
+	}{plain(d), d.String()})
 }
