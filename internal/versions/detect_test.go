@@ -78,7 +78,7 @@ func TestDetectToleratesUserAdditions(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() {
-				db.Pool.Exec(context.Background(), `drop owned by `+role+`; drop role versions_test_reader_`+strings.ReplaceAll(strings.TrimSuffix(name, "+"), ".", "_"))
+				db.Pool.Exec(context.Background(), `drop owned by `+role+`; drop role `+role)
 			})
 			det, err := versions.Detect(ctx, db.Pool)
 			if err != nil {
