@@ -5,16 +5,16 @@ import (
 	"strings"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
-// onlineDifference: a difference from the 0.16.0 baseline that an online
-// upgrade in progress makes (audit.DetectSchema's wording): the new
-// step_tasks column, the upgrade objects that are still missing, and the
-// 0.16.0 functions that are still there.
-func onlineDifference(d string) bool {
-	return d == "has column pgflow.step_tasks.queue_name (upgrade)" ||
-		(strings.HasPrefix(d, "lacks ") && strings.HasSuffix(d, " (upgrade)")) ||
-		(strings.HasPrefix(d, "still has ") && strings.HasSuffix(d, " (0.16.0, dropped by the upgrade)"))
+// onlineDifference: a difference from the 0.16.0 description that an
+// online upgrade in progress makes: the new, still nullable
+// step_tasks.queue_name column (its check, index and trigger are additions
+// detection tolerates, so they are no differences).
+func onlineDifference(d catalog.Difference) bool {
+	return d.Kind == catalog.KindColumn && d.Table == "step_tasks" && d.Name == "queue_name" && d.Change == catalog.ChangeExtra
 }
 
 // baselineOrOnline: the 0.16.0 baseline, or the baseline plus what an
@@ -23,11 +23,13 @@ func baselineOrOnline(info audit.SchemaInfo) bool {
 	if info.State == audit.StateBaseline {
 		return true
 	}
-	if info.State != audit.StatePartial || len(info.Differences) == 0 {
+	d := info.Version
+	if d == nil || d.State != versions.StateUnknown || len(d.Differences) == 0 ||
+		(d.Closest != versions.V0_16_0 && d.Closest != versions.ModelBaseline) {
 		return false
 	}
-	for _, d := range info.Differences {
-		if !onlineDifference(d) {
+	for _, x := range d.Differences {
+		if !onlineDifference(x) {
 			return false
 		}
 	}

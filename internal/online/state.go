@@ -35,13 +35,14 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // Names of what the online upgrade adds before the switch. The migration
 // file knows CheckName, IndexName and TriggerName (its guard accepts the
 // shape they make, and its part 5 drops the check and the trigger).
 const (
-	Schema        = "pgflow_upgrade"
+	Schema        = versions.ToolSchema
 	ProgressTable = "pgflow_upgrade.online_progress"
 	CheckName     = "step_tasks_queue_name_online_check"
 	IndexName     = "step_tasks_queue_name_message_id_key"
@@ -256,6 +257,15 @@ type StatusInfo struct {
 	RowsLeft int64     `json:"rows_left"`
 	// ETASeconds: rows left at the last recorded rate (0 when unknown).
 	ETASeconds float64 `json:"eta_seconds"`
+}
+
+// Annotate is versions.Detection's online hook: an upgrade in progress
+// (not none, not done) is recorded on d with its phase.
+func (s *StatusInfo) Annotate(d *versions.Detection) {
+	if s == nil || d == nil || s.Phase == PhaseNone || s.Phase == PhaseDone {
+		return
+	}
+	d.SetOnline(string(s.Phase))
 }
 
 // Status reads the online upgrade's state (catalog and the progress row)

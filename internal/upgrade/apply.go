@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 	"github.com/pgflow-upgrade/pgflow-upgrade/preflight"
 )
@@ -157,7 +158,10 @@ type Report struct {
 	DryRun  bool             `json:"dry_run"`
 	Message string           `json:"message"`
 	State   audit.SchemaInfo `json:"state_before"`
-	Pending []string         `json:"pending"`
+	// PgflowVersion: which pgflow apply found before it changed anything,
+	// and the next step (the same object status and audit print).
+	PgflowVersion *versions.Detection `json:"pgflow_version"`
+	Pending       []string            `json:"pending"`
 	// Unknown: revisions recorded in the database that no embedded migration has.
 	Unknown    []string          `json:"unknown_revisions,omitempty"`
 	Steps      []StepTiming      `json:"steps"`
@@ -322,7 +326,7 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 		if err != nil {
 			return err
 		}
-		r.State = st
+		r.State, r.PgflowVersion = st, st.Version
 		applied, err := appliedVersions(ctx, tx)
 		if err != nil {
 			return err
@@ -364,6 +368,11 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 		r.Outcome = OutcomeAlreadyApplied
 		r.Message = "already upgraded: revision " + Version + " (" + Name + ") is recorded in pgflow.schema_revisions; nothing to do"
 		return nil
+	case r.State.State == audit.StateUpgraded && r.State.Version != nil && !r.State.Version.IsModel():
+		// Real pgflow 0.17.x: upgraded by this tool or by pgflow's own migration.
+		r.Outcome = OutcomeAlreadyApplied
+		r.Message = r.State.Version.NextStep
+		return nil
 	case (r.State.State == audit.StateBaseline || accepted) && len(r.Pending) > 0:
 		// The one state this migration starts from (or one AcceptState vouches for).
 	default:
@@ -371,6 +380,12 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 		why := strings.Join(r.State.Differences, "; ")
 		if r.State.State == audit.StateUpgraded {
 			why = "the upgraded shape, but pgflow.schema_revisions lacks " + strings.Join(r.Pending, ", ")
+		}
+		if v := r.State.Version; v != nil {
+			why = v.Summary() + ": " + v.NextStep
+			if len(r.State.Differences) > 0 {
+				why += ": " + strings.Join(r.State.Differences, "; ")
+			}
 		}
 		return fmt.Errorf("%w: state %s (%s); run `pgflow-upgrade status`", ErrNotBaseline, r.State.State, why)
 	}
