@@ -28,6 +28,10 @@ type Detection struct {
 	// through SetOnline; Detect does not look for it).
 	Online   *Online `json:"online,omitempty"`
 	NextStep string  `json:"next_step"`
+	// Shallow: a pgflow table was locked (by another session, ACCESS
+	// EXCLUSIVE) past the lock timeout, so constraint, index and trigger
+	// definitions were compared by name only (catalog.ReadShallow).
+	Shallow bool `json:"shallow,omitempty"`
 
 	// Version is the description of Found (nil when none).
 	Version *Version `json:"-"`
@@ -75,6 +79,9 @@ func (d *Detection) Summary() string {
 	if !d.Exact {
 		s += fmt.Sprintf(" (with %d additions)", len(d.Additions))
 	}
+	if d.Shallow {
+		s += " (a pgflow table is locked: definitions compared by name only)"
+	}
 	return s
 }
 
@@ -94,10 +101,17 @@ func Detect(ctx context.Context, q catalog.Querier) (*Detection, error) {
 		return d, nil
 	}
 	c, err := catalog.Read(ctx, q, Schema)
+	if catalog.IsLockTimeout(err) {
+		// Deparsing waits for ACCESS SHARE on each table; rather than fail
+		// (audit must work while apply holds its locks), compare by name.
+		c, err = catalog.ReadShallow(ctx, q, Schema)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("detecting the pgflow version: %w", err)
 	}
-	return Classify(c), nil
+	d := Classify(c)
+	d.Shallow = c.Shallow
+	return d, nil
 }
 
 // Classify says which known version c is. A version matches when nothing

@@ -183,3 +183,50 @@ func TestDetectFixtureBaseline(t *testing.T) {
 		t.Fatalf("baseline detected as %s/%s: %v", det.State, det.Found, det.DifferenceStrings())
 	}
 }
+
+// While another session holds a pgflow table ACCESS EXCLUSIVE, detection
+// does not wait past the lock timeout: it compares definitions by name.
+func TestDetectWhileATableIsLocked(t *testing.T) {
+	db := versiontest.DB(t, versions.MustLookup("0.16.0"))
+	ctx := context.Background()
+	locker, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback(ctx)
+	if _, err := locker.Exec(ctx, `lock table pgflow.step_tasks in access exclusive mode`); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `set local lock_timeout = '200ms'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := catalog.Read(ctx, tx, "pgflow"); !catalog.IsLockTimeout(err) {
+		t.Fatalf("Read while step_tasks is locked: %v, want a lock timeout", err)
+	}
+	det, err := versions.Detect(ctx, tx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if det.Found != "0.16.0" || !det.Shallow || !strings.Contains(det.Summary(), "compared by name only") {
+		t.Fatalf("detected %s shallow %v: %v", det.Found, det.Shallow, det.DifferenceStrings())
+	}
+	// Shallow, a missing index is still named.
+	tx.Rollback(ctx)
+	locker.Rollback(ctx)
+	if _, err := db.Pool.Exec(ctx, `drop index pgflow.idx_step_tasks_queued_msg`); err != nil {
+		t.Fatal(err)
+	}
+	sc, err := catalog.ReadShallow(ctx, db.Pool, "pgflow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := catalog.Strings(catalog.Missing(versions.MustLookup("0.16.0").Catalog, sc))
+	if want := []string{"index idx_step_tasks_queued_msg on pgflow.step_tasks: missing"}; !slices.Equal(m, want) {
+		t.Fatalf("shallow Missing %q, want %q", m, want)
+	}
+}
