@@ -166,7 +166,7 @@ func additions(want, c *catalog.Catalog) []catalog.Difference {
 func nextStep(d *Detection) string {
 	switch d.State {
 	case StateNotPgflow:
-		return "no pgflow schema in this database: nothing to upgrade (install pgflow with pgflow's own installer)"
+		return "no pgflow schema in this database: point --dsn at the right database (there is nothing to upgrade here)"
 	case StateOlder:
 		return fmt.Sprintf("pgflow %s is older than 0.16.0: upgrade pgflow to 0.16.0 first with pgflow's own installer (its migrations up to %s), then run `pgflow-upgrade audit`",
 			d.Found, MustLookup(V0_16_0).Last().File())
