@@ -16,7 +16,7 @@ import (
 // two queued tasks, each with its message in pgmq.q_f.
 func oneFlow(t *testing.T) *testdb.DB {
 	t.Helper()
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	exec(t, db,
 		`select pgflow.create_flow('f')`,
 		`select pgflow.add_step('f', 'a')`,
@@ -30,7 +30,7 @@ func oneFlow(t *testing.T) *testdb.DB {
 func inflight(t *testing.T) *testdb.DB {
 	t.Helper()
 	db := testdb.PGMQ(t)
-	st, err := fixtures.Lookup("inflight")
+	st, err := fixtures.LookupModel("inflight")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func TestHealthyDatabasesHaveNoBlockers(t *testing.T) {
 
 func TestSchemaState(t *testing.T) {
 	t.Run("partial", func(t *testing.T) {
-		db := testdb.Baseline(t)
+		db := testdb.Model(t)
 		exec(t, db, `alter table pgflow.flows add column queue_name text`)
 		rep := runAudit(t, db, audit.Options{Checks: []string{"schema.state"}})
 		f := mustFire(t, rep, "schema.state", audit.Blocker)
@@ -89,7 +89,7 @@ func TestSchemaState(t *testing.T) {
 		}
 	})
 	t.Run("modified baseline", func(t *testing.T) {
-		db := testdb.Baseline(t)
+		db := testdb.Model(t)
 		exec(t, db, `alter table pgflow.step_tasks alter column message_id type integer`)
 		rep := runAudit(t, db, audit.Options{Checks: []string{"schema.state"}})
 		f := mustFire(t, rep, "schema.state", audit.Blocker)
@@ -144,7 +144,7 @@ func TestPGMQInstalled(t *testing.T) {
 	if f := mustFire(t, rep, "pgmq.installed", audit.Blocker); !strings.Contains(f.Message, "not installed") {
 		t.Fatalf("message %q", f.Message)
 	}
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	rep = runAudit(t, db, audit.Options{Checks: []string{"pgmq.installed"}})
 	mustFire(t, rep, "pgmq.installed", audit.Info)
 	exec(t, db, `drop function pgmq.set_vt(text, bigint, integer)`)

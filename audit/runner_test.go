@@ -270,7 +270,7 @@ func TestUnknownCheckID(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "queue.orphan_message") {
 		t.Fatalf("Lookup error should list the known ids: %v", err)
 	}
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	if _, err := audit.Run(context.Background(), connect(t, db.DSN), audit.Options{Checks: []string{"no.such"}}); err == nil {
 		t.Fatal("Run accepted an unknown check id")
 	}

@@ -110,7 +110,7 @@ func (e *Env) template(ctx context.Context, size int64) (string, error) {
 		return "", err
 	}
 	defer conn.Close(ctx)
-	if _, err := fixtures.InstallEngine(ctx, conn); err != nil {
+	if _, err := fixtures.InstallModelEngine(ctx, conn); err != nil {
 		return "", err
 	}
 	if size > 0 {

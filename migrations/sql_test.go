@@ -200,7 +200,7 @@ func legacyFlows(t *testing.T, db q) (startedMsg int64) {
 }
 
 func TestMigrationBackfillsAndConstrains(t *testing.T) {
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	legacyFlows(t, db.Pool)
 	tasksBefore := scalar[int](t, db.Pool, `select count(*)::int from pgflow.step_tasks`)
 	if tasksBefore != 5 {
@@ -252,7 +252,7 @@ func TestMigrationBackfillsAndConstrains(t *testing.T) {
 }
 
 func TestMigrationFencesOldProtocol(t *testing.T) {
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	applyMigration(t, db.Pool)
 	ctx := context.Background()
 
@@ -316,7 +316,7 @@ func TestMigrationRefusals(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			db := testdb.Baseline(t)
+			db := testdb.Model(t)
 			tc.setup(t, db)
 			before := fingerprint(t, db.Pool)
 			err := tryMigration(db.Pool)
@@ -337,7 +337,7 @@ func TestMigrationRefusals(t *testing.T) {
 // A started run's queued tasks are claimed once; a live lease is left alone;
 // an expired lease is claimed again; inputs are what the handler needs.
 func TestClaimTasksClaimsAndLeases(t *testing.T) {
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	startedMsg := legacyFlows(t, db.Pool)
 	applyMigration(t, db.Pool)
 	w := worker(t, db.Pool, "LegacyMap")
@@ -375,7 +375,7 @@ func TestClaimTasksClaimsAndLeases(t *testing.T) {
 
 // Messages of terminal tasks are archived and nothing is returned for them.
 func TestClaimTasksArchivesTerminal(t *testing.T) {
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	applyMigration(t, db.Pool)
 	exec(t, db.Pool, `select pgflow.ensure_flow_compiled('m', '{"steps": [{"slug": "items", "stepType": "map"}]}'::jsonb, false)`)
 	run := startFlow(t, db.Pool, "m", `[1, 2, 3]`)
@@ -425,7 +425,7 @@ func TestClaimTasksFatal(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.reason, func(t *testing.T) {
-			db := testdb.Baseline(t)
+			db := testdb.Model(t)
 			applyMigration(t, db.Pool)
 			exec(t, db.Pool, `select pgflow.ensure_flow_compiled('m', '{"steps": [{"slug": "items", "stepType": "map"}]}'::jsonb, false)`)
 			run := startFlow(t, db.Pool, "m", `[1, 2]`)
@@ -459,7 +459,7 @@ func TestClaimTasksFatal(t *testing.T) {
 // Two claimers in open transactions at once get disjoint tasks, and many
 // concurrent claimers drain a map step with every task claimed exactly once.
 func TestClaimTasksConcurrentClaimers(t *testing.T) {
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	applyMigration(t, db.Pool)
 	ctx := context.Background()
 	exec(t, db.Pool, `select pgflow.ensure_flow_compiled('m', '{"steps": [{"slug": "items", "stepType": "map"}]}'::jsonb, false)`)
@@ -540,7 +540,7 @@ func TestClaimTasksConcurrentClaimers(t *testing.T) {
 // delete_flow_and_data and prune act on the task's own queue_name, shown with
 // a flow whose queue_name is not its slug.
 func TestQueueAwareFunctions(t *testing.T) {
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	applyMigration(t, db.Pool)
 	ctx := context.Background()
 	exec(t, db.Pool, `select pgflow.create_flow('f', max_attempts => 2, base_delay => 100)`)
@@ -626,7 +626,7 @@ func TestQueueAwareFunctions(t *testing.T) {
 // A 3-step flow (a; b maps a's output; c after b) completes end to end
 // through claim_tasks and complete_task, with the inputs each step needs.
 func TestEndToEndThroughClaimTasks(t *testing.T) {
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	applyMigration(t, db.Pool)
 	shape := `{"steps": [{"slug": "a"}, {"slug": "b", "stepType": "map", "dependencies": ["a"]},
 		{"slug": "c", "dependencies": ["b"]}]}`
@@ -676,7 +676,7 @@ func TestEndToEndThroughClaimTasks(t *testing.T) {
 // task's own queue (never archiving them) and skips queues pgmq does not
 // list; delete_flow_and_data works when the queue is already gone.
 func TestPruneAndDeleteUseListedQueues(t *testing.T) {
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	applyMigration(t, db.Pool)
 	exec(t, db.Pool, `select pgflow.ensure_flow_compiled('p', '{"steps": [{"slug": "items", "stepType": "map"}]}'::jsonb, false)`)
 	oldRun := startFlow(t, db.Pool, "p", `[1, 2]`)
@@ -714,7 +714,7 @@ func TestPruneAndDeleteUseListedQueues(t *testing.T) {
 // complete_task does through the step_tasks FK) is not deadlocked, and the
 // migration goes through once it commits.
 func TestMigrationLocksNeverDeadlock(t *testing.T) {
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	ctx := context.Background()
 	exec(t, db.Pool, `select pgflow.create_flow('f')`)
 	exec(t, db.Pool, `select pgflow.add_step('f', 'a')`)

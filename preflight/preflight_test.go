@@ -29,7 +29,7 @@ func connect(t *testing.T, dsn string) *pgx.Conn {
 // rows but owns nothing is told exactly what it lacks.
 func TestPrivileges(t *testing.T) {
 	ctx := context.Background()
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	f, err := preflight.Privileges(ctx, db.Pool, 5)
 	if err != nil || len(f) != 0 {
 		t.Fatalf("owner: %v %+v", err, f)
@@ -89,7 +89,7 @@ func TestPrivileges(t *testing.T) {
 // leaves the caller's transaction usable; a case-only alias is a blocker.
 func TestRunInCallersTransaction(t *testing.T) {
 	ctx := context.Background()
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	if _, err := db.Pool.Exec(ctx, `insert into pgflow.flows (flow_slug) values ('Foo'), ('foo');
 		select pgmq.create('Foo')`); err != nil {
 		t.Fatal(err)

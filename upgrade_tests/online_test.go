@@ -206,7 +206,7 @@ func TestOnlineInterrupted(t *testing.T) {
 func interruptedSeed(t *testing.T, seed uint64) error {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(seed, 0x6f6e6c696e65))
-	tdb := testdb.Baseline(t)
+	tdb := testdb.Model(t)
 	db := &scenario.DB{Name: tdb.Name, DSN: tdb.DSN, Pool: tdb.Pool}
 	if _, err := scenario.Generate(ctx, db.Pool, seed); err != nil {
 		return err

@@ -57,7 +57,7 @@ func rowCounts(t *testing.T, pool *pgxpool.Pool) map[string]int {
 }
 
 func TestStartOnBaselineIsFencedBeforeAnythingIsWritten(t *testing.T) {
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	before := rowCounts(t, db.Pool)
 
 	cfg := greetConfig("greet")

@@ -25,7 +25,7 @@ const hangGuard = 2 * time.Minute
 // in one transaction.
 func upgraded(t *testing.T) *testdb.DB {
 	t.Helper()
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	ctx := context.Background()
 	all, err := migrations.All()
 	if err != nil || len(all) == 0 {

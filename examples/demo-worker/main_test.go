@@ -16,7 +16,7 @@ func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
 func noEnv(string) string { return "" }
 
 func TestDemoRunsTheFlowOnAnUpgradedDatabase(t *testing.T) {
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	ctx := context.Background()
 	all, err := migrations.All()
 	if err != nil {
@@ -51,7 +51,7 @@ func TestDemoRunsTheFlowOnAnUpgradedDatabase(t *testing.T) {
 }
 
 func TestDemoRefusesA016Database(t *testing.T) {
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	var out, errOut bytes.Buffer
 	code := run(context.Background(), []string{"--dsn", db.DSN, "--run", `{"names":["Ada"]}`}, noEnv, &out, &errOut)
 	if code != 1 || !strings.Contains(errOut.String(), "pgflow-upgrade apply") {

@@ -59,7 +59,7 @@ func sqlExec(t *testing.T, db *testdb.DB, stmts ...string) {
 // started run, whose task has a message in queue "legacy".
 func legacyDB(t *testing.T) *testdb.DB {
 	t.Helper()
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	sqlExec(t, db,
 		`select pgflow.create_flow('legacy')`,
 		`select pgflow.add_step('legacy', 'a')`,
@@ -155,7 +155,7 @@ func badInputs() []badInput {
 			want: []string{"29991231000000"},
 			todo: []string{"newer pgflow-upgrade", "newer version of pgflow-upgrade", "upgrade pgflow-upgrade"}},
 		{name: "pgflow without pgmq", setup: onDB(func(t *testing.T) *testdb.DB {
-			db := testdb.Baseline(t)
+			db := testdb.Model(t)
 			sqlExec(t, db, dropPGMQ)
 			return db
 		}), args: []string{"apply", "--yes"}, code: cli.ExitFindings,

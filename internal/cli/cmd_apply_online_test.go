@@ -15,7 +15,7 @@ import (
 )
 
 func TestApplyOnlineCLI(t *testing.T) {
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	env := map[string]string{"PGFLOW_UPGRADE_DSN": db.DSN}
 	if r := run(t, env, "apply", "--online", "--dry-run", "--yes"); r.code != cli.ExitUsage {
 		t.Fatalf("--online --dry-run: exit %d, want usage (%s)", r.code, r.stderr)

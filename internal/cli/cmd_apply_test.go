@@ -25,7 +25,7 @@ func runWith(t *testing.T, interactive bool, stdin string, args ...string) resul
 func inflight(t *testing.T) *testdb.DB {
 	t.Helper()
 	db := testdb.PGMQ(t)
-	st, err := fixtures.Lookup("inflight")
+	st, err := fixtures.LookupModel("inflight")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +145,7 @@ func TestApplyCommandUsage(t *testing.T) {
 // transaction-mode pooler) the Supabase CLI's table gets the revision.
 func TestApplyCommandRecordsSupabase(t *testing.T) {
 	ctx := context.Background()
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	if _, err := db.Pool.Exec(ctx, `create schema supabase_migrations;
 		create table supabase_migrations.schema_migrations (version text primary key, statements text[], name text)`); err != nil {
 		t.Fatal(err)

@@ -16,7 +16,7 @@ import (
 // auditDB is a baseline with one flow and one started run.
 func auditDB(t *testing.T) *testdb.DB {
 	t.Helper()
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	for _, s := range []string{
 		`select pgflow.create_flow('f')`,
 		`select pgflow.add_step('f', 'a')`,

@@ -80,7 +80,7 @@ func TestCaptureNeedsADatabase(t *testing.T) {
 
 // capture → replay --from, JSON and JUnit output.
 func TestCaptureThenReplay(t *testing.T) {
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	if _, err := scenario.Generate(context.Background(), db.Pool, 5); err != nil {
 		t.Fatal(err)
 	}

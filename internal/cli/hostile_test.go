@@ -107,7 +107,7 @@ func hostileState(t *testing.T, db *testdb.DB, seed uint64) []string {
 func TestHostileIdentifiersThroughEveryCommand(t *testing.T) {
 	for seed := uint64(1); seed <= 6; seed++ {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
-			db := testdb.Baseline(t)
+			db := testdb.Model(t)
 			flows := hostileState(t, db, seed)
 			t.Logf("flows: %q", flows)
 			dsnValue := withPassword(t, db.DSN)
@@ -158,7 +158,7 @@ func TestHostileIdentifiersThroughEveryCommand(t *testing.T) {
 // byte identifier limit, where a lookup that does not check the length
 // would silently match a truncated name).
 func TestHostileCaseAliasesAndLengths(t *testing.T) {
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	long := strings.Repeat("Order_", 22)[:128]
 	sqlExec(t, db,
 		`select pgflow.create_flow('select')`, `select pgflow.add_step('select', 'from')`,

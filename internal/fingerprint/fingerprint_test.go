@@ -38,7 +38,7 @@ select count(*) from pgflow.complete_task(
 
 func build(t *testing.T) *testdb.DB {
 	t.Helper()
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	if _, err := db.Pool.Exec(context.Background(), smallState); err != nil {
 		t.Fatalf("building the state: %v", err)
 	}

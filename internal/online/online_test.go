@@ -20,7 +20,7 @@ import (
 func inflight(t *testing.T) *testdb.DB {
 	t.Helper()
 	db := testdb.Empty(t)
-	st, err := fixtures.Lookup("inflight")
+	st, err := fixtures.LookupModel("inflight")
 	if err != nil {
 		t.Fatal(err)
 	}

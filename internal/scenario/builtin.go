@@ -84,7 +84,7 @@ func loadInflight(ctx context.Context, env *Env) (*DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := fixtures.Lookup("inflight")
+	st, err := fixtures.LookupModel("inflight")
 	if err != nil {
 		return nil, err
 	}

@@ -321,7 +321,7 @@ func (c *Captured) Restore(ctx context.Context, conn *pgx.Conn) error {
 		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if _, err := fixtures.InstallEngine(ctx, tx); err != nil {
+	if _, err := fixtures.InstallModelEngine(ctx, tx); err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
 	// Queues first (create_flow would make them; rows are inserted as is).

@@ -5,7 +5,8 @@
 // database costs a file copy, not a schema build.
 //
 //	func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
-//	db := testdb.Baseline(t) // pgmq + the pgflow 0.16.0 engine
+//	db := testdb.Baseline(t) // pgmq + the real pgflow 0.16.0 engine
+//	db := testdb.Model(t)    // pgmq + the old model (old migration's tests only)
 //
 // Each database is dropped when its test ends, and the templates when the
 // binary ends, so a DSN server is left as it was found.
@@ -33,6 +34,7 @@ const (
 	tplEmpty    = "empty"
 	tplPGMQ     = "pgmq"
 	tplBaseline = "baseline"
+	tplModel    = "model"
 )
 
 var (
@@ -151,8 +153,11 @@ func fill(ctx context.Context, dsn, kind string) error {
 	}
 	pgmqKind = got
 	announce.Do(func() { fmt.Fprintf(os.Stderr, "testdb: pgmq %s\n", got) })
-	if kind == tplBaseline {
+	switch kind {
+	case tplBaseline:
 		return fixtures.InstallBaseline(ctx, conn)
+	case tplModel:
+		return fixtures.InstallModel(ctx, conn)
 	}
 	return nil
 }
@@ -198,5 +203,11 @@ func Empty(t testing.TB) *DB { t.Helper(); return fresh(t, tplEmpty) }
 // PGMQ returns a fresh database with pgmq installed (extension or stand-in).
 func PGMQ(t testing.TB) *DB { t.Helper(); return fresh(t, tplPGMQ) }
 
-// Baseline returns a fresh database with pgmq and the pgflow 0.16.0 engine.
+// Baseline returns a fresh database with pgmq, the Supabase stand-ins and
+// the real pgflow 0.16.0 engine.
 func Baseline(t testing.TB) *DB { t.Helper(); return fresh(t, tplBaseline) }
+
+// Model returns a fresh database with pgmq and the project's OLD model of
+// 0.16.0 (fixtures/sql/model_0_16_0.sql, not real pgflow): only for the old
+// migration's tests, deleted with that migration.
+func Model(t testing.TB) *DB { t.Helper(); return fresh(t, tplModel) }

@@ -69,7 +69,7 @@ func TestApplyDryRunChangesNothing(t *testing.T) {
 
 func TestApplyRefusesTamperedMigration(t *testing.T) {
 	ctx := testCtx(t)
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	all, err := migrations.All()
 	if err != nil {
 		t.Fatal(err)
@@ -97,7 +97,7 @@ func TestApplyRefusesTamperedMigration(t *testing.T) {
 
 func TestApplyRecordsSupabaseMigration(t *testing.T) {
 	ctx := testCtx(t)
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	// The table as the Supabase CLI creates it.
 	if _, err := db.Pool.Exec(ctx, `create schema supabase_migrations;
 		create table supabase_migrations.schema_migrations (version text primary key, statements text[], name text)`); err != nil {
@@ -126,7 +126,7 @@ func TestApplyRecordsSupabaseMigration(t *testing.T) {
 }
 
 func TestApplyWithoutSupabaseTable(t *testing.T) {
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	rep, err := upgrade.Apply(context.Background(), connect(t, db), fastOpts())
 	if err != nil {
 		t.Fatal(err)
@@ -417,7 +417,7 @@ func TestLockPlanMatchesMigrationFile(t *testing.T) {
 
 func TestStatusAndVerify(t *testing.T) {
 	ctx := testCtx(t)
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	conn := connect(t, db)
 
 	st, err := upgrade.Status(ctx, conn)
@@ -475,7 +475,7 @@ func TestStatusAndVerify(t *testing.T) {
 // (or queues for) a single table lock.
 func TestApplyRefusesRoleWithoutOwnership(t *testing.T) {
 	ctx := testCtx(t)
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	role := pgprovider.RandomName("h_upg_writer")
 	const password = "Writer-pw-5d2e"
 	for _, s := range []string{
@@ -596,7 +596,7 @@ func TestApplyInterrupted(t *testing.T) {
 // A preflight check that runs out of its time: nothing changed, inconclusive.
 func TestApplyPreflightInconclusive(t *testing.T) {
 	ctx := testCtx(t)
-	db := testdb.Baseline(t)
+	db := testdb.Model(t)
 	before := testdb.State(t, db.Pool)
 	opts := fastOpts()
 	opts.Preflight = audit.Options{CheckTimeout: 50 * time.Millisecond, Extra: []audit.Check{{

@@ -22,7 +22,7 @@ func testCtx(t *testing.T) context.Context {
 func inflightDB(t *testing.T) *testdb.DB {
 	t.Helper()
 	db := testdb.PGMQ(t)
-	st, err := fixtures.Lookup("inflight")
+	st, err := fixtures.LookupModel("inflight")
 	if err != nil {
 		t.Fatal(err)
 	}
