@@ -47,7 +47,9 @@ func (a *App) statusAction(c *ucli.Context) error {
 	if err != nil {
 		return withCode(ExitEnvironment, fmt.Errorf("reading the status of %s: %w", where, err))
 	}
-	on.Annotate(st.PgflowVersion) // an online upgrade in progress: its phase and how to continue
+	if !on.Annotate(st.PgflowVersion) { // an online upgrade in progress: its phase and how to continue
+		on = nil // e.g. a 0.17.x database: its queue_name column is no backfill of ours
+	}
 	code := ExitOK
 	if st.NeedsAttention() && on == nil {
 		code = ExitFindings // an online upgrade in progress is a known partial state

@@ -260,12 +260,17 @@ type StatusInfo struct {
 }
 
 // Annotate is versions.Detection's online hook: an upgrade in progress
-// (not none, not done) is recorded on d with its phase.
-func (s *StatusInfo) Annotate(d *versions.Detection) {
-	if s == nil || d == nil || s.Phase == PhaseNone || s.Phase == PhaseDone {
-		return
+// (not none, not done) is recorded on d with its phase, and true returned.
+// Only a database that is 0.16.0 (the expand has begun) or unknown (0.16.0
+// plus what the online path adds) can be one: the Shape alone cannot tell
+// a finished 0.17.x (its step_tasks.queue_name) from a backfill.
+func (s *StatusInfo) Annotate(d *versions.Detection) bool {
+	if s == nil || d == nil || s.Phase == PhaseNone || s.Phase == PhaseDone ||
+		(d.State != versions.StateUnknown && d.State != versions.StateReady) {
+		return false
 	}
 	d.SetOnline(string(s.Phase))
+	return true
 }
 
 // Status reads the online upgrade's state (catalog and the progress row)
