@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // Querier is what the package-level helpers need: a *pgxpool.Pool, a
@@ -92,9 +94,9 @@ type Flow struct {
 // slugRE is pgflow.is_valid_slug's pattern.
 var slugRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-// maxQueueName is pgmq's limit on queue names; a flow's queue is named as its
-// slug, so it bounds flow slugs too.
-const maxQueueName = 47
+// maxQueueName is pgmq's limit on queue names (internal/versions); a flow's
+// queue is named as its slug, so it bounds flow slugs too.
+const maxQueueName = versions.MaxQueueNameLength
 
 func validSlug(s string) bool {
 	return len(s) >= 1 && len(s) <= 128 && slugRE.MatchString(s) && s != "run"
