@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -224,11 +225,9 @@ func TestHostileDatabaseName(t *testing.T) {
 	}
 	u.Path = "/" + name
 	dsnValue := u.String()
-	for _, args := range [][]string{{"fixtures", "load", "baseline"}, {"audit"}, {"apply", "--yes"}, {"status"}, {"verify"}} {
-		r := run(t, nil, append([]string{"--dsn", dsnValue}, args...)...)
-		if r.code != cli.ExitOK {
-			t.Fatalf("%v on database %q: exit %d\n%s%s", args, name, r.code, r.stdout, r.stderr)
-		}
+	// `fixtures load baseline` loads the real 0.16.0 baseline by name.
+	if r := run(t, nil, "--dsn", dsnValue, "fixtures", "load", "baseline"); r.code != cli.ExitOK {
+		t.Fatalf("fixtures load baseline on database %q: exit %d\n%s%s", name, r.code, r.stdout, r.stderr)
 	}
 	conn, err := pgx.Connect(ctx, dsnValue)
 	if err != nil {
@@ -238,5 +237,28 @@ func TestHostileDatabaseName(t *testing.T) {
 	var db string
 	if err := conn.QueryRow(ctx, `select current_database()`).Scan(&db); err != nil || db != name {
 		t.Fatalf("connected to %q (%v), want %q", db, err, name)
+	}
+	var broadcasts bool
+	if err := conn.QueryRow(ctx, `select to_regclass('realtime.recorded_broadcasts') is not null`).Scan(&broadcasts); err != nil || !broadcasts {
+		t.Fatalf("fixtures load baseline did not install the real baseline (%v)", err)
+	}
+	// The old migration only applies to the old model (until the 0.17.0
+	// migration lands): swap the schema for the model, then audit, upgrade
+	// and verify by name.
+	if _, err := conn.Exec(ctx, `drop schema pgflow, pgmq, realtime, net, cron, vault, supabase_migrations cascade`); err != nil {
+		t.Fatal(err)
+	}
+	st, err := fixtures.LookupModel("baseline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Load(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"audit"}, {"apply", "--yes"}, {"status"}, {"verify"}} {
+		r := run(t, nil, append([]string{"--dsn", dsnValue}, args...)...)
+		if r.code != cli.ExitOK {
+			t.Fatalf("%v on database %q: exit %d\n%s%s", args, name, r.code, r.stdout, r.stderr)
+		}
 	}
 }
