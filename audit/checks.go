@@ -13,11 +13,12 @@ import (
 func init() {
 	catalog = []Check{
 		{
-			ID: "schema.state", Title: "pgflow schema state", Severity: Blocker, Preflight: true,
-			Meaning: "The live catalog is compared with the pgflow 0.16.0 baseline and upstream's 0.17.0 shape. " +
-				"Baseline and upgraded are reported as info; a partial, unknown or missing pgflow schema is a blocker, with the differences named.",
-			Remedy: "A partial state is not something apply can start from: compare the differences with the 0.16.0 release and the 0.17.0 migration, " +
-				"restore the missing objects (or restore from backup), then audit again. No pgflow schema: point --dsn at the right database.",
+			ID: "schema.state", Title: "pgflow version and schema state", Severity: Blocker, Preflight: true,
+			Meaning: "The live catalog is compared with every pgflow version this tool knows (internal/versions: 0.14.x, 0.15.x, 0.16.0, 0.17.0, 0.17.1+), " +
+				"tolerating what users add (their own indexes, constraints, functions). 0.16.0 and 0.17.x are reported as info; an older version, " +
+				"a schema no known version matches (the differences from the closest one named) or no pgflow schema is a blocker.",
+			Remedy: "Older than 0.16.0: upgrade pgflow to 0.16.0 first with pgflow's own installer. Unknown: restore what differs from the closest " +
+				"version (or restore from backup), then audit again. No pgflow schema: point --dsn at the right database.",
 			Run: checkSchemaState,
 		},
 		{
@@ -192,6 +193,11 @@ func checkSchemaState(ctx context.Context, q Querier, env Env) ([]Finding, error
 		f.Severity, f.Remedy, f.Count = Info, "None: this is the shape apply starts from.", 0
 	case StateUpgraded:
 		f.Severity, f.Remedy, f.Count = Info, "None: apply will report that there is nothing to do.", 0
+	case StateOlder:
+		f.Count = 1
+	}
+	if s.Version != nil && f.Severity != Info {
+		f.Remedy = s.Version.NextStep // what to do about this version
 	}
 	return []Finding{f}, nil
 }

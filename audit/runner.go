@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // Status of one check's run.
@@ -41,16 +43,19 @@ type CheckResult struct {
 
 // Report is the result of an audit.
 type Report struct {
-	ServerVersion string        `json:"server_version"`
-	Database      string        `json:"database"`
-	PGMQ          PGMQInfo      `json:"pgmq"`
-	Schema        SchemaInfo    `json:"schema"`
-	Mode          string        `json:"mode"`
-	Sample        int           `json:"sample"`
-	Bound         int64         `json:"bound"`
-	Checks        []CheckResult `json:"checks"`
-	Started       time.Time     `json:"started_at"`
-	DurationMS    int64         `json:"duration_ms"`
+	ServerVersion string     `json:"server_version"`
+	Database      string     `json:"database"`
+	PGMQ          PGMQInfo   `json:"pgmq"`
+	Schema        SchemaInfo `json:"schema"`
+	// PgflowVersion: which pgflow was found and the next step (the same
+	// object status and apply print).
+	PgflowVersion *versions.Detection `json:"pgflow_version"`
+	Mode          string              `json:"mode"`
+	Sample        int                 `json:"sample"`
+	Bound         int64               `json:"bound"`
+	Checks        []CheckResult       `json:"checks"`
+	Started       time.Time           `json:"started_at"`
+	DurationMS    int64               `json:"duration_ms"`
 }
 
 // Counts of a report.
@@ -255,7 +260,7 @@ func Run(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, error) {
 		}
 		return nil, err
 	}
-	rep.PGMQ, rep.Schema = env.PGMQ, env.Schema
+	rep.PGMQ, rep.Schema, rep.PgflowVersion = env.PGMQ, env.Schema, env.Schema.Version
 
 	for _, c := range checks {
 		if ctx.Err() != nil {

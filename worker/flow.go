@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // Querier is what the package-level helpers need: a *pgxpool.Pool, a
@@ -102,8 +104,9 @@ type Flow struct {
 // `__` separator of step queue names can then never be ambiguous).
 var slugRE = regexp.MustCompile(`^[A-Za-z](?:[A-Za-z0-9]|_[A-Za-z0-9])*$`)
 
-// maxQueueName is pgmq's limit on queue names (pgflow.is_valid_queue_name).
-const maxQueueName = 47
+// maxQueueName is pgmq's limit on queue names (internal/versions); a flow's
+// queue is named as its slug, so it bounds flow slugs too.
+const maxQueueName = versions.MaxQueueNameLength
 
 // validSlug is pgflow.is_valid_slug of 0.17.0: 1-128 characters, not "run".
 func validSlug(s string) bool {

@@ -34,6 +34,9 @@ type Catalog struct {
 	Functions      []Function      `json:"functions"`
 	Sequences      []Sequence      `json:"sequences"`
 	CompositeTypes []CompositeType `json:"composite_types"`
+
+	// Shallow: read by ReadShallow, without definitions (not in JSON).
+	Shallow bool `json:"-"`
 }
 
 // PGMQ is the installed pgmq extension's version (nil: not an extension,

@@ -1,6 +1,7 @@
 package catalog
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
@@ -87,7 +88,15 @@ func Strings(ds []Difference) []string {
 type differ struct {
 	schema   string
 	tolerant bool
+	shallow  bool // one side has no definitions: compare names only
 	out      []Difference
+}
+
+// definition compares a definition unless one side was read shallow.
+func (r *differ) definition(kind Kind, table, name, object, field, want, got string) {
+	if !r.shallow {
+		r.changed(kind, table, name, object, field, want, got)
+	}
 }
 
 func (r *differ) add(d Difference) { r.out = append(r.out, d) }
@@ -99,7 +108,7 @@ func (r *differ) changed(kind Kind, table, name, object, field, want, got string
 }
 
 func compare(want, got *Catalog, tolerant bool) []Difference {
-	r := &differ{schema: want.Schema, tolerant: tolerant}
+	r := &differ{schema: want.Schema, tolerant: tolerant, shallow: want.Shallow || got.Shallow}
 	if want.Schema != got.Schema {
 		r.changed(KindSchema, "", want.Schema, want.Schema, "name", want.Schema, got.Schema)
 	}
@@ -128,7 +137,7 @@ func compare(want, got *Catalog, tolerant bool) []Difference {
 		r.function)
 	each(r, KindTrigger, "", want.Triggers, got.Triggers, func(t Trigger) string { return t.Table + "." + t.Name },
 		func(w, g Trigger, obj string) {
-			r.changed(KindTrigger, w.Table, w.Name, obj, "definition", w.Definition, g.Definition)
+			r.definition(KindTrigger, w.Table, w.Name, obj, "definition", w.Definition, g.Definition)
 		})
 	each(r, KindSequence, "", want.Sequences, got.Sequences, func(s Sequence) string { return s.Name }, func(w, g Sequence, obj string) {
 		f := func(x Sequence) string {
@@ -140,7 +149,7 @@ func compare(want, got *Catalog, tolerant bool) []Difference {
 	each(r, KindView, "", want.Views, got.Views, func(v View) string { return v.Name }, func(w, g View, obj string) {
 		r.changed(KindView, "", w.Name, obj, "kind", w.Kind, g.Kind)
 		r.changed(KindView, "", w.Name, obj, "columns", attrs(w.Columns), attrs(g.Columns))
-		r.changed(KindView, "", w.Name, obj, "definition", w.Definition, g.Definition)
+		r.definition(KindView, "", w.Name, obj, "definition", w.Definition, g.Definition)
 	})
 	if !tolerant {
 		r.changed(KindPGMQ, "", "extension_version", "extension", "extension_version", ptr(want.PGMQ.ExtensionVersion), ptr(got.PGMQ.ExtensionVersion))
@@ -202,11 +211,11 @@ func (r *differ) tables(want, got []Table) {
 		each(r, KindConstraint, w.Name, w.Constraints, g.Constraints, func(c Constraint) string { return c.Name },
 			func(wc, gc Constraint, cobj string) {
 				r.changed(KindConstraint, w.Name, wc.Name, cobj, "contype", wc.Contype, gc.Contype)
-				r.changed(KindConstraint, w.Name, wc.Name, cobj, "definition", wc.Definition, gc.Definition)
+				r.definition(KindConstraint, w.Name, wc.Name, cobj, "definition", wc.Definition, gc.Definition)
 			})
 		each(r, KindIndex, w.Name, w.Indexes, g.Indexes, func(i Index) string { return i.Name },
 			func(wi, gi Index, iobj string) {
-				r.changed(KindIndex, w.Name, wi.Name, iobj, "definition", wi.Definition, gi.Definition)
+				r.definition(KindIndex, w.Name, wi.Name, iobj, "definition", wi.Definition, gi.Definition)
 			})
 	})
 }
@@ -231,7 +240,11 @@ func (r *differ) columns(w, g Table) {
 		wOrder = append(wOrder, c.Name)
 		r.changed(KindColumn, w.Name, c.Name, obj, "type", c.Type, gc.Type)
 		r.changed(KindColumn, w.Name, c.Name, obj, "not_null", strconv.FormatBool(c.NotNull), strconv.FormatBool(gc.NotNull))
-		r.changed(KindColumn, w.Name, c.Name, obj, "default", ptr(c.Default), ptr(gc.Default))
+		if c.Generated == "" {
+			r.changed(KindColumn, w.Name, c.Name, obj, "default", ptr(c.Default), ptr(gc.Default))
+		} else {
+			r.definition(KindColumn, w.Name, c.Name, obj, "default", ptr(c.Default), ptr(gc.Default))
+		}
 		r.changed(KindColumn, w.Name, c.Name, obj, "identity", c.Identity, gc.Identity)
 		r.changed(KindColumn, w.Name, c.Name, obj, "generated", c.Generated, gc.Generated)
 	}
@@ -359,4 +372,14 @@ func isMultiWordType(s string) bool {
 		}
 	}
 	return false
+}
+
+// MarshalJSON adds the message String prints, so a JSON reader need not
+// rebuild it.
+func (d Difference) MarshalJSON() ([]byte, error) {
+	type plain Difference
+	return json.Marshal(struct {
+		plain
+		Message string `json:"message"`
+	}{plain(d), d.String()})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -32,7 +33,15 @@ var ErrNoBegin = errors.New("catalog.Read needs a connection, pool or transactio
 // search_path = ” every pg_get_* text names objects outside pg_catalog
 // with their schema; every sort is COLLATE "C". A schema that does not
 // exist reads as an empty catalog (see Exists).
+//
+// Deparsing a table's constraints, indexes and defaults takes ACCESS SHARE
+// on it: under the caller's lock_timeout, Read fails with 55P03 while
+// another session holds a table ACCESS EXCLUSIVE (see ReadShallow).
 func Read(ctx context.Context, q Querier, schema string) (*Catalog, error) {
+	return read(ctx, q, schema, false)
+}
+
+func read(ctx context.Context, q Querier, schema string, shallow bool) (*Catalog, error) {
 	b, ok := q.(beginner)
 	if !ok {
 		return nil, ErrNoBegin
@@ -45,16 +54,55 @@ func Read(ctx context.Context, q Querier, schema string) (*Catalog, error) {
 	if _, err := tx.Exec(ctx, `select pg_catalog.set_config('search_path', '', true)`); err != nil {
 		return nil, fmt.Errorf("reading the catalog of schema %s: pinning search_path: %w", schema, err)
 	}
+	sql := readSQL
+	if shallow {
+		sql = shallowSQL
+	}
 	var raw []byte
-	if err := tx.QueryRow(ctx, readSQL, schema).Scan(&raw); err != nil {
+	if err := tx.QueryRow(ctx, sql, schema).Scan(&raw); err != nil {
 		return nil, fmt.Errorf("reading the catalog of schema %s from pg_catalog: %w", schema, err)
 	}
 	c, err := Parse(raw)
 	if err != nil {
 		return nil, fmt.Errorf("reading the catalog of schema %s: %w", schema, err)
 	}
+	c.Shallow = shallow
 	return c, nil
 }
+
+// ReadShallow is Read without the texts PostgreSQL can only deparse under
+// an ACCESS SHARE lock on the table (constraint, index, trigger and view
+// definitions, generated-column expressions): it never waits for a lock,
+// so it works while another session holds a pgflow table ACCESS
+// EXCLUSIVE. Those definitions read as ""; Shallow is set, and Diff and
+// Missing compare them only by name.
+func ReadShallow(ctx context.Context, q Querier, schema string) (*Catalog, error) {
+	return read(ctx, q, schema, true)
+}
+
+// IsLockTimeout: err is a lock wait that ran out (SQLSTATE 55P03), e.g.
+// Read under a lock_timeout while a table of the schema is locked.
+func IsLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
+var (
+	readSQL = strings.NewReplacer(
+		"{{default}}", "pg_catalog.pg_get_expr(ad.adbin, ad.adrelid)",
+		"{{condef}}", "pg_catalog.pg_get_constraintdef(k.oid)",
+		"{{indexdef}}", "pg_catalog.pg_get_indexdef(ic.oid)",
+		"{{triggerdef}}", "pg_catalog.pg_get_triggerdef(tg.oid)",
+		"{{viewdef}}", "pg_catalog.pg_get_viewdef(c.oid)").Replace(catalogSQL)
+	// A default cannot refer to a column, so relid 0 deparses it without
+	// opening the table; a generated column's expression can, so it is left out.
+	shallowSQL = strings.NewReplacer(
+		"{{default}}", "case when a.attgenerated = '' then pg_catalog.pg_get_expr(ad.adbin, 0) end",
+		"{{condef}}", "''",
+		"{{indexdef}}", "''",
+		"{{triggerdef}}", "''",
+		"{{viewdef}}", "''").Replace(catalogSQL)
+)
 
 // Exists reports whether schema exists (catalog rows only).
 func Exists(ctx context.Context, q Querier, schema string) (bool, error) {
@@ -66,10 +114,11 @@ func Exists(ctx context.Context, q Querier, schema string) (bool, error) {
 	return ok, nil
 }
 
-// readSQL builds the whole catalog as one jsonb value; $1 is the schema.
-// Each part lists one kind of object, ordered as the format says (names
-// COLLATE "C"; columns and attributes by attnum).
-const readSQL = `
+// catalogSQL builds the whole catalog as one jsonb value; $1 is the
+// schema. Each part lists one kind of object, ordered as the format says
+// (names COLLATE "C"; columns and attributes by attnum). The {{...}}
+// placeholders are the texts that deparse an expression of a table.
+const catalogSQL = `
 with ns as (select n.oid from pg_catalog.pg_namespace n where n.nspname = $1),
 tables as (
   select c.relname, pg_catalog.jsonb_build_object(
@@ -81,7 +130,7 @@ tables as (
                  'name', a.attname,
                  'type', pg_catalog.format_type(a.atttypid, a.atttypmod),
                  'not_null', a.attnotnull,
-                 'default', pg_catalog.pg_get_expr(ad.adbin, ad.adrelid))
+                 'default', {{default}})
                || case a.attidentity
                     when 'a' then pg_catalog.jsonb_build_object('identity', 'always')
                     when 'd' then pg_catalog.jsonb_build_object('identity', 'by default')
@@ -94,12 +143,12 @@ tables as (
       where a.attrelid = c.oid and a.attnum > 0 and not a.attisdropped), '[]'::jsonb),
     'constraints', coalesce((
       select pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
-               'name', k.conname, 'contype', k.contype, 'definition', pg_catalog.pg_get_constraintdef(k.oid))
-               order by k.conname collate "C", pg_catalog.pg_get_constraintdef(k.oid) collate "C")
+               'name', k.conname, 'contype', k.contype, 'definition', {{condef}})
+               order by k.conname collate "C", {{condef}} collate "C")
       from pg_catalog.pg_constraint k where k.conrelid = c.oid), '[]'::jsonb),
     'indexes', coalesce((
       select pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object(
-               'name', ic.relname, 'definition', pg_catalog.pg_get_indexdef(ic.oid))
+               'name', ic.relname, 'definition', {{indexdef}})
                order by ic.relname collate "C")
       from pg_catalog.pg_index x join pg_catalog.pg_class ic on ic.oid = x.indexrelid
       where x.indrelid = c.oid), '[]'::jsonb)) as j
@@ -158,7 +207,7 @@ functions as (
 ),
 triggers as (
   select c.relname, tg.tgname, pg_catalog.jsonb_build_object(
-    'name', tg.tgname, 'table', c.relname, 'definition', pg_catalog.pg_get_triggerdef(tg.oid)) as j
+    'name', tg.tgname, 'table', c.relname, 'definition', {{triggerdef}}) as j
   from pg_catalog.pg_trigger tg join pg_catalog.pg_class c on c.oid = tg.tgrelid
   where c.relnamespace = (select oid from ns) and not tg.tgisinternal
 ),
@@ -188,7 +237,7 @@ views as (
                'name', a.attname, 'type', pg_catalog.format_type(a.atttypid, a.atttypmod)) order by a.attnum)
       from pg_catalog.pg_attribute a
       where a.attrelid = c.oid and a.attnum > 0 and not a.attisdropped), '[]'::jsonb),
-    'definition', pg_catalog.pg_get_viewdef(c.oid)) as j
+    'definition', {{viewdef}}) as j
   from pg_catalog.pg_class c
   where c.relnamespace = (select oid from ns) and c.relkind in ('v', 'm')
 )

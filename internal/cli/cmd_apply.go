@@ -15,6 +15,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 const applyDescription = `Upgrades real pgflow 0.16.0 to upstream pgflow's 0.17.0 schema (private step
@@ -142,6 +143,15 @@ func (a *App) applyAction(c *ucli.Context) error {
 		prog.stop()
 	}
 	code := applyExitCode(applyErr, conn, ctx.Err() != nil)
+	if v := rep.PgflowVersion; v != nil && v.State == versions.StateUnknown && !conn.IsClosed() && ctx.Err() == nil {
+		// Refused on an unknown shape: say so when it is our online upgrade.
+		if on, err := onlineStatus(ctx, conn); err == nil {
+			on.Annotate(v)
+			if v.Online != nil {
+				rep.Message += "; " + v.NextStep
+			}
+		}
+	}
 
 	if jsonOutput(c) {
 		out := struct {
@@ -189,6 +199,7 @@ func applyExitCode(err error, conn *pgx.Conn, interrupted bool) int {
 // statements (dry run) and step timings.
 func writeApplyTable(w io.Writer, where string, rep *upgrade.Report) error {
 	fmt.Fprintf(w, "pgflow-upgrade apply on %s: %s\n%s\n", where, rep.Outcome, rep.Message)
+	writeVersion(w, rep.PgflowVersion)
 	if len(rep.Blockers) > 0 {
 		fmt.Fprintln(w, "\nblockers (fix them, then rerun; `pgflow-upgrade audit` shows the same checks):")
 		var rows [][]string

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 func (a *App) auditCommand() *ucli.Command {
@@ -85,6 +86,13 @@ func (a *App) auditAction(c *ucli.Context) error {
 			return ctx.Err()
 		}
 		return withCode(ExitEnvironment, fmt.Errorf("audit of %s: %w", dsn.Describe(t.config), err))
+	}
+	if rep.PgflowVersion != nil && rep.PgflowVersion.State == versions.StateUnknown {
+		// Name an online upgrade of ours in progress, with its phase (best
+		// effort: a role that cannot read pgflow_upgrade still gets its audit).
+		if on, err := onlineStatus(ctx, conn); err == nil {
+			on.Annotate(rep.PgflowVersion)
+		}
 	}
 	code := auditExitCode(rep)
 
@@ -185,6 +193,10 @@ func countCell(f audit.Finding) string {
 func writeAuditTable(w *bytes.Buffer, target string, rep *audit.Report, code int) error {
 	fmt.Fprintf(w, "pgflow-upgrade audit of %s: PostgreSQL %s, pgmq %s, schema %s (%d ms)\n\n",
 		target, rep.ServerVersion, rep.PGMQ, rep.Schema.State, rep.DurationMS)
+	writeVersion(w, rep.PgflowVersion)
+	if rep.PgflowVersion != nil {
+		fmt.Fprintln(w)
+	}
 
 	var findings []audit.Finding
 	for _, r := range rep.Checks {

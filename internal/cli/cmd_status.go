@@ -3,22 +3,24 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 )
 
 func (a *App) statusCommand() *ucli.Command {
 	return &ucli.Command{
 		Name:  "status",
-		Usage: "schema state (baseline, upgraded, partial, unknown, not_pgflow), applied revisions, pending migrations, atlas.sum validity",
+		Usage: "the pgflow version found (older than 0.16.0, 0.16.0, 0.17.x, an online upgrade in progress, unknown: what differs) with the next step, applied revisions, pending migrations, atlas.sum validity",
 		Description: "Read-only: catalog queries and pgflow_upgrade.schema_revisions, in a READ ONLY transaction with\n" +
 			"statement_timeout and lock_timeout set.\n" +
-			"Exit codes: 0 baseline, upgraded or not pgflow; 1 partial/unknown schema or embedded migrations\n" +
+			"Exit codes: 0 pgflow 0.16.0, 0.17.x or not pgflow; 1 older than 0.16.0, partial/unknown schema or embedded migrations\n" +
 			"not matching atlas.sum; 3 connection error.",
 		Action: a.statusAction,
 		OnUsageError: func(c *ucli.Context, err error, _ bool) error {
@@ -45,6 +47,9 @@ func (a *App) statusAction(c *ucli.Context) error {
 	if err != nil {
 		return withCode(ExitEnvironment, fmt.Errorf("reading the status of %s: %w", where, err))
 	}
+	if !on.Annotate(st.PgflowVersion) { // an online upgrade in progress: its phase and how to continue
+		on = nil // e.g. a 0.17.x database: its queue_name column is no backfill of ours
+	}
 	code := ExitOK
 	if st.NeedsAttention() && on == nil {
 		code = ExitFindings // an online upgrade in progress is a known partial state
@@ -62,7 +67,9 @@ func (a *App) statusAction(c *ucli.Context) error {
 		}
 	} else {
 		w := a.Stdout
-		fmt.Fprintf(w, "pgflow-upgrade status of %s\nschema state: %s\n", where, st.State.State)
+		fmt.Fprintf(w, "pgflow-upgrade status of %s\n", where)
+		writeVersion(w, st.PgflowVersion)
+		fmt.Fprintf(w, "schema state: %s\n", st.State.State)
 		for _, d := range st.State.Differences {
 			fmt.Fprintf(w, "  %s\n", d)
 		}
@@ -105,4 +112,13 @@ func (a *App) statusAction(c *ucli.Context) error {
 		return reportedError{withCode(code, errors.New("status needs attention"))}
 	}
 	return nil
+}
+
+// writeVersion prints the pgflow version found and the next step (status,
+// audit and apply print the same two lines).
+func writeVersion(w io.Writer, d *versions.Detection) {
+	if d == nil {
+		return
+	}
+	fmt.Fprintf(w, "pgflow version: %s\nnext step: %s\n", d.Summary(), d.NextStep)
 }

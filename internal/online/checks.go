@@ -5,20 +5,25 @@ import (
 	"strings"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
-// onlineDifference: a difference from the 0.16.0 baseline that an online
-// upgrade in progress makes (audit.DetectSchema's wording): the new steps
-// and step_tasks columns and pgflow.is_valid_queue_name, the upgrade
-// objects that are still missing, and the 0.16.0 functions still there.
+// onlineDifference: a difference from the 0.16.0 description that an
+// online upgrade in progress makes before its switch: the new, still
+// nullable steps.queue_name and step_tasks.queue_name columns and
+// pgflow.is_valid_queue_name(text) (its checks, indexes and triggers are
+// additions detection tolerates, so they are no differences).
 // flows.queue_mode and the 0.17 protocol functions come with the switch
-// only, so their presence is never an online difference.
-func onlineDifference(d string) bool {
-	return d == "has column pgflow.steps.queue_name (upgrade)" ||
-		d == "has column pgflow.step_tasks.queue_name (upgrade)" ||
-		d == "has function pgflow.is_valid_queue_name(text) (upgrade)" ||
-		(strings.HasPrefix(d, "lacks ") && strings.HasSuffix(d, " (upgrade)")) ||
-		(strings.HasPrefix(d, "still has ") && strings.HasSuffix(d, " (0.16.0, dropped by the upgrade)"))
+// only, so they are never an online difference.
+func onlineDifference(d catalog.Difference) bool {
+	switch {
+	case d.Kind == catalog.KindColumn && d.Change == catalog.ChangeExtra && d.Name == "queue_name":
+		return d.Table == "steps" || d.Table == "step_tasks"
+	case d.Kind == catalog.KindFunction && d.Change == catalog.ChangeExtra:
+		return d.Name == "is_valid_queue_name" || strings.HasPrefix(d.Name, "is_valid_queue_name(")
+	}
+	return false
 }
 
 // baselineOrOnline: the 0.16.0 baseline, or the baseline plus what an
@@ -27,11 +32,13 @@ func baselineOrOnline(info audit.SchemaInfo) bool {
 	if info.State == audit.StateBaseline {
 		return true
 	}
-	if info.State != audit.StatePartial || len(info.Differences) == 0 {
+	d := info.Version
+	if d == nil || d.State != versions.StateUnknown || len(d.Differences) == 0 ||
+		d.Closest != versions.V0_16_0 {
 		return false
 	}
-	for _, d := range info.Differences {
-		if !onlineDifference(d) {
+	for _, x := range d.Differences {
+		if !onlineDifference(x) {
 			return false
 		}
 	}

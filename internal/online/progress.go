@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // Progress is the row of pgflow_upgrade.online_progress.
@@ -107,8 +109,8 @@ func setPhase(ctx context.Context, q Querier, ph Phase) error {
 
 // Commands that continue or undo an online upgrade in progress.
 const (
-	ContinueCommand = "pgflow-upgrade apply --online"
-	UndoCommand     = "pgflow-upgrade apply --rollback-online"
+	ContinueCommand = versions.ContinueOnline
+	UndoCommand     = versions.UndoOnline
 )
 
 // StatusInfo is what `status` shows of an online upgrade.
@@ -155,4 +157,17 @@ func Status(ctx context.Context, q Querier) (*StatusInfo, error) {
 		}
 	}
 	return info, nil
+}
+
+// Annotate is versions.Detection's online hook: an upgrade in progress
+// (InProgress) is recorded on d with its phase, and true returned. Only a
+// database that is 0.16.0 (the expand has begun) or unknown (0.16.0 plus
+// what the online path adds) can be one: the Shape alone cannot tell a
+// finished 0.17.x (its queue_name columns) from a backfill.
+func (s *StatusInfo) Annotate(d *versions.Detection) bool {
+	if !s.InProgress() || d == nil || (d.State != versions.StateUnknown && d.State != versions.StateReady) {
+		return false
+	}
+	d.SetOnline(string(s.Phase))
+	return true
 }

@@ -42,13 +42,14 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // Names of what the online upgrade adds before the switch. The migration
 // file knows TriggerName, OnlineCheck and the 0.17.0 names (its guard A1b
 // accepts the shape they make; B3/B4 drop the temporary ones).
 const (
-	Schema        = "pgflow_upgrade"
+	Schema        = versions.ToolSchema
 	ProgressTable = "pgflow_upgrade.online_progress"
 	TriggerName   = "pgflow_upgrade_online_queue_name"
 	TriggerFunc   = "pgflow_upgrade.online_fill_queue_name"

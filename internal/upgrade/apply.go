@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgretry"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 	"github.com/pgflow-upgrade/pgflow-upgrade/preflight"
 )
@@ -179,9 +180,11 @@ type Report struct {
 	DryRun  bool             `json:"dry_run"`
 	Message string           `json:"message"`
 	State   audit.SchemaInfo `json:"state_before"`
-	Pending []string         `json:"pending"`
-	// Unknown: revisions recorded in pgflow_upgrade.schema_revisions that no
-	// embedded migration has.
+	// PgflowVersion: which pgflow apply found before it changed anything,
+	// and the next step (the same object status and audit print).
+	PgflowVersion *versions.Detection `json:"pgflow_version"`
+	Pending       []string            `json:"pending"`
+	// Unknown: revisions recorded in the database that no embedded migration has.
 	Unknown    []string          `json:"unknown_revisions,omitempty"`
 	Steps      []StepTiming      `json:"steps"`
 	Statements []StatementReport `json:"statements"`
@@ -356,7 +359,7 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 		if err != nil {
 			return err
 		}
-		r.State = st
+		r.State, r.PgflowVersion = st, st.Version
 		applied, err := appliedVersions(ctx, tx)
 		if err != nil {
 			return err
@@ -399,10 +402,14 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 		ours := !contains(r.Pending, Version+"_"+Name)
 		r.Pending = nil
 		r.Outcome = OutcomeAlreadyApplied
+		found := "0.17.0"
+		if v := r.State.Version; v != nil && v.Found != "" {
+			found = v.Found // e.g. 0.17.1+, upgraded further by pgflow
+		}
 		if ours {
-			r.Message = "already upgraded: pgflow 0.17.0, revision " + Version + " (" + Name + ") recorded in pgflow_upgrade.schema_revisions; nothing to do"
+			r.Message = "already upgraded: pgflow " + found + ", revision " + Version + " (" + Name + ") recorded in pgflow_upgrade.schema_revisions; nothing to do"
 		} else {
-			r.Message = "already at pgflow 0.17.0 (not applied by this tool: e.g. by pgflow's own migration " + UpstreamVersion + "); nothing to do"
+			r.Message = "already upgraded: pgflow " + found + " (not applied by this tool: e.g. by pgflow's own migration " + UpstreamVersion + "); nothing to do"
 		}
 		return nil
 	case r.State.State == audit.StateBaseline || accepted:
@@ -413,7 +420,14 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 			}
 		}
 	default:
+		// Name the version found and the next step (internal/versions).
 		why := strings.Join(r.State.Differences, "; ")
+		if v := r.State.Version; v != nil {
+			why = v.Summary() + ": " + v.NextStep
+			if len(r.State.Differences) > 0 {
+				why += ": " + strings.Join(r.State.Differences, "; ")
+			}
+		}
 		return fail(OutcomeRefused, fmt.Errorf("%w: state %s (%s); run `pgflow-upgrade status`", ErrNotBaseline, r.State.State, why))
 	}
 

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 )
 
@@ -41,16 +42,18 @@ type SumStatus struct {
 
 // StatusReport is what `status` prints.
 type StatusReport struct {
-	State      audit.SchemaInfo  `json:"state"`
-	Applied    []Revision        `json:"applied"`
-	Pending    []string          `json:"pending"`
-	Migrations []MigrationStatus `json:"migrations"`
-	AtlasSum   SumStatus         `json:"atlas_sum"`
+	State audit.SchemaInfo `json:"state"`
+	// PgflowVersion: which pgflow was found and the next step.
+	PgflowVersion *versions.Detection `json:"pgflow_version"`
+	Applied       []Revision          `json:"applied"`
+	Pending       []string            `json:"pending"`
+	Migrations    []MigrationStatus   `json:"migrations"`
+	AtlasSum      SumStatus           `json:"atlas_sum"`
 }
 
 // NeedsAttention: a state apply cannot act on, or tampered migrations.
 func (s *StatusReport) NeedsAttention() bool {
-	return !s.AtlasSum.Valid || s.State.State == audit.StatePartial || s.State.State == audit.StateUnknown
+	return !s.AtlasSum.Valid || s.State.State == audit.StatePartial || s.State.State == audit.StateUnknown || s.State.State == audit.StateOlder
 }
 
 // Status reads the schema state and revisions in one READ ONLY transaction
@@ -73,6 +76,7 @@ func Status(ctx context.Context, conn *pgx.Conn) (*StatusReport, error) {
 	if rep.State, err = DetectState(ctx, tx); err != nil {
 		return nil, err
 	}
+	rep.PgflowVersion = rep.State.Version
 	var exists bool
 	if err := tx.QueryRow(ctx, `select pg_catalog.to_regclass('pgflow_upgrade.schema_revisions') is not null`).Scan(&exists); err != nil {
 		return nil, fmt.Errorf("looking for %s: %w", RevisionsTable, err)

@@ -1,0 +1,142 @@
+package cli_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions/versiontest"
+)
+
+// versionJSON is the stable pgflow_version object of status, audit and apply.
+type versionJSON struct {
+	PgflowVersion struct {
+		Found       string `json:"found"`
+		State       string `json:"state"`
+		Closest     string `json:"closest"`
+		NextStep    string `json:"next_step"`
+		Differences []struct {
+			Kind    string `json:"kind"`
+			Change  string `json:"change"`
+			Message string `json:"message"`
+		} `json:"differences"`
+		Online *struct {
+			Phase    string `json:"phase"`
+			Continue string `json:"continue"`
+		} `json:"online"`
+	} `json:"pgflow_version"`
+}
+
+func versionOf(t *testing.T, r result) versionJSON {
+	t.Helper()
+	var v versionJSON
+	if err := json.Unmarshal([]byte(r.stdout), &v); err != nil {
+		t.Fatalf("not JSON (%v): %s%s", err, r.stdout, r.stderr)
+	}
+	return v
+}
+
+// status, audit and apply name the version they find, with the next step.
+func TestCommandsNameThePgflowVersion(t *testing.T) {
+	cases := []struct {
+		name      string
+		db        func(t *testing.T) *testdb.DB
+		found     string
+		state     string
+		next      string
+		statusRC  int
+		auditRC   int
+		applyRC   int
+		applyText string
+	}{
+		{name: "0.14.x", db: func(t *testing.T) *testdb.DB { return versiontest.DB(t, versions.MustLookup("0.14.x")) },
+			found: "0.14.x", state: "older", next: "upgrade pgflow to 0.16.0 first with pgflow's own installer",
+			statusRC: cli.ExitFindings, auditRC: cli.ExitFindings, applyRC: cli.ExitFindings, applyText: "older than 0.16.0"},
+		{name: "0.15.1", db: func(t *testing.T) *testdb.DB { return versiontest.DB(t, versions.MustLookup("0.15.1")) },
+			found: "0.15.1", state: "older", next: "upgrade pgflow to 0.16.0 first with pgflow's own installer",
+			statusRC: cli.ExitFindings, auditRC: cli.ExitFindings, applyRC: cli.ExitFindings, applyText: "older than 0.16.0"},
+		{name: "real 0.16.0 baseline", db: func(t *testing.T) *testdb.DB { return testdb.Baseline(t) },
+			found: "0.16.0", state: "ready", next: "run `pgflow-upgrade audit`, then `pgflow-upgrade apply`",
+			statusRC: cli.ExitOK, auditRC: cli.ExitOK, applyRC: -1},
+		{name: "0.17.0", db: func(t *testing.T) *testdb.DB { return versiontest.DB(t, versions.MustLookup("0.17.0")) },
+			found: "0.17.0", state: "upgraded", next: "already upgraded (pgflow 0.17.0, by this tool or by pgflow's own migration): nothing to do",
+			statusRC: cli.ExitOK, auditRC: cli.ExitOK, applyRC: cli.ExitOK, applyText: "already upgraded"},
+		{name: "0.17.1+", db: func(t *testing.T) *testdb.DB { return versiontest.DB(t, versions.MustLookup("0.17.1+")) },
+			found: "0.17.1+", state: "upgraded", next: "nothing to do",
+			statusRC: cli.ExitOK, auditRC: cli.ExitOK, applyRC: cli.ExitOK, applyText: "already upgraded"},
+		{name: "unknown", db: func(t *testing.T) *testdb.DB {
+			db := versiontest.DB(t, versions.MustLookup("0.16.0"))
+			sqlExec(t, db, `drop function pgflow.start_tasks(text, bigint[], uuid)`)
+			return db
+		}, found: "", state: "unknown", next: "closest is 0.16.0",
+			statusRC: cli.ExitFindings, auditRC: cli.ExitFindings, applyRC: cli.ExitFindings,
+			applyText: "function pgflow.start_tasks(text, bigint[], uuid): missing"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			db := c.db(t)
+			env := map[string]string{"PGFLOW_UPGRADE_DSN": db.DSN}
+
+			r := run(t, env, "status")
+			if r.code != c.statusRC || !strings.Contains(r.stdout, "next step: ") || !strings.Contains(r.stdout, c.next) ||
+				(c.found != "" && !strings.Contains(r.stdout, "pgflow version: pgflow "+c.found)) {
+				t.Fatalf("status: exit %d (want %d)\n%s%s", r.code, c.statusRC, r.stdout, r.stderr)
+			}
+			r = run(t, env, "--format", "json", "status")
+			v := versionOf(t, r)
+			if v.PgflowVersion.Found != c.found || v.PgflowVersion.State != c.state || !strings.Contains(v.PgflowVersion.NextStep, c.next) {
+				t.Fatalf("status json: %+v", v.PgflowVersion)
+			}
+			if c.state == "unknown" && (len(v.PgflowVersion.Differences) != 1 || v.PgflowVersion.Differences[0].Change != "missing" ||
+				v.PgflowVersion.Differences[0].Message != "function pgflow.start_tasks(text, bigint[], uuid): missing") {
+				t.Fatalf("status json differences: %+v", v.PgflowVersion.Differences)
+			}
+
+			r = run(t, env, "audit", "--check", "schema.state")
+			if r.code != c.auditRC || !strings.Contains(r.stdout, c.next) {
+				t.Fatalf("audit: exit %d (want %d)\n%s%s", r.code, c.auditRC, r.stdout, r.stderr)
+			}
+			r = run(t, env, "--format", "json", "audit", "--check", "schema.state")
+			if v := versionOf(t, r); v.PgflowVersion.Found != c.found || v.PgflowVersion.State != c.state {
+				t.Fatalf("audit json: %+v", v.PgflowVersion)
+			}
+
+			if c.applyRC < 0 {
+				return // the real 0.16.0 is the next issue's migration's to upgrade
+			}
+			r = run(t, env, "--format", "json", "apply", "--yes")
+			if v := versionOf(t, r); r.code != c.applyRC || v.PgflowVersion.Found != c.found || v.PgflowVersion.State != c.state ||
+				!strings.Contains(r.stdout, c.applyText) {
+				t.Fatalf("apply: exit %d (want %d), %+v\n%s%s", r.code, c.applyRC, v.PgflowVersion, r.stdout, r.stderr)
+			}
+			r = run(t, env, "apply", "--yes")
+			if r.code != c.applyRC || !strings.Contains(r.stdout, "next step: ") || !strings.Contains(r.stdout+r.stderr, c.applyText) {
+				t.Fatalf("apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+			}
+		})
+	}
+}
+
+// A half-done online upgrade of ours: its phase and the command that continues it.
+func TestStatusNamesAnOnlineUpgradeInProgress(t *testing.T) {
+	db := testdb.Model(t) // the online path still starts from the model until the migration is retargeted
+	sqlExec(t, db, `alter table pgflow.step_tasks add column queue_name text`)
+	env := map[string]string{"PGFLOW_UPGRADE_DSN": db.DSN}
+	r := run(t, env, "--format", "json", "status")
+	v := versionOf(t, r)
+	if r.code != cli.ExitOK || v.PgflowVersion.State != "online_in_progress" || v.PgflowVersion.Online == nil ||
+		v.PgflowVersion.Online.Phase != "backfill" || !strings.Contains(v.PgflowVersion.NextStep, "pgflow-upgrade apply --online") {
+		t.Fatalf("status: exit %d %+v\n%s", r.code, v.PgflowVersion, r.stderr)
+	}
+	r = run(t, env, "audit", "--check", "schema.state")
+	if !strings.Contains(r.stdout, "phase backfill") || !strings.Contains(r.stdout, "pgflow-upgrade apply --online") {
+		t.Fatalf("audit: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = run(t, env, "apply", "--yes")
+	if r.code != cli.ExitFindings || !strings.Contains(r.stdout+r.stderr, "run `pgflow-upgrade apply --online` to continue it") {
+		t.Fatalf("apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}

@@ -1,0 +1,186 @@
+package versions
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
+)
+
+// Detection is which pgflow a database has, and what to do next. Its JSON
+// form is the `pgflow_version` object of status, audit and apply.
+type Detection struct {
+	// Found is the version's name ("0.16.0", "0.17.1+", ...), "" when none.
+	Found string `json:"found"`
+	State State  `json:"state"`
+	// Exact: the catalog is the description, nothing added (Found only).
+	Exact bool `json:"exact"`
+	// Closest: for an unknown schema, the known version it differs least from.
+	Closest string `json:"closest,omitempty"`
+	// Differences: for an unknown schema, what a required object of Closest
+	// lacks or has differently (catalog.Missing); empty otherwise.
+	Differences []catalog.Difference `json:"differences"`
+	// Additions: what the database has beyond the description of Found
+	// (users' own indexes, constraints, functions...): tolerated, listed.
+	Additions []catalog.Difference `json:"additions,omitempty"`
+	// Online: an unfinished `apply --online` of ours (set by internal/online
+	// through SetOnline; Detect does not look for it).
+	Online   *Online `json:"online,omitempty"`
+	NextStep string  `json:"next_step"`
+	// Shallow: a pgflow table was locked (by another session, ACCESS
+	// EXCLUSIVE) past the lock timeout, so constraint, index and trigger
+	// definitions were compared by name only (catalog.ReadShallow).
+	Shallow bool `json:"shallow,omitempty"`
+
+	// Version is the description of Found (nil when none).
+	Version *Version `json:"-"`
+	// Catalog is what was read (nil when there is no schema pgflow).
+	Catalog *catalog.Catalog `json:"-"`
+}
+
+// Online is an unfinished online upgrade: its phase and the commands that
+// continue or undo it.
+type Online struct {
+	Phase    string `json:"phase"`
+	Continue string `json:"continue"`
+	Undo     string `json:"undo,omitempty"`
+}
+
+// Commands that continue or undo an online upgrade (internal/cli).
+const (
+	ContinueOnline = "pgflow-upgrade apply --online"
+	UndoOnline     = "pgflow-upgrade apply --rollback-online"
+)
+
+// SetOnline records an online upgrade in progress (called by
+// internal/online, which owns that detection); the state and next step
+// follow it, what was found stays.
+func (d *Detection) SetOnline(phase string) {
+	d.Online = &Online{Phase: phase, Continue: ContinueOnline, Undo: UndoOnline}
+	d.State = StateOnline
+	d.NextStep = nextStep(d)
+}
+
+// Summary is one line: the version found (or not) and its state.
+func (d *Detection) Summary() string {
+	switch d.State {
+	case StateNotPgflow:
+		return "no pgflow schema"
+	case StateOnline:
+		return fmt.Sprintf("online upgrade of ours in progress (phase %s)", d.Online.Phase)
+	case StateUnknown:
+		if d.Closest == "" {
+			return "unknown pgflow schema"
+		}
+		return fmt.Sprintf("unknown pgflow schema, closest to %s (%d differences)", d.Closest, len(d.Differences))
+	}
+	s := "pgflow " + d.Found
+	if !d.Exact {
+		s += fmt.Sprintf(" (with %d additions)", len(d.Additions))
+	}
+	if d.Shallow {
+		s += " (a pgflow table is locked: definitions compared by name only)"
+	}
+	return s
+}
+
+// DifferenceStrings renders Differences one per item.
+func (d *Detection) DifferenceStrings() []string { return catalog.Strings(d.Differences) }
+
+// Detect reads the live catalog of schema pgflow once (catalog.Read: one
+// read-only catalog query, no table locks) and says which version it is.
+func Detect(ctx context.Context, q catalog.Querier) (*Detection, error) {
+	ok, err := catalog.Exists(ctx, q, Schema)
+	if err != nil {
+		return nil, fmt.Errorf("detecting the pgflow version: %w", err)
+	}
+	if !ok {
+		d := &Detection{State: StateNotPgflow, Differences: []catalog.Difference{}}
+		d.NextStep = nextStep(d)
+		return d, nil
+	}
+	c, err := catalog.Read(ctx, q, Schema)
+	if catalog.IsLockTimeout(err) {
+		// Deparsing waits for ACCESS SHARE on each table; rather than fail
+		// (audit must work while apply holds its locks), compare by name.
+		c, err = catalog.ReadShallow(ctx, q, Schema)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("detecting the pgflow version: %w", err)
+	}
+	d := Classify(c)
+	d.Shallow = c.Shallow
+	return d, nil
+}
+
+// Classify says which known version c is. A version matches when nothing
+// it requires is missing or different (catalog.Missing: users' additions
+// are tolerated); when several would, the one with the fewest additions
+// wins. Otherwise the schema is unknown and the closest version (fewest
+// differences; the newer on a tie) is named with what differs.
+func Classify(c *catalog.Catalog) *Detection {
+	d := &Detection{Catalog: c, Differences: []catalog.Difference{}}
+	var best *Version
+	var bestAdd []catalog.Difference
+	for _, v := range All() {
+		if len(catalog.Missing(v.Catalog, c)) > 0 {
+			continue
+		}
+		add := additions(v.Catalog, c)
+		if best == nil || len(add) < len(bestAdd) {
+			best, bestAdd = v, add
+		}
+	}
+	switch {
+	case best != nil:
+		d.Found, d.State, d.Version, d.Additions, d.Exact = best.Name, best.State, best, bestAdd, len(bestAdd) == 0
+	case classifyModel(c, d): // temporary: model.go
+	default:
+		d.State = StateUnknown
+		if len(c.Tables) == 0 {
+			d.Differences = append(d.Differences, catalog.Difference{Kind: catalog.KindSchema, Name: Schema, Object: Schema,
+				Change: catalog.ChangeChanged, Field: "tables", Want: "pgflow's tables", Got: "none"})
+			break
+		}
+		var closest []catalog.Difference
+		for _, v := range All() {
+			m := catalog.Missing(v.Catalog, c)
+			if d.Closest == "" || len(m) <= len(closest) {
+				d.Closest, closest = v.Name, m
+			}
+		}
+		d.Differences = closest
+	}
+	d.NextStep = nextStep(d)
+	return d
+}
+
+// additions: what c has beyond want (Diff's extras; the pgmq version is
+// not an addition).
+func additions(want, c *catalog.Catalog) []catalog.Difference {
+	all := catalog.Diff(want, c)
+	return slices.DeleteFunc(all, func(x catalog.Difference) bool { return x.Change != catalog.ChangeExtra })
+}
+
+func nextStep(d *Detection) string {
+	switch d.State {
+	case StateNotPgflow:
+		return "no pgflow schema in this database: point --dsn at the right database (there is nothing to upgrade here)"
+	case StateOlder:
+		return fmt.Sprintf("pgflow %s is older than 0.16.0: upgrade pgflow to 0.16.0 first with pgflow's own installer (its migrations up to %s), then run `pgflow-upgrade audit`",
+			d.Found, MustLookup(V0_16_0).Last().File())
+	case StateReady:
+		return "ready: run `pgflow-upgrade audit`, then `pgflow-upgrade apply`"
+	case StateUpgraded:
+		return fmt.Sprintf("already upgraded (pgflow %s, by this tool or by pgflow's own migration): nothing to do", d.Found)
+	case StateOnline:
+		return fmt.Sprintf("an online upgrade of ours is in progress (phase %s): run `%s` to continue it, or `%s` to undo it",
+			d.Online.Phase, d.Online.Continue, d.Online.Undo)
+	}
+	if d.Closest == "" {
+		return "schema pgflow does not look like pgflow: nothing this tool can upgrade"
+	}
+	return fmt.Sprintf("not a pgflow version this tool knows: closest is %s, from which it differs in %d ways (listed); restore those objects (or the database) before upgrading",
+		d.Closest, len(d.Differences))
+}
