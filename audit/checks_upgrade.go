@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // The checks for what makes the 0.16.0 → 0.17.0 migration fail (its unique
@@ -126,12 +128,12 @@ func checkQueueNameLength(ctx context.Context, q Querier, env Env) ([]Finding, e
 		  select f.flow_slug, pg_catalog.length(pg_catalog.lower(f.flow_slug)) as len,
 		         exists (select 1 from pgflow.steps s where s.flow_slug = f.flow_slug) as has_steps
 		  from pgflow.flows f
-		  where pg_catalog.length(pg_catalog.lower(f.flow_slug)) > 47
+		  where pg_catalog.length(pg_catalog.lower(f.flow_slug)) > $2
 		)
 		select (select pg_catalog.count(*) from l),
 		       pg_catalog.to_jsonb(array(
 		         select pg_catalog.jsonb_build_object('flow_slug', l.flow_slug, 'length', l.len, 'has_steps', l.has_steps)
-		         from l order by l.flow_slug limit $1))`, env.Sample).Scan(&n, &samples)
+		         from l order by l.flow_slug limit $1))`, env.Sample, versions.MaxQueueNameLength).Scan(&n, &samples)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("measuring queue names (lower(flow_slug)): %w", err)
@@ -139,8 +141,8 @@ func checkQueueNameLength(ctx context.Context, q Querier, env Env) ([]Finding, e
 	if n == 0 {
 		return nil, nil
 	}
-	return []Finding{c.finding(n, fmt.Sprintf("%d flow(s) whose queue name lower(flow_slug) is longer than pgmq's 47 characters: "+
-		"queue_name_is_valid rejects their steps and tasks", n), samples)}, nil
+	return []Finding{c.finding(n, fmt.Sprintf("%d flow(s) whose queue name lower(flow_slug) is longer than pgmq's %d characters: "+
+		"queue_name_is_valid rejects their steps and tasks", n, versions.MaxQueueNameLength), samples)}, nil
 }
 
 // ownedQueuesSQL: the lower-case queue names pgflow owns. Every flow owns

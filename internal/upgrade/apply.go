@@ -67,13 +67,6 @@ type Options struct {
 	// in the same transaction. Unset: the report says which
 	// `supabase migration repair` command to run.
 	SupabaseDir string
-	// PostConditions replaces Checks() as the post-conditions, and State
-	// replaces DetectState: only for the online path's tests, which still
-	// switch the project's old 0.16.0 model with the old migration until
-	// apply --online is retargeted at 0.17.0.
-	PostConditions func() []Check
-	State          func(ctx context.Context, q Querier) (audit.SchemaInfo, error)
-
 	// Verify checks the migrations' integrity (default migrations.Verify);
 	// Migrations lists them (default migrations.All). Tests substitute them.
 	Verify     func() error
@@ -351,11 +344,7 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 	}
 
 	if err := s.step(StepState, "detecting the schema state", func() error {
-		detect := DetectState
-		if opts.State != nil {
-			detect = opts.State
-		}
-		st, err := detect(ctx, tx)
+		st, err := DetectState(ctx, tx)
 		if err != nil {
 			return err
 		}
@@ -498,11 +487,7 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 	}
 
 	if err := s.step(StepPostChecks, "the schema is pgflow 0.17.0 and the 0.16.0 claim is gone", func() error {
-		checks := Checks
-		if opts.PostConditions != nil {
-			checks = opts.PostConditions
-		}
-		out, err := runChecks(ctx, tx, true, checks())
+		out, err := RunChecks(ctx, tx, true)
 		r.PostConditions = out
 		if err != nil {
 			return err

@@ -5,7 +5,6 @@ package upgrade
 
 import (
 	"context"
-	_ "embed"
 	"fmt"
 	"strings"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // Querier is what the read-only checks need: a connection or a transaction.
@@ -44,17 +44,15 @@ type CheckOutcome struct {
 	Detail string `json:"detail,omitempty"`
 }
 
-//go:embed catalogs/pgflow-0.17.0.catalog.json
-var catalog017 []byte
-
-// Want017 is upstream pgflow 0.17.0's catalog of schema pgflow (facts:
-// pgflow-0.17.0.catalog.json), the end state of the upgrade.
+// Want017 is upstream pgflow 0.17.0's catalog of schema pgflow, the end
+// state of the upgrade: internal/versions' one description of 0.17.0
+// (shared, read only).
 func Want017() (*catalog.Catalog, error) {
-	c, err := catalog.Parse(catalog017)
+	v, err := versions.Lookup(versions.V0_17_0)
 	if err != nil {
-		return nil, fmt.Errorf("the embedded pgflow 0.17.0 catalog: %w", err)
+		return nil, err
 	}
-	return c, nil
+	return v.Catalog, nil
 }
 
 // functionGone asks whether a function with this signature no longer exists.
@@ -63,26 +61,33 @@ func functionGone(signature, why string) string {
 	               case when pg_catalog.to_regprocedure('` + signature + `') is null then 'gone' else 'still present: ` + why + `' end`
 }
 
-// catalogCheck compares the live pgflow catalog with 0.17.0: every object
-// of the description present and defined the same (Missing: objects users
-// add, and the pgmq version, are tolerated and only named in the detail).
+// catalogCheck compares the live pgflow catalog with the 0.17.0
+// description (catalog.Diff): every object of the description present and
+// defined the same. The pgmq extension's version is not pgflow's; objects
+// users add (their own indexes, functions...) are tolerated, as detection
+// tolerates them, and named in the detail.
 func catalogCheck(ctx context.Context, q Querier) (bool, string, error) {
 	want, err := Want017()
 	if err != nil {
 		return false, "", err
 	}
-	got, err := catalog.Read(ctx, q, "pgflow")
+	got, err := catalog.Read(ctx, q, versions.Schema)
 	if err != nil {
 		return false, "", err
 	}
-	if miss := catalog.Missing(want, got); len(miss) > 0 {
-		return false, strings.Join(catalog.Strings(miss), "; "), nil
-	}
-	var extra []string
+	var bad, extra []string
 	for _, d := range catalog.Diff(want, got) {
-		if d.Change == catalog.ChangeExtra {
+		switch {
+		case d.Kind == catalog.KindPGMQ:
+			// pgmq.extension_version: whichever pgmq the database has.
+		case d.Change == catalog.ChangeExtra:
 			extra = append(extra, d.String())
+		default:
+			bad = append(bad, d.String())
 		}
+	}
+	if len(bad) > 0 {
+		return false, strings.Join(bad, "; "), nil
 	}
 	if len(extra) > 0 {
 		return true, "equal to pgflow 0.17.0, plus objects of your own: " + strings.Join(extra, "; "), nil
