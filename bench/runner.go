@@ -77,7 +77,8 @@ func (e *Env) CloneBaseline(ctx context.Context) (string, func(), error) { retur
 
 // CloneRealBaseline returns a fresh empty database holding the real pgflow
 // 0.16.0 engine (fixtures.InstallEngine), what the 0.17.0 migration and the
-// 0.17 worker need; CloneBaseline holds the old model.
+// 0.17 worker need (CloneBaseline holds the same engine, through the
+// shared size-0 template).
 func (e *Env) CloneRealBaseline(ctx context.Context) (string, func(), error) {
 	tpl, err := e.template(ctx, realBaseline)
 	if err != nil {

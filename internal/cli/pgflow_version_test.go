@@ -122,7 +122,8 @@ func TestCommandsNameThePgflowVersion(t *testing.T) {
 
 // A half-done online upgrade of ours: its phase and the command that continues it.
 func TestStatusNamesAnOnlineUpgradeInProgress(t *testing.T) {
-	db := testdb.Model(t) // the online path still starts from the model until the migration is retargeted
+	db := testdb.Baseline(t)
+	sqlExec(t, db, `alter table pgflow.steps add column queue_name text`)
 	sqlExec(t, db, `alter table pgflow.step_tasks add column queue_name text`)
 	env := map[string]string{"PGFLOW_UPGRADE_DSN": db.DSN}
 	r := run(t, env, "--format", "json", "status")

@@ -135,7 +135,6 @@ func Classify(c *catalog.Catalog) *Detection {
 	switch {
 	case best != nil:
 		d.Found, d.State, d.Version, d.Additions, d.Exact = best.Name, best.State, best, bestAdd, len(bestAdd) == 0
-	case classifyModel(c, d): // temporary: model.go
 	default:
 		d.State = StateUnknown
 		if len(c.Tables) == 0 {

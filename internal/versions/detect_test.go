@@ -171,15 +171,14 @@ func TestDetectNotPgflow(t *testing.T) {
 	}
 }
 
-// The fixtures' baseline is recognised as ready (the real 0.16.0, or the
-// old model until the migration is retargeted).
+// The fixtures' baseline is recognised as ready: the real 0.16.0.
 func TestDetectFixtureBaseline(t *testing.T) {
 	db := testdb.Baseline(t)
 	det, err := versions.Detect(context.Background(), db.Pool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if det.State != versions.StateReady || (det.Found != versions.V0_16_0 && det.Found != versions.ModelBaseline) {
+	if det.State != versions.StateReady || det.Found != versions.V0_16_0 {
 		t.Fatalf("baseline detected as %s/%s: %v", det.State, det.Found, det.DifferenceStrings())
 	}
 }
