@@ -64,9 +64,6 @@ func (a *App) applyCommand() *ucli.Command {
 			&ucli.DurationFlag{Name: "check-timeout", Value: 30 * time.Second, Usage: "statement_timeout of each preflight check (they run exact, under the locks; a check that runs out: exit 4, nothing changed)"},
 		}, onlineFlags()...),
 		Action: a.applyAction,
-		OnUsageError: func(c *ucli.Context, err error, _ bool) error {
-			return usageErrorf("apply: %v (see apply --help)", err)
-		},
 	}
 }
 

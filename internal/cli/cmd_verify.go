@@ -19,9 +19,6 @@ func (a *App) verifyCommand() *ucli.Command {
 			"ensure_flow_compiled(text, jsonb) and start_tasks(text, bigint[], uuid) gone.\n" +
 			"Exit codes: 0 all pass, 1 any check failed, 3 connection error.",
 		Action: a.verifyAction,
-		OnUsageError: func(c *ucli.Context, err error, _ bool) error {
-			return usageErrorf("verify: %v (see verify --help)", err)
-		},
 	}
 }
 
