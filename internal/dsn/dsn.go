@@ -62,13 +62,13 @@ func Resolve(flagValue string, getenv func(string) string) Resolved {
 // ErrMalformed marks a connection string pgx cannot parse.
 var ErrMalformed = errors.New("malformed connection string")
 
-// ParseConfig parses a connection string into a pgx config. Parse errors are
-// rewritten so that they never contain the password: pgx's own messages can
-// quote the input.
+// ParseConfig parses a connection string into a pgx config. A string that
+// does not parse is never quoted, whole or in part: the error names the
+// component at fault and the fix (malformed.go).
 func ParseConfig(dsn string) (*pgx.ConnConfig, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("%w %q: %s", ErrMalformed, Redact(dsn), RedactText(err.Error(), dsn))
+		return nil, fmt.Errorf("%w %s: %s; %s", ErrMalformed, notShown, describeMalformed(dsn, err), fixMalformed)
 	}
 	return cfg, nil
 }
