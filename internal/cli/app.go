@@ -35,6 +35,9 @@ type App struct {
 	// Interactive says stdin/stdout are a terminal (prompts, progress).
 	Interactive bool
 
+	// heartbeatEvery overrides the progress heartbeat's interval (tests).
+	heartbeatEvery time.Duration
+
 	// dsnSeen is the DSN given on the command line, so errors can be redacted.
 	dsnSeen string
 }

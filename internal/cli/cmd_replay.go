@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -126,14 +125,11 @@ func (a *App) fixturesReplay(c *ucli.Context) error {
 	defer srv.Close()
 	fmt.Fprintf(a.Stderr, "replay: throwaway databases on %s\n", srv.Describe())
 
-	// Scenarios run in parallel and all log here: one line at a time.
-	var logMu sync.Mutex
-	r := &scenario.Runner{Server: srv, Parallel: c.Int("parallel"),
-		Logf: func(f string, args ...any) {
-			logMu.Lock()
-			defer logMu.Unlock()
-			fmt.Fprintf(a.Stderr, f+"\n", args...)
-		}}
+	// Scenarios run in parallel and all log here, one line at a time; the
+	// heartbeat (progress.go) says the run is alive when they are quiet.
+	hb := a.startHeartbeat("replay: ", "scenarios running")
+	defer hb.stop()
+	r := &scenario.Runner{Server: srv, Parallel: c.Int("parallel"), Logf: hb.printf}
 	if captured != nil {
 		fmt.Fprintf(a.Stderr, "replay: restoring %s (captured %s, %d records)\n", from, captured.Header.CreatedAt.Format(time.RFC3339), len(captured.Records))
 		r.Baseline = func(ctx context.Context, conn *pgx.Conn) error { return captured.Restore(ctx, conn) }

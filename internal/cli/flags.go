@@ -194,6 +194,9 @@ func normalizeArgs(app *ucli.App, args []string) (commandLine, error) {
 			return commandLine{path: path}, usageErrorf("%smissing command (one of %s)", where, strings.Join(commandNames(subs()), ", "))
 		}
 	}
+	if help {
+		pos = nil // urfave would read them as a help topic
+	}
 	out := append([]string{args[0]}, path...)
 	out = append(out, flags...)
 	if dashdash || anyDash(pos) {
