@@ -290,6 +290,7 @@ func TestBadInputs(t *testing.T) {
 				}
 				if format == "table" {
 					t.Logf("exit %d\n%s", r.code, out)
+					out = cellText(out) // wrapped cells joined
 					for _, w := range c.want {
 						if !strings.Contains(out, w) {
 							problems = append(problems, fmt.Sprintf("the output does not say %q (what failed, why):\n%s", w, out))

@@ -37,8 +37,9 @@ func writeTable(w io.Writer, header []string, rows [][]string) error {
 	return t.Render()
 }
 
-// fitTable wraps the cells of the widest columns until the table (borders
-// and padding: 3 per column, plus 1) fits width. Columns never go below
+// fitTable narrows the widest column, one character at a time, until the
+// table (borders and padding: 3 per column, plus 1) fits width, and wraps
+// the cells of the columns it narrowed. Columns never go below
 // minColumn (or their header).
 func fitTable(header []string, rows [][]string, width int) [][]string {
 	n := len(header)
@@ -73,7 +74,7 @@ func fitTable(header []string, rows [][]string, width int) [][]string {
 		if widest < 0 {
 			break // as narrow as it goes
 		}
-		limit[widest] = max(floor[widest], limit[widest]-(total()-width))
+		limit[widest]-- // one at a time: the widest columns end up level
 	}
 	out := make([][]string, len(rows))
 	for j, r := range rows {
