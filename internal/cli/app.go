@@ -62,7 +62,13 @@ func (a *App) Run(ctx context.Context, args []string) int {
 	if code == ExitOK || isReported(err) {
 		return code
 	}
-	msg := a.redact(err.Error())
+	msg := err.Error()
+	if !errors.Is(err, dsn.ErrMalformed) {
+		// A malformed DSN's message is fixed text (dsn/malformed.go): the
+		// password spellings guessed from such a string can be one letter,
+		// and replacing those everywhere garbles the message.
+		msg = a.redact(msg)
+	}
 	if code == ExitUsage {
 		// One line, naming what was wrong and where to read more.
 		msg = strings.Join(strings.Fields(strings.ReplaceAll(msg, "\n", "; ")), " ")
