@@ -84,8 +84,8 @@ func TestConnectionErrorsNeverPrintThePassword(t *testing.T) {
 func TestMalformedDSNNeverEchoed(t *testing.T) {
 	for _, bad := range []string{
 		"postgres://alice:p@ss:w0rd-Secret@db.example:5432/app", // '@' and ':' typed raw
-		"postgres://alice:50%off-Secret@db.example/app",          // '%' typed raw
-		"postgres://alice:a b c Secret@db.example/app",           // spaces
+		"postgres://alice:50%off-Secret@db.example/app",         // '%' typed raw
+		"postgres://alice:a b c Secret@db.example/app",          // spaces
 		"postgres://a:e@db.example:notaport/Secret",
 		"host=db.example password='unterminated-Secret",
 	} {
