@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/mattn/go-runewidth"
+
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
@@ -93,7 +95,7 @@ func shellWords(line string, env map[string]string) []string {
 // in order, each ```sh block against a fresh pgflow 0.16.0 database with
 // in-flight work ($URL, also PGFLOW_UPGRADE_DSN as the README exports it)
 // and a fresh empty one ($EMPTY_URL), in a scratch directory. Each must
-// exit 0 and print something.
+// exit 0 and print something, its tables at most 100 columns wide.
 func TestReadmeExamples(t *testing.T) {
 	blocks := readmeExamples(t)
 	n := 0
@@ -115,6 +117,12 @@ func TestReadmeExamples(t *testing.T) {
 			r := run(t, env, args[1:]...)
 			if r.code != cli.ExitOK || strings.TrimSpace(r.stdout) == "" {
 				t.Errorf("README example %q: exit %d\n%s%s", line, r.code, r.stdout, r.stderr)
+			}
+			for _, l := range strings.Split(r.stdout, "\n") {
+				if strings.ContainsAny(l, "│┌└├") && runewidth.StringWidth(l) > 100 {
+					t.Errorf("README example %q: a table line of %d columns:\n%s", line, runewidth.StringWidth(l), r.stdout)
+					break
+				}
 			}
 		}
 	}
