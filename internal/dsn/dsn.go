@@ -86,7 +86,13 @@ var urlUserinfo = regexp.MustCompile(`(?i)(postgres(?:ql)?://[^:/@\s]*:)([^@\s]*
 // does (a space or an '@' typed in a password included), then masks what
 // net/url and the patterns below recognise on top.
 func Redact(dsn string) string {
-	out := pgxRedact(dsn)
+	in := dsn
+	if !strings.HasPrefix(dsn, "postgres://") && !strings.HasPrefix(dsn, "postgresql://") {
+		// Key/value: mask first, as typed. pgx's redaction drops the blank
+		// after "password=" and so leaves "password= secret" unmasked.
+		in = keyValuePassword.ReplaceAllString(dsn, "${1}xxxxx")
+	}
+	out := pgxRedact(in)
 	if u, err := url.Parse(dsn); err == nil && u.User != nil {
 		if _, has := u.User.Password(); has {
 			u.User = url.UserPassword(u.User.Username(), "xxxxx")

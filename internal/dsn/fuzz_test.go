@@ -160,6 +160,7 @@ var formerLeaks = []struct{ dsn, password string }{
 	{"postgres://0:000\r@0/db?0", "000\r"},      // a control character
 	{"postgres:// :000000@00", "000000"},        // a space in the user name
 	{"postgres://#:0000@", "0000"},              // pgx takes '#' as part of the user
+	{"host=h password= s3cr3t", "s3cr3t"},       // a blank after "password=" (pgx's redaction drops it)
 }
 
 func TestRedactFormerLeaks(t *testing.T) {
