@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -113,5 +114,18 @@ func TestProgressInterval(t *testing.T) {
 	}
 	if got := (&App{Interactive: true}).progressEvery(); got != 3*time.Second {
 		t.Errorf("on a terminal: %s", got)
+	}
+}
+
+// TestDevNullIsNotATerminal: /dev/null is a character device, yet a
+// pipeline that redirects there is no person to prompt.
+func TestDevNullIsNotATerminal(t *testing.T) {
+	f, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if IsTerminal(f) {
+		t.Fatal("/dev/null counted as a terminal")
 	}
 }
