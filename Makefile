@@ -32,9 +32,13 @@ fuzz: setup ## run every Fuzz* target for $(FUZZTIME) each (their seed corpora r
 	if [ -n "$$failed" ]; then echo "fuzz targets that failed:$$failed (the failing input is under testdata/fuzz/)"; exit 1; fi
 
 .PHONY: lint
-lint: ## gofmt check and go vet
+lint: tidy-check ## gofmt check, go vet, and go.mod/go.sum tidy
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 	$(GO) vet $(PKGS)
+
+.PHONY: tidy-check
+tidy-check: ## fail when `go mod tidy` would change go.mod or go.sum (prints the diff)
+	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy and commit the result"; exit 1; }
 
 .PHONY: demo
 demo: setup ## the main job on the embedded default: replay every upgrade scenario on an ephemeral cluster

@@ -35,6 +35,9 @@ type App struct {
 	// Interactive says stdin/stdout are a terminal (prompts, progress).
 	Interactive bool
 
+	// heartbeatEvery overrides the progress heartbeat's interval (tests).
+	heartbeatEvery time.Duration
+
 	// dsnSeen is the DSN given on the command line, so errors can be redacted.
 	dsnSeen string
 }
@@ -48,14 +51,32 @@ func (a *App) Run(ctx context.Context, args []string) int {
 		a.Stdin = strings.NewReader("")
 	}
 	app := a.build()
-	err := app.RunContext(ctx, args)
+	line, err := normalizeArgs(app, args) // flags.go
+	if err == nil {
+		err = app.RunContext(ctx, line.args)
+	}
 	if err == nil {
 		return ExitOK
 	}
 	code := exitCode(err)
-	if code != ExitOK && !isReported(err) {
-		fmt.Fprintf(a.Stderr, "pgflow-upgrade: %s\n", a.redact(err.Error()))
+	if code == ExitOK || isReported(err) {
+		return code
 	}
+	msg := err.Error()
+	if !errors.Is(err, dsn.ErrMalformed) {
+		// A malformed DSN's message is fixed text (dsn/malformed.go): the
+		// password spellings guessed from such a string can be one letter,
+		// and replacing those everywhere garbles the message.
+		msg = a.redact(msg)
+	}
+	if code == ExitUsage {
+		// One line, naming what was wrong and where to read more.
+		msg = strings.Join(strings.Fields(strings.ReplaceAll(msg, "\n", "; ")), " ")
+		if !strings.Contains(msg, "--help") {
+			msg += " (" + helpPointer(line.path) + ")"
+		}
+	}
+	fmt.Fprintf(a.Stderr, "pgflow-upgrade: %s\n", msg)
 	return code
 }
 
@@ -94,24 +115,10 @@ func (a *App) build() *ucli.App {
 		Reader:               a.Stdin,
 		HideVersion:          true,
 		EnableBashCompletion: false,
-		Flags: []ucli.Flag{
-			&ucli.StringFlag{Name: "dsn", Usage: "PostgreSQL connection string (URL or key=value); default PGFLOW_UPGRADE_DSN, then DATABASE_URL, then libpq PG* variables"},
-			&ucli.StringFlag{Name: "format", Value: "table", Usage: "output format: table or json"},
-		},
-		Before: func(c *ucli.Context) error {
-			a.dsnSeen = c.String("dsn")
-			switch f := c.String("format"); f {
-			case "table", "json":
-			default:
-				return usageErrorf("--format %q: must be table or json", f)
-			}
-			return nil
-		},
+		Flags:                globalFlags(),
+		Before:               a.checkGlobal,
 		OnUsageError: func(c *ucli.Context, err error, _ bool) error {
-			return usageErrorf("%v (see --help)", err)
-		},
-		CommandNotFound: func(c *ucli.Context, name string) {
-			fmt.Fprintf(a.Stderr, "pgflow-upgrade: unknown command %q (see --help)\n", name)
+			return usageErrorf("%s", flagError(err))
 		},
 		ExitErrHandler: func(*ucli.Context, error) {}, // never os.Exit from inside: Run returns the code
 		Commands: []*ucli.Command{
@@ -123,6 +130,7 @@ func (a *App) build() *ucli.App {
 			a.verifyCommand(),
 		},
 	}
+	a.prepareCommands(app.Commands, "pgflow-upgrade") // flags.go
 	return app
 }
 

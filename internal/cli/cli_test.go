@@ -77,3 +77,35 @@ func TestConnectionErrorsNeverPrintThePassword(t *testing.T) {
 		t.Fatalf("malformed DSN: exit %d, output %q", r.code, r.stderr)
 	}
 }
+
+// TestMalformedDSNNeverEchoed: a connection string that does not parse, in
+// the flag or the environment, is not quoted in any part, and the message
+// stays readable (no one-letter "password" masked all over it).
+func TestMalformedDSNNeverEchoed(t *testing.T) {
+	for _, bad := range []string{
+		"postgres://alice:p@ss:w0rd-Secret@db.example:5432/app", // '@' and ':' typed raw
+		"postgres://alice:50%off-Secret@db.example/app",         // '%' typed raw
+		"postgres://alice:a b c Secret@db.example/app",          // spaces
+		"postgres://a:e@db.example:notaport/Secret",
+		"host=db.example password='unterminated-Secret",
+	} {
+		for name, r := range map[string]result{
+			"--dsn":              run(t, nil, "audit", "--dsn", bad),
+			"PGFLOW_UPGRADE_DSN": run(t, map[string]string{"PGFLOW_UPGRADE_DSN": bad}, "status"),
+			"DATABASE_URL":       run(t, map[string]string{"DATABASE_URL": bad}, "fixtures", "load", "baseline"),
+		} {
+			out := r.stdout + r.stderr
+			if r.code != cli.ExitUsage {
+				t.Errorf("%s %q: exit %d\n%s", name, bad, r.code, out)
+			}
+			if strings.Contains(out, "Secret") || strings.Contains(out, "db.example") || strings.Contains(out, "xxxxx") {
+				t.Errorf("%s %q: the string (or a masked piece of it) is in the message:\n%s", name, bad, out)
+			}
+			for _, want := range []string{"malformed connection string", "percent-encode", "PGPASSWORD", "--help"} {
+				if !strings.Contains(out, want) {
+					t.Errorf("%s %q: no %q in:\n%s", name, bad, want, out)
+				}
+			}
+		}
+	}
+}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -72,9 +71,6 @@ func (a *App) applyCommand() *ucli.Command {
 			&ucli.DurationFlag{Name: "check-timeout", Value: 30 * time.Second, Usage: "statement_timeout of each preflight check (they run exact, under the locks; a check that runs out: exit 4, nothing changed)"},
 		}, onlineFlags()...),
 		Action: a.applyAction,
-		OnUsageError: func(c *ucli.Context, err error, _ bool) error {
-			return usageErrorf("apply: %v (see apply --help)", err)
-		},
 	}
 }
 
@@ -133,15 +129,10 @@ func (a *App) applyAction(c *ucli.Context) error {
 		Preflight:   audit.Options{Sample: c.Int("sample"), CheckTimeout: c.Duration("check-timeout")},
 		SupabaseDir: c.String("supabase-dir"),
 	}
-	var prog *progress
-	if a.Interactive {
-		prog = &progress{w: a.Stderr}
-		opts.Progress = prog.event
-	}
+	prog := a.newProgress() // progress.go: on a terminal and off it
+	opts.Progress = prog.event
 	rep, applyErr := upgrade.Apply(ctx, conn, opts)
-	if prog != nil {
-		prog.stop()
-	}
+	prog.stop()
 	code := applyExitCode(applyErr, conn, ctx.Err() != nil)
 	if v := rep.PgflowVersion; v != nil && v.State == versions.StateUnknown && !conn.IsClosed() && ctx.Err() == nil {
 		// Refused on an unknown shape: say so when it is our online upgrade.
@@ -296,61 +287,4 @@ func writeApplyTable(w io.Writer, where string, rep *upgrade.Report) error {
 		fmt.Fprintf(w, "supabase: %s\n", rep.Supabase)
 	}
 	return nil
-}
-
-// progress prints apply's steps on a terminal, and every few seconds a
-// "still running" line for a long statement (the step_tasks rewrite).
-type progress struct {
-	w       io.Writer
-	mu      sync.Mutex
-	current string
-	since   time.Time
-	ticker  *time.Ticker
-	done    chan struct{}
-}
-
-func (p *progress) event(e upgrade.Event) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ticker == nil {
-		p.ticker = time.NewTicker(3 * time.Second)
-		p.done = make(chan struct{})
-		go p.tick(p.ticker.C, p.done)
-	}
-	switch {
-	case e.Done:
-		fmt.Fprintf(p.w, "  %s done in %s\n", e.Step, e.Elapsed.Round(time.Millisecond))
-		p.current = ""
-	case e.Step == upgrade.StepMigrate && e.Detail != "" && strings.HasPrefix(e.Detail, "["):
-		fmt.Fprintf(p.w, "    %s\n", e.Detail)
-		p.current, p.since = e.Detail, time.Now()
-	default:
-		fmt.Fprintf(p.w, "- %s: %s\n", e.Step, e.Detail)
-		p.current, p.since = e.Step, time.Now()
-	}
-}
-
-func (p *progress) tick(tick <-chan time.Time, done <-chan struct{}) {
-	for {
-		select {
-		case <-done:
-			return
-		case <-tick:
-			p.mu.Lock()
-			if p.current != "" && time.Since(p.since) > 2*time.Second {
-				fmt.Fprintf(p.w, "    ... still running (%s): %s\n", time.Since(p.since).Round(time.Second), p.current)
-			}
-			p.mu.Unlock()
-		}
-	}
-}
-
-func (p *progress) stop() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.ticker != nil {
-		p.ticker.Stop()
-		close(p.done)
-		p.ticker = nil
-	}
 }

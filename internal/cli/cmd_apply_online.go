@@ -61,10 +61,8 @@ func (a *App) applyOnlineAction(c *ucli.Context) error {
 	if c.IsSet("lock-retries") {
 		lockRetries = c.Int("lock-retries")
 	}
-	var prog func(online.Event)
-	if a.Interactive {
-		prog = onlineProgress(a.Stderr)
-	}
+	prog, stopProgress := a.onlineProgress() // progress.go
+	defer stopProgress()
 
 	if c.Bool("rollback-online") {
 		rr, err := online.Rollback(ctx, conn, online.RollbackOptions{LockTimeout: lockTimeout, LockRetries: lockRetries, Wait: c.Duration("wait"), Progress: prog})
@@ -158,21 +156,6 @@ func writeOnlineTable(w io.Writer, where string, rep *online.Report) error {
 	}
 	fmt.Fprintf(w, "total %d ms\n", rep.TotalMS)
 	return nil
-}
-
-// onlineProgress prints phases and, at most once a second, backfill progress.
-func onlineProgress(w io.Writer) func(online.Event) {
-	return func(e online.Event) {
-		switch {
-		case e.Done:
-			fmt.Fprintf(w, "  %s done in %s\n", e.Phase, e.Elapsed.Round(time.Millisecond))
-		case e.Phase == online.PhaseBackfill && e.Total > 0:
-			pct := 100 * float64(e.Rows) / float64(e.Total)
-			fmt.Fprintf(w, "    backfill %d / ~%d rows (%.0f%%), %.0f rows/s: %s\n", e.Rows, e.Total, min(pct, 100), e.Rate, e.Detail)
-		default:
-			fmt.Fprintf(w, "- %s: %s\n", e.Phase, e.Detail)
-		}
-	}
 }
 
 // onlineStatus reads the online upgrade's state for `status` in a READ

@@ -82,6 +82,10 @@ func TestApplyOnlineCLI(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || r.code != cli.ExitOK || rep.Outcome != "applied" {
 		t.Fatalf("apply --online: exit %d, %v\n%s%s", r.code, err, r.stdout, r.stderr)
 	}
+	// Off a terminal the phases still show on stderr, as they happen.
+	if !strings.Contains(r.stderr, "- backfill") || !strings.Contains(r.stderr, "done in") {
+		t.Errorf("apply --online off a terminal: no progress on stderr:\n%s", r.stderr)
+	}
 	if r := run(t, env, "verify"); r.code != cli.ExitOK {
 		t.Fatalf("verify after apply --online: exit %d\n%s", r.code, r.stdout)
 	}

@@ -181,3 +181,18 @@ func TestApplyCommandRecordsSupabase(t *testing.T) {
 		t.Fatalf("recorded %q", name)
 	}
 }
+
+// TestApplyProgressOffTerminal: a pipeline's log shows apply's steps as they
+// happen (stderr), not only the report at the end.
+func TestApplyProgressOffTerminal(t *testing.T) {
+	db := inflight(t)
+	r := runWith(t, false, "", "apply", "--dsn", db.DSN, "--yes")
+	if r.code != cli.ExitOK {
+		t.Fatalf("apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	for _, want := range []string{"- ", "done in", "    ["} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("no progress %q on stderr off a terminal:\n%s", want, r.stderr)
+		}
+	}
+}

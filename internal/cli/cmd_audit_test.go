@@ -110,7 +110,7 @@ func TestAuditBlockersExitOneWithJSON(t *testing.T) {
 	}
 	// Table form: grouped by severity, with remedy and samples.
 	r = run(t, nil, "--dsn", db.DSN, "audit", "--check", "slugs.strict_rule", "--check", "schema.state")
-	if r.code != cli.ExitFindings || !strings.Contains(r.stdout, "pgflow.delete_flow_and_data(") || !strings.Contains(r.stdout, "(samples)") {
+	if r.code != cli.ExitFindings || !strings.Contains(cellText(r.stdout), "pgflow.delete_flow_and_data") || !strings.Contains(r.stdout, "(samples)") {
 		t.Fatalf("exit %d\n%s", r.code, r.stdout)
 	}
 	if b, i := strings.Index(r.stdout, "│ blocker"), strings.Index(r.stdout, "│ info"); b < 0 || i < 0 || b > i {

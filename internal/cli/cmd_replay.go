@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -126,14 +125,11 @@ func (a *App) fixturesReplay(c *ucli.Context) error {
 	defer srv.Close()
 	fmt.Fprintf(a.Stderr, "replay: throwaway databases on %s\n", srv.Describe())
 
-	// Scenarios run in parallel and all log here: one line at a time.
-	var logMu sync.Mutex
-	r := &scenario.Runner{Server: srv, Parallel: c.Int("parallel"),
-		Logf: func(f string, args ...any) {
-			logMu.Lock()
-			defer logMu.Unlock()
-			fmt.Fprintf(a.Stderr, f+"\n", args...)
-		}}
+	// Scenarios run in parallel and all log here, one line at a time; the
+	// heartbeat (progress.go) says the run is alive when they are quiet.
+	hb := a.startHeartbeat("replay: ", "scenarios running")
+	defer hb.stop()
+	r := &scenario.Runner{Server: srv, Parallel: c.Int("parallel"), Logf: hb.printf}
 	if captured != nil {
 		fmt.Fprintf(a.Stderr, "replay: restoring %s (captured %s, %d records)\n", from, captured.Header.CreatedAt.Format(time.RFC3339), len(captured.Records))
 		r.Baseline = func(ctx context.Context, conn *pgx.Conn) error { return captured.Restore(ctx, conn) }
@@ -170,13 +166,13 @@ func (a *App) fixturesReplay(c *ucli.Context) error {
 	} else {
 		var rows [][]string
 		for _, res := range results {
-			status, detail := "PASS", wrap(res.Proves, 70)
+			status, detail := "PASS", res.Proves // writeTable wraps it to fit
 			if len(res.Notes) > 0 {
 				detail += "\n→ " + strings.Join(res.Notes, "\n→ ")
 			}
 			if !res.Passed {
 				status = "FAIL"
-				detail = wrap(res.Proves, 70) + "\n✗ " + wrap(shorten(res.Error, 600), 70)
+				detail = res.Proves + "\n✗ " + shorten(res.Error, 600)
 			}
 			rows = append(rows, []string{res.Name, status, fmt.Sprintf("%.1fs", res.Seconds), detail})
 		}
@@ -194,27 +190,6 @@ func (a *App) fixturesReplay(c *ucli.Context) error {
 		return reportedError{fmt.Errorf("%d of %d scenarios failed", rep.Failed, len(results))}
 	}
 	return nil
-}
-
-// wrap breaks text at spaces so no line is longer than width (where possible).
-func wrap(text string, width int) string {
-	var out []string
-	for _, para := range strings.Split(text, "\n") {
-		line := ""
-		for _, w := range strings.Fields(para) {
-			if line != "" && len(line)+1+len(w) > width {
-				out = append(out, line)
-				line = w
-				continue
-			}
-			if line != "" {
-				line += " "
-			}
-			line += w
-		}
-		out = append(out, line)
-	}
-	return strings.Join(out, "\n")
 }
 
 func shorten(s string, n int) string {

@@ -23,9 +23,6 @@ func (a *App) statusCommand() *ucli.Command {
 			"Exit codes: 0 pgflow 0.16.0, 0.17.x or not pgflow; 1 older than 0.16.0, partial/unknown schema or embedded migrations\n" +
 			"not matching atlas.sum; 3 connection error.",
 		Action: a.statusAction,
-		OnUsageError: func(c *ucli.Context, err error, _ bool) error {
-			return usageErrorf("status: %v (see status --help)", err)
-		},
 	}
 }
 

@@ -20,9 +20,6 @@ func (a *App) verifyCommand() *ucli.Command {
 			"gone, no trigger on step_tasks.\n" +
 			"Exit codes: 0 all pass, 1 any check failed, 3 connection error.",
 		Action: a.verifyAction,
-		OnUsageError: func(c *ucli.Context, err error, _ bool) error {
-			return usageErrorf("verify: %v (see verify --help)", err)
-		},
 	}
 }
 

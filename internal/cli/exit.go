@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	ucli "github.com/urfave/cli/v2"
 )
 
 // Exit codes, the same for every command (README "Exit codes").
@@ -45,6 +47,10 @@ func exitCode(err error) int {
 	var ee *ExitError
 	if errors.As(err, &ee) {
 		return ee.Code
+	}
+	var uc ucli.ExitCoder
+	if errors.As(err, &uc) {
+		return ExitUsage // only urfave's own help command returns these ("No help topic for ...")
 	}
 	if errors.Is(err, context.Canceled) {
 		return ExitInterrupted

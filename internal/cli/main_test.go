@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
@@ -26,4 +27,38 @@ func run(t *testing.T, env map[string]string, args ...string) result {
 	app := &cli.App{Stdout: &out, Stderr: &errOut, Getenv: func(k string) string { return env[k] }}
 	code := app.Run(context.Background(), append([]string{"pgflow-upgrade"}, args...))
 	return result{code, out.String(), errOut.String()}
+}
+
+// cellText is out with the cells of wrapped table rows joined again, one
+// row a line, cells separated by " | ": a test looks for a phrase in it
+// whatever the column width cut it into. A row starts at a line whose first
+// cell is not empty.
+func cellText(out string) string {
+	var lines []string
+	var row []string
+	flush := func() {
+		if row != nil {
+			lines = append(lines, strings.Join(row, " | "))
+			row = nil
+		}
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if !strings.HasPrefix(line, "│") {
+			flush()
+			lines = append(lines, line)
+			continue
+		}
+		cells := strings.Split(strings.Trim(line, "│"), "│")
+		if strings.TrimSpace(cells[0]) != "" || len(row) != len(cells) {
+			flush()
+			row = make([]string, len(cells))
+		}
+		for i, c := range cells {
+			if c = strings.TrimSpace(c); c != "" {
+				row[i] = strings.TrimSpace(row[i] + " " + c)
+			}
+		}
+	}
+	flush()
+	return strings.Join(lines, "\n")
 }

@@ -1,10 +1,14 @@
 package cli
 
-import "os"
+import (
+	"os"
 
-// IsTerminal reports whether f is a character device (a terminal), without
-// a dependency: prompts and progress only go to a person.
+	"github.com/mattn/go-isatty"
+)
+
+// IsTerminal reports whether f is a terminal. A character device is not
+// enough: /dev/null is one, and a pipeline that redirects to it is not a
+// person.
 func IsTerminal(f *os.File) bool {
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
+	return isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd())
 }

@@ -62,13 +62,13 @@ func Resolve(flagValue string, getenv func(string) string) Resolved {
 // ErrMalformed marks a connection string pgx cannot parse.
 var ErrMalformed = errors.New("malformed connection string")
 
-// ParseConfig parses a connection string into a pgx config. Parse errors are
-// rewritten so that they never contain the password: pgx's own messages can
-// quote the input.
+// ParseConfig parses a connection string into a pgx config. A string that
+// does not parse is never quoted, whole or in part: the error names the
+// component at fault and the fix (malformed.go).
 func ParseConfig(dsn string) (*pgx.ConnConfig, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("%w %q: %s", ErrMalformed, Redact(dsn), RedactText(err.Error(), dsn))
+		return nil, fmt.Errorf("%w %s: %s; %s", ErrMalformed, notShown, describeMalformed(dsn, err), fixMalformed)
 	}
 	return cfg, nil
 }
@@ -86,7 +86,13 @@ var urlUserinfo = regexp.MustCompile(`(?i)(postgres(?:ql)?://[^:/@\s]*:)([^@\s]*
 // does (a space or an '@' typed in a password included), then masks what
 // net/url and the patterns below recognise on top.
 func Redact(dsn string) string {
-	out := pgxRedact(dsn)
+	in := dsn
+	if !strings.HasPrefix(dsn, "postgres://") && !strings.HasPrefix(dsn, "postgresql://") {
+		// Key/value: mask first, as typed. pgx's redaction drops the blank
+		// after "password=" and so leaves "password= secret" unmasked.
+		in = keyValuePassword.ReplaceAllString(dsn, "${1}xxxxx")
+	}
+	out := pgxRedact(in)
 	if u, err := url.Parse(dsn); err == nil && u.User != nil {
 		if _, has := u.User.Password(); has {
 			u.User = url.UserPassword(u.User.Username(), "xxxxx")

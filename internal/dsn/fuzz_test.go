@@ -160,6 +160,7 @@ var formerLeaks = []struct{ dsn, password string }{
 	{"postgres://0:000\r@0/db?0", "000\r"},      // a control character
 	{"postgres:// :000000@00", "000000"},        // a space in the user name
 	{"postgres://#:0000@", "0000"},              // pgx takes '#' as part of the user
+	{"host=h password= s3cr3t", "s3cr3t"},       // a blank after "password=" (pgx's redaction drops it)
 }
 
 func TestRedactFormerLeaks(t *testing.T) {
@@ -172,6 +173,95 @@ func TestRedactFormerLeaks(t *testing.T) {
 		}
 		if got := RedactText("failed: "+c.dsn, c.dsn); strings.Contains(got, c.password) {
 			t.Errorf("RedactText over %q = %q shows the password", c.dsn, got)
+		}
+	}
+}
+
+// vocabulary is every fixed text a malformed-string error is built from:
+// the only text such an error may share with the input.
+func vocabulary() string {
+	parts := []string{ErrMalformed.Error(), notShown, fixMalformed, problemScheme, problemParamValue, problemURL, problemOther}
+	for _, p := range malformedPhrases {
+		parts = append(parts, p.problem)
+	}
+	parts = append(parts, knownParams...)
+	return strings.Join(parts, "\n")
+}
+
+// leakedFragment returns a 4-character piece of token found in text and in
+// no fixed phrase, or "".
+func leakedFragment(text, token, vocab string) string {
+	r := []rune(token)
+	for i := 0; i+4 <= len(r); i++ {
+		g := string(r[i : i+4])
+		if strings.Contains(text, g) && !strings.Contains(vocab, g) {
+			return g
+		}
+	}
+	return ""
+}
+
+// FuzzMalformedMessage: a connection string that does not parse is never
+// echoed, whole or in part. Whatever the form and the fuzzed parts around a
+// password, no 4-character piece of the password (nor of the user, host or
+// options, which a password typed raw can spill into) is in the error,
+// except where the piece is part of the message's own fixed wording.
+func FuzzMalformedMessage(f *testing.F) {
+	for form := uint8(0); form < numForms; form++ {
+		f.Add(form, "alice", "s3cr3t-pass", "db.example:notaport", "sslmode=disable")
+		f.Add(form, "alice", "p@ss:w/rd?#", "db.example:5432", "")
+		f.Add(form, "bob", "50%off-secret", "db", "x=y")
+		f.Add(form, "bob", "pass word with spaces", "[::1", "target_session_attrs=any")
+		f.Add(form, "u", "ünïcødé-πass", "db", "connect_timeout=abc")
+		f.Add(form, "u", "zq'x\\secret", "db", "default_query_exec_mode=nope")
+		f.Add(form, "u", "%zzsecret", "db:1:2", "sslmode=bogus")
+	}
+	vocab := vocabulary()
+	f.Fuzz(func(t *testing.T, form uint8, user, pw, host, rest string) {
+		input, _ := buildDSN(form, user, pw, host, rest)
+		_, err := ParseConfig(input)
+		if err == nil {
+			return
+		}
+		msg := err.Error()
+		if !strings.Contains(msg, "PGPASSWORD") || !strings.HasPrefix(msg, ErrMalformed.Error()) {
+			t.Fatalf("message lacks the fix: %q", msg)
+		}
+		for _, token := range []string{pw, user, host, rest} {
+			if g := leakedFragment(msg, token, vocab); g != "" {
+				t.Fatalf("error shows %q of %q\ninput: %q\nerror: %q", g, token, input, msg)
+			}
+		}
+	})
+}
+
+// TestMalformedNamesTheComponent: each kind of mistake gets its component.
+func TestMalformedNamesTheComponent(t *testing.T) {
+	cases := map[string]string{
+		"postgres://alice:s3cr3t@db:notaport/app":       "port",
+		"postgres://a:p@ss:w/rd@h/db":                   "port",
+		"postgres://a:50%off@h/db":                      "user info",
+		"postgres://a:my pass@h/db":                     "user info",
+		"postgres://a%zz:pw@h/db":                       "percent-escape",
+		"mysql://a:secret@h/db":                         "scheme",
+		"host=h password='abc":                          "quoting",
+		"host=h user":                                   "parameter",
+		"postgres://h/db?x":                             "parameter",
+		"postgres://h/db?sslmode=bogus":                 "parameter sslmode",
+		"postgres://h/db?connect_timeout=abc":           "parameter connect_timeout",
+		"postgres://h/db?default_query_exec_mode=nope":  "parameter default_query_exec_mode",
+		"postgres://[::1/db":                            "host",
+		"postgres://a:pw@h/db?target_session_attrs=bad": "parameter target_session_attrs",
+	}
+	for in, want := range cases {
+		_, err := ParseConfig(in)
+		if err == nil {
+			t.Errorf("%q parsed", in)
+			continue
+		}
+		msg := err.Error()
+		if !strings.Contains(msg, ": "+want) || !strings.Contains(msg, "percent-encode") || !strings.Contains(msg, "PGPASSWORD") {
+			t.Errorf("%q: %q does not name %q and the fix", in, msg, want)
 		}
 	}
 }
