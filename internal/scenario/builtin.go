@@ -27,9 +27,9 @@ const undefinedFunction = "42883"
 func Builtin() []Scenario {
 	return []Scenario{
 		{Name: "clean-upgrade", Run: cleanUpgrade,
-			Proves: "an in-flight 0.16.0 state (runs started/completed/failed; tasks queued, started, retried, completed, failed; a 25-task map; messages visible, invisible, archived) upgrades: every row and message identical, queue_name right, verify passes, old protocol fenced"},
+			Proves: "an in-flight 0.16.0 state built through the real engine (runs started/completed/failed; tasks queued, started, retried, completed, failed, cancelled, skipped; steps skipped by unmet conditions, dependencies and exhausted handlers; a 25-task map; messages visible, invisible, archived) upgrades: every row and message identical, queue_mode and queue_name right, verify passes, the new worker's startup check accepts it"},
 		{Name: "old-worker-after-upgrade", Run: oldWorkerAfterUpgrade,
-			Proves: "a 0.16.0 worker started after the upgrade compiles (its 2-argument call resolves through the defaults) and registers, then fails at its first claim with SQLSTATE 42883 (3-argument start_tasks): nothing claimed, no attempt counted"},
+			Proves: "a 0.16.0 worker started after the upgrade compiles (its 2-argument call resolves through the defaults) and registers, and heartbeats, then fails at its first non-empty claim with SQLSTATE 42883 (3-argument start_tasks): nothing claimed, no attempt counted, the messages it read visible again after their visibility timeout"},
 		{Name: "old-worker-during-upgrade", Run: oldWorkerDuringUpgrade,
 			Proves: "a 0.16.0 worker running during the upgrade fails loudly on its next claim (start_tasks: SQLSTATE 42883); the messages it read become visible again and the new worker finishes every run: nothing lost"},
 		{Name: "concurrent-traffic", Run: concurrentTraffic,
@@ -42,8 +42,12 @@ func Builtin() []Scenario {
 			Proves: "a slug valid in 0.16.0 that 0.17.0's rule rejects (a__b): apply refuses, the database is unchanged"},
 		{Name: "malformed-long-queue-name", Run: malformed(sabotageLongQueueName),
 			Proves: "a flow whose lower(flow_slug) is over pgmq's 47 characters: apply refuses, the database is unchanged"},
+		{Name: "malformed-duplicate-message-id", Run: malformed(sabotageDuplicateMessageID),
+			Proves: "tasks of one queue sharing a message id (the unique (queue_name, message_id) cannot be built): apply refuses, the database is unchanged"},
 		{Name: "state-survival", Run: stateSurvival,
 			Proves: "random 0.16.0 states (seeds 1-4: DAGs, maps, every task and message status): the fingerprint of every pre-existing row and queue message is identical after the upgrade and the new columns hold the right values"},
+		{Name: "realtime-events", Run: realtimeEvents,
+			Proves: "the same operations (a run crossing the upgrade, a 12-task map, retries, a failing run with a late answer, conditions skip/skip-cascade/fail, exhausted steps skipped and cascaded, a taskless map) on 0.16.0 and after the upgrade record the same realtime broadcasts (event, topic, private, payload; timestamps aside) and end in the same run/step/task states; the upgrade itself broadcasts nothing"},
 		{Name: "new-worker-drains", Run: newWorkerDrains,
 			Proves: "after the upgrade the new worker (package worker) drains every in-flight run of the in-flight state to completion, and no message of a finished run is left in a queue"},
 	}
@@ -234,10 +238,38 @@ func oldWorkerAfterUpgrade(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
-	if queuedAfter != queuedBefore {
+	if queuedAfter != queuedBefore || queuedAfter == 0 {
 		return errorf("the failed claim changed tasks: %d queued and never attempted before, %d after", queuedBefore, queuedAfter)
 	}
-	env.Notef("registered, then rejected at its first claim: %s", firstLine(claimErr.Error()))
+	claimedBy, err := countRows(ctx, db, `select count(*) from pgflow.step_tasks where last_worker_id = $1::uuid or status = 'started'`, w.ID())
+	if err != nil {
+		return err
+	}
+	if claimedBy != 0 {
+		return errorf("the failed claim left %d tasks started or attributed to the 0.16.0 worker", claimedBy)
+	}
+	// It still heartbeats: 0.17.0 keeps pgflow.workers as 0.16.0 had it.
+	if _, err := db.Pool.Exec(ctx, `update pgflow.workers set last_heartbeat_at = now() - interval '1 hour' where worker_id = $1::uuid`, w.ID()); err != nil {
+		return err
+	}
+	if _, err := w.Heartbeat(ctx); err != nil {
+		return fmt.Errorf("the 0.16.0 worker's heartbeat after the upgrade: %w", err)
+	}
+	fresh, err := countRows(ctx, db, `select count(*) from pgflow.workers where worker_id = $1::uuid and last_heartbeat_at > now() - interval '1 minute'`, w.ID())
+	if err != nil {
+		return err
+	}
+	if fresh != 1 {
+		return errorf("the 0.16.0 worker's heartbeat did not update its row after the upgrade")
+	}
+	// The messages its claim read (vt 1 s) become visible again.
+	if err := waitFor(ctx, 15*time.Second, func() (bool, error) {
+		n, err := countRows(ctx, db, `select count(*) from pgmq.q_legacy where vt > clock_timestamp()`)
+		return n == 0, err
+	}); err != nil {
+		return fmt.Errorf("waiting for the messages read by the rejected claim to become visible: %w", err)
+	}
+	env.Notef("registered and heartbeats, then rejected at its first claim: %s", firstLine(claimErr.Error()))
 	return nil
 }
 
@@ -420,6 +452,12 @@ var (
 	// pgmq refuses such a queue, so only a row written directly has it.
 	sabotageLongQueueName = sabotage{"queue name over 47 characters",
 		`insert into pgflow.flows (flow_slug) values ('legacy_` + strings.Repeat("x", 41) + `')`, "flows.queue_name_too_long"}
+	// Two tasks of one queue carrying the same message id: only a direct
+	// write (or a restore gone wrong) makes one; the unique index on
+	// (queue_name, message_id) cannot be built.
+	sabotageDuplicateMessageID = sabotage{"duplicate (queue, message id)",
+		`update pgflow.step_tasks set message_id = (select min(message_id) from pgflow.step_tasks where flow_slug = 'legacy')
+		  where flow_slug = 'legacy' and task_index = 0`, "tasks.duplicate_message_id"}
 )
 
 // malformed: a valid state, then the sabotage; apply must refuse and leave
@@ -461,8 +499,10 @@ func malformed(s sabotage) func(context.Context, *Env) error {
 		// functions in place.
 		var changed bool
 		if err := db.Pool.QueryRow(ctx, `select exists (select 1 from pg_catalog.pg_attribute
-			  where attrelid in ('pgflow.flows'::regclass, 'pgflow.step_tasks'::regclass) and attname = 'queue_name' and not attisdropped)
-			or pg_catalog.to_regclass('pgflow.schema_revisions') is not null
+			  where (attrelid, attname) in (('pgflow.flows'::regclass, 'queue_mode'), ('pgflow.steps'::regclass, 'queue_name'), ('pgflow.step_tasks'::regclass, 'queue_name'))
+			    and not attisdropped)
+			or pg_catalog.to_regclass('pgflow_upgrade.schema_revisions') is not null
+			or pg_catalog.to_regprocedure('pgflow.start_tasks(text, bigint[], uuid, text, text)') is not null
 			or pg_catalog.to_regprocedure('pgflow.ensure_flow_compiled(text, jsonb)') is null
 			or pg_catalog.to_regprocedure('pgflow.start_tasks(text, bigint[], uuid)') is null`).Scan(&changed); err != nil {
 			return err
