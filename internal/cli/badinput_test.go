@@ -185,7 +185,7 @@ func badInputs() []badInput {
 			want: []string{"flows.case_alias", "Legacy"},
 			todo: []string{"fix them, then rerun"}},
 		{name: "malformed: queue name over 47 characters", setup: sabotaged(
-			`insert into pgflow.flows (flow_slug) values ('legacy_`+strings.Repeat("x", 41)+`')`),
+			`insert into pgflow.flows (flow_slug) values ('legacy_` + strings.Repeat("x", 41) + `')`),
 			args: []string{"apply", "--yes"}, code: cli.ExitFindings,
 			want: []string{"flows.queue_name_too_long"},
 			todo: []string{"fix them, then rerun"}},
