@@ -495,12 +495,12 @@ func malformed(s sabotage) func(context.Context, *Env) error {
 		if len(diffs) > 0 {
 			return fmt.Errorf("apply refused but changed the database:\n%s", fingerprint.Format(diffs, 20))
 		}
-		// Still the 0.16.0 schema: no new column, no revision table, the old
-		// functions in place.
+		// Still the 0.16.0 schema: no new column, no revision record, the
+		// old functions in place.
 		var changed bool
 		if err := db.Pool.QueryRow(ctx, `select exists (select 1 from pg_catalog.pg_attribute
-			  where (attrelid, attname) in (('pgflow.flows'::regclass, 'queue_mode'), ('pgflow.steps'::regclass, 'queue_name'), ('pgflow.step_tasks'::regclass, 'queue_name'))
-			    and not attisdropped)
+			  where (attrelid, attname) in (('pgflow.flows'::regclass, 'queue_mode'), ('pgflow.steps'::regclass, 'queue_name'),
+			                                ('pgflow.step_tasks'::regclass, 'queue_name')) and not attisdropped)
 			or pg_catalog.to_regclass('pgflow_upgrade.schema_revisions') is not null
 			or pg_catalog.to_regprocedure('pgflow.start_tasks(text, bigint[], uuid, text, text)') is not null
 			or pg_catalog.to_regprocedure('pgflow.ensure_flow_compiled(text, jsonb)') is null
