@@ -72,12 +72,13 @@ func (e *Env) Clone(ctx context.Context, size int64) (dsn string, drop func(), e
 	return e.clone(ctx, tpl)
 }
 
-// CloneBaseline returns a fresh empty 0.16.0 baseline database.
+// CloneBaseline returns a fresh empty real pgflow 0.16.0 baseline database.
 func (e *Env) CloneBaseline(ctx context.Context) (string, func(), error) { return e.Clone(ctx, 0) }
 
 // CloneRealBaseline returns a fresh empty database holding the real pgflow
 // 0.16.0 engine (fixtures.InstallEngine), what the 0.17.0 migration and the
-// 0.17 worker need; CloneBaseline holds the old model.
+// 0.17 worker need. Every template is that engine now, so it is
+// CloneBaseline under its own template key.
 func (e *Env) CloneRealBaseline(ctx context.Context) (string, func(), error) {
 	tpl, err := e.template(ctx, realBaseline)
 	if err != nil {
