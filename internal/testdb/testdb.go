@@ -6,7 +6,6 @@
 //
 //	func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
 //	db := testdb.Baseline(t) // pgmq + the real pgflow 0.16.0 engine
-//	db := testdb.Model(t)    // pgmq + the old model (old migration's tests only)
 //
 // Each database is dropped when its test ends, and the templates when the
 // binary ends, so a DSN server is left as it was found.
@@ -34,7 +33,6 @@ const (
 	tplEmpty    = "empty"
 	tplPGMQ     = "pgmq"
 	tplBaseline = "baseline"
-	tplModel    = "model"
 )
 
 var (
@@ -156,8 +154,6 @@ func fill(ctx context.Context, dsn, kind string) error {
 	switch kind {
 	case tplBaseline:
 		return fixtures.InstallBaseline(ctx, conn)
-	case tplModel:
-		return fixtures.InstallModel(ctx, conn)
 	}
 	return nil
 }
@@ -206,8 +202,3 @@ func PGMQ(t testing.TB) *DB { t.Helper(); return fresh(t, tplPGMQ) }
 // Baseline returns a fresh database with pgmq, the Supabase stand-ins and
 // the real pgflow 0.16.0 engine.
 func Baseline(t testing.TB) *DB { t.Helper(); return fresh(t, tplBaseline) }
-
-// Model returns a fresh database with pgmq and the project's OLD model of
-// 0.16.0 (fixtures/sql/model_0_16_0.sql, not real pgflow): only for the old
-// migration's tests, deleted with that migration.
-func Model(t testing.TB) *DB { t.Helper(); return fresh(t, tplModel) }
