@@ -20,7 +20,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/worker"
 )
 
-// undefinedFunction is SQLSTATE 42883: what a 0.16.0 call gets after the fence.
+// undefinedFunction is SQLSTATE 42883: what a 0.16.0 claim gets after the upgrade.
 const undefinedFunction = "42883"
 
 // Builtin returns the built-in scenarios in the order they are reported.
@@ -96,7 +96,7 @@ func loadInflight(ctx context.Context, env *Env) (*DB, error) {
 	return db, nil
 }
 
-// verifyUpgraded runs `verify` and the new worker's startup fence.
+// verifyUpgraded runs `verify` and the new worker's startup protocol check.
 func verifyUpgraded(ctx context.Context, db *DB) error {
 	conn, err := pgx.Connect(ctx, db.DSN)
 	if err != nil {
@@ -115,7 +115,7 @@ func verifyUpgraded(ctx context.Context, db *DB) error {
 		return fmt.Errorf("verify failed after the upgrade: %s", strings.Join(bad, "; "))
 	}
 	if err := worker.CheckProtocol(ctx, db.Pool); err != nil {
-		return fmt.Errorf("the new worker's fence refuses the upgraded database: %w", err)
+		return fmt.Errorf("the new worker's startup protocol check refuses the upgraded database: %w", err)
 	}
 	return nil
 }
@@ -339,7 +339,7 @@ func oldWorkerDuringUpgrade(ctx context.Context, env *Env) error {
 		n, err := countRows(ctx, db, `select count(*) from pgmq.q_legacy where vt > clock_timestamp()`)
 		return n == 0, err
 	}); err != nil {
-		return fmt.Errorf("waiting for the messages read by the fenced worker to become visible: %w", err)
+		return fmt.Errorf("waiting for the messages read by the rejected 0.16.0 claim to become visible: %w", err)
 	}
 	rep, err := Drain(ctx, db, DrainOptions{})
 	if err != nil {
