@@ -47,7 +47,7 @@ func Builtin() []Scenario {
 		{Name: "state-survival", Run: stateSurvival,
 			Proves: "random 0.16.0 states (seeds 1-4: DAGs, maps, every task and message status): the fingerprint of every pre-existing row and queue message is identical after the upgrade and the new columns hold the right values"},
 		{Name: "realtime-events", Run: realtimeEvents,
-			Proves: "the same operations (a run crossing the upgrade, a 12-task map, retries, a failing run with a late answer, conditions skip/skip-cascade/fail, exhausted steps skipped and cascaded, a taskless map) on 0.16.0 and after the upgrade record the same realtime broadcasts (event, topic, private, payload; timestamps aside) and end in the same run/step/task states; the upgrade itself broadcasts nothing"},
+			Proves: "the same operations (a run crossing the upgrade, a 12-task map, retries, a failing run with a late answer, conditions skip/skip-cascade/fail, exhausted steps skipped and cascaded, a taskless map) on 0.16.0 and after the upgrade record the same realtime broadcasts (event, topic, private, payload; timestamps aside) and end in the same run/step/task states; after the upgrade every event of a replaced function has the facts' topic, private=false and payload keys; the upgrade itself broadcasts nothing"},
 		{Name: "new-worker-drains", Run: newWorkerDrains,
 			Proves: "after the upgrade the new worker (package worker) drains every in-flight run of the in-flight state to completion, and no message of a finished run is left in a queue"},
 	}

@@ -352,6 +352,10 @@ func realtimeEvents(ctx context.Context, env *Env) error {
 	if err := sameEvents(ev16, ev17); err != nil {
 		return err
 	}
+	checked, err := factsKeys(ev17)
+	if err != nil {
+		return err
+	}
 	s16, err := rtStates(ctx, old)
 	if err != nil {
 		return err
@@ -363,8 +367,8 @@ func realtimeEvents(ctx context.Context, env *Env) error {
 	if !reflect.DeepEqual(s16, s17) {
 		return fmt.Errorf("end states differ between 0.16.0 and the upgraded database:\n%s", firstDiff(s16, s17))
 	}
-	env.Notef("%d broadcasts after the prelude (%d before it) identical to 0.16.0's, %s; %d run/step/task end states identical",
-		len(ev17), len(pre16), eventKinds(ev17), len(s17))
+	env.Notef("%d broadcasts after the prelude (%d before it) identical to 0.16.0's, %s (%d of them against the facts' payload keys); %d run/step/task end states identical",
+		len(ev17), len(pre16), eventKinds(ev17), checked, len(s17))
 	return nil
 }
 
@@ -413,4 +417,56 @@ func firstDiff(a, b []string) string {
 		}
 	}
 	return fmt.Sprintf("  0.16.0 has %d rows, the upgraded database %d", len(a), len(b))
+}
+
+// 0.17.0's payload keys for the events its replaced functions send
+// (pgflow-0.17 facts, realtime table); run:started, run:completed and
+// step:completed come from functions 0.17.0 does not replace or carry the
+// step's output, and are compared with 0.16.0 only.
+var factsPayloadKeys = map[string]string{
+	"step:started":         "event_type remaining_deps remaining_tasks run_id started_at status step_slug",
+	"step:failed":          "error_message event_type failed_at run_id status step_slug",
+	"run:failed":           "error_message event_type failed_at flow_slug run_id status",
+	"step:skipped:handler": "error_message event_type run_id skip_reason skipped_at status step_slug",
+	"step:skipped:cascade": "event_type flow_slug run_id skip_reason skipped_at status step_slug",
+}
+
+// factsKeys checks the upgraded stream against the facts: topic
+// pgflow:run:<run_id>, private false, and each event's payload keys. It
+// returns how many events it checked.
+func factsKeys(evs []rtEvent) (int, error) {
+	n := 0
+	for _, e := range evs {
+		var p map[string]any
+		if err := json.Unmarshal([]byte(e.Payload), &p); err != nil {
+			return n, err
+		}
+		if run, _ := p["run_id"].(string); e.Topic != "pgflow:run:"+run || e.Private {
+			return n, errorf("broadcast %s: want topic pgflow:run:<run_id> and private=false", e)
+		}
+		kind := e.Event
+		if parts := strings.Split(e.Event, ":"); len(parts) == 3 {
+			kind = parts[0] + ":" + parts[2]
+		}
+		if kind == "step:skipped" {
+			kind = "step:skipped:cascade"
+			if p["skip_reason"] == "handler_failed" {
+				kind = "step:skipped:handler"
+			}
+		}
+		want, ok := factsPayloadKeys[kind]
+		if !ok {
+			continue
+		}
+		keys := make([]string, 0, len(p))
+		for k := range p {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		if got := strings.Join(keys, " "); got != want {
+			return n, errorf("broadcast %s: payload keys %q, the facts say %q", e, got, want)
+		}
+		n++
+	}
+	return n, nil
 }
