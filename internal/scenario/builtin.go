@@ -33,7 +33,7 @@ func Builtin() []Scenario {
 		{Name: "old-worker-during-upgrade", Run: oldWorkerDuringUpgrade,
 			Proves: "a 0.16.0 worker running during the upgrade fails loudly on its next claim (start_tasks: SQLSTATE 42883); the messages it read become visible again and the new worker finishes every run: nothing lost"},
 		{Name: "concurrent-traffic", Run: concurrentTraffic,
-			Proves: "start_flow and complete_task from other sessions (lock_timeout 2s) during apply: no deadlock, waits bounded by the lock timeout (longest reported), every committed write survives with the right queue_name"},
+			Proves: "start_flow and complete_task from other sessions (lock_timeout 2s) during apply: no deadlock, waits bounded by the lock timeout (longest reported), an apply that gives up on its locks changes nothing and its rerun (at most 3 runs) succeeds, every committed write survives with the right queue_name"},
 		{Name: "malformed-case-aliases", Run: malformed(sabotageCaseAliases),
 			Proves: "flow slugs that differ only in case (one physical queue): apply refuses, the database is unchanged"},
 		{Name: "malformed-step-case-aliases", Run: malformed(sabotageStepCaseAliases),
@@ -574,9 +574,21 @@ func concurrentTraffic(ctx context.Context, env *Env) error {
 	applied := make(chan error, 1)
 	var applyRep *upgrade.Report
 	var applyDone atomic.Bool
+	// An apply that gives up on its table locks (bounded: lock_busy, nothing
+	// changed) is rerun, as an operator would: under load the traffic can
+	// hold pgflow.steps in the middle of a statement at each of its attempts.
+	const maxApplyRuns = 3
+	applyRuns := 0
 	go func() {
 		var err error
-		applyRep, err = env.Upgrade(ctx, db)
+		for applyRuns = 1; ; applyRuns++ {
+			var busy *upgrade.TableLockError
+			applyRep, err = env.Upgrade(ctx, db)
+			if err == nil || !errors.As(err, &busy) || applyRuns == maxApplyRuns {
+				break
+			}
+			env.Logf("replay: concurrent-traffic: apply run %d gave up on its table locks (nothing changed), running it again", applyRuns)
+		}
 		applyDone.Store(true)
 		applied <- err
 	}()
@@ -598,7 +610,12 @@ func concurrentTraffic(ctx context.Context, env *Env) error {
 	tr.halt()
 	<-trafficDone
 	if upErr != nil {
-		return fmt.Errorf("apply under traffic: %w", upErr)
+		// What the sessions saw (a deadlock, a failure) says why apply could
+		// not get its locks.
+		if terr := tr.check(); terr != nil {
+			return fmt.Errorf("apply under traffic: %w; meanwhile %v (longest application wait %s over %d ops)", upErr, terr, tr.longest().Round(time.Millisecond), tr.ops())
+		}
+		return fmt.Errorf("apply under traffic: %w (longest application wait %s over %d ops, %d lock timeouts)", upErr, tr.longest().Round(time.Millisecond), tr.ops(), tr.timeouts())
 	}
 	if holderErr != nil {
 		return fmt.Errorf("waiting for apply to queue behind an open transaction: %w", holderErr)
@@ -634,8 +651,8 @@ func concurrentTraffic(ctx context.Context, env *Env) error {
 	if applyRep != nil {
 		lockWindow, attempts = applyRep.LockWindowMS, applyRep.LockAttempts
 	}
-	env.Notef("longest application wait %s over %d ops (%d lock timeouts, %d calls in flight across the row-type change failed with 42804 and were retried); apply lock window %d ms, %d lock attempts",
-		tr.longest().Round(time.Millisecond), tr.ops(), tr.timeouts(), tr.stale(), lockWindow, attempts)
+	env.Notef("longest application wait %s over %d ops (%d lock timeouts, %d calls in flight across the row-type change failed with 42804 and were retried); apply lock window %d ms, %d lock attempts in its last of %d run(s)",
+		tr.longest().Round(time.Millisecond), tr.ops(), tr.timeouts(), tr.stale(), lockWindow, attempts, applyRuns)
 	return nil
 }
 
