@@ -58,7 +58,7 @@ out of time, 130 interrupted.`
 func (a *App) applyCommand() *ucli.Command {
 	return &ucli.Command{
 		Name:        "apply",
-		Usage:       "upgrade the database: the queue-persistence migration in one guarded transaction",
+		Usage:       "upgrade the database from pgflow 0.16.0 to 0.17.0 in one guarded transaction",
 		Description: applyDescription,
 		Flags: append([]ucli.Flag{
 			&ucli.BoolFlag{Name: "yes", Usage: "do not ask for confirmation (pipelines)"},

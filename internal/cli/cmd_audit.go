@@ -26,9 +26,9 @@ func (a *App) auditCommand() *ucli.Command {
 		Flags: []ucli.Flag{
 			&ucli.IntFlag{Name: "sample", Value: 5, Usage: "sample rows per finding (0: none)"},
 			&ucli.StringSliceFlag{Name: "check", Usage: "run only this check `ID` (repeatable)"},
-			&ucli.Int64Flag{Name: "bound", Value: 1_000_000, Usage: "rows per query of the chunked duplicate scan (how finely an out-of-time check reports \"examined N\"); counts are always exact"},
-			&ucli.DurationFlag{Name: "check-timeout", Value: 30 * time.Second, Usage: "time budget of each check (statement_timeout); a check out of budget is inconclusive (exit 4)"},
-			&ucli.DurationFlag{Name: "timeout", Value: 120 * time.Second, Usage: "time budget of the whole audit"},
+			&ucli.Int64Flag{Name: "bound", Value: 500_000, Usage: "rows per query of the chunked duplicate scan (how finely an out-of-time check reports \"examined N\"); counts are always exact"},
+			&ucli.DurationFlag{Name: "check-timeout", Value: 60 * time.Second, Usage: "time budget of each check (statement_timeout); a check out of budget is inconclusive (exit 4)"},
+			&ucli.DurationFlag{Name: "timeout", Value: 180 * time.Second, Usage: "time budget of the whole audit"},
 			&ucli.DurationFlag{Name: "lock-timeout", Value: time.Second, Usage: "lock_timeout: the longest a check waits for a lock"},
 		},
 		Action: a.auditAction,
