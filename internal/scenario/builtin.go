@@ -44,6 +44,8 @@ func Builtin() []Scenario {
 			Proves: "a flow whose lower(flow_slug) is over pgmq's 47 characters: apply refuses, the database is unchanged"},
 		{Name: "malformed-duplicate-message-id", Run: malformed(sabotageDuplicateMessageID),
 			Proves: "tasks of one queue sharing a message id (the unique (queue_name, message_id) cannot be built): apply refuses, the database is unchanged"},
+		{Name: "unowned-queue-warns", Run: unownedQueue,
+			Proves: "a pgmq queue named like a flow that no flow owns does not block apply but is warned about (pgmq.unowned_queue); it and its message are kept; afterwards 0.17.0's create_flow refuses a flow of that name (23505), as the warning says"},
 		{Name: "state-survival", Run: stateSurvival,
 			Proves: "random 0.16.0 states (seeds 1-4: DAGs, maps, every task and message status): the fingerprint of every pre-existing row and queue message is identical after the upgrade and the new columns hold the right values"},
 		{Name: "realtime-events", Run: realtimeEvents,
