@@ -12,18 +12,29 @@ import (
 )
 
 // The two references `apply` is measured against, each run by psql in one
-// transaction, so the whole run is the ACCESS EXCLUSIVE window.
+// transaction, so the whole run is the ACCESS EXCLUSIVE window: 0.17.0's new
+// columns (flows.queue_mode; steps and step_tasks queue_name =
+// lower(flow_slug)) without its indexes, checks or functions, the floor of
+// the data work.
 var applyReferences = []struct{ name, sql string }{
 	{"reference: UPDATE backfill in one transaction", `
 begin;
+alter table pgflow.flows add column queue_mode text not null default 'flow';
+alter table pgflow.steps add column queue_name text;
+update pgflow.steps set queue_name = lower(flow_slug);
+alter table pgflow.steps alter column queue_name set not null;
 alter table pgflow.step_tasks add column queue_name text;
-update pgflow.step_tasks set queue_name = flow_slug;
+update pgflow.step_tasks set queue_name = lower(flow_slug);
 alter table pgflow.step_tasks alter column queue_name set not null;
 commit;`},
 	{"reference: one-pass rewrite (ALTER .. TYPE .. USING + SET NOT NULL)", `
 begin;
+alter table pgflow.flows add column queue_mode text not null default 'flow';
+alter table pgflow.steps add column queue_name text;
+alter table pgflow.steps alter column queue_name type text using lower(flow_slug),
+                         alter column queue_name set not null;
 alter table pgflow.step_tasks add column queue_name text;
-alter table pgflow.step_tasks alter column queue_name type text using flow_slug,
+alter table pgflow.step_tasks alter column queue_name type text using lower(flow_slug),
                               alter column queue_name set not null;
 commit;`},
 }

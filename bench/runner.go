@@ -72,7 +72,7 @@ func (e *Env) Clone(ctx context.Context, size int64) (dsn string, drop func(), e
 	return e.clone(ctx, tpl)
 }
 
-// CloneBaseline returns a fresh empty 0.16.0 baseline database.
+// CloneBaseline returns a fresh empty real pgflow 0.16.0 baseline database.
 func (e *Env) CloneBaseline(ctx context.Context) (string, func(), error) { return e.Clone(ctx, 0) }
 
 // CloneRealBaseline returns a fresh empty database holding the real pgflow

@@ -73,3 +73,34 @@ $$;`, "pgmq queue "},
 		})
 	}
 }
+
+// TestBrokenRealtimeIsCaught: an upgrade that broadcasts on its own, or
+// that changes how the engine behaves afterwards (here a flow's retry
+// budget), fails the realtime-events scenario, which names the difference.
+func TestBrokenRealtimeIsCaught(t *testing.T) {
+	cases := []struct {
+		name, sabotage, want string
+	}{
+		{"broadcasts during the upgrade",
+			`select realtime.send('{"event_type": "run:started"}'::jsonb, 'run:started', 'pgflow:run:x', false);`,
+			"the upgrade itself broadcast 1 events"},
+		{"changes a flow's retries",
+			`update pgflow.flows set opt_max_attempts = 1 where flow_slug = 'rt_retry';`,
+			"differs after the upgrade"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			r := &scenario.Runner{Server: testdb.Server(t), Upgrade: brokenUpgrade(c.sabotage), Parallel: 1}
+			t.Cleanup(func() { _ = r.Close() })
+			all, err := scenario.Select(scenario.Builtin(), []string{"realtime-events"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			res := r.Run(context.Background(), all)[0]
+			if res.Passed || !strings.Contains(res.Error, c.want) {
+				t.Fatalf("realtime-events with a migration that %s: passed=%t, want a failure with %q:\n%s", c.name, res.Passed, c.want, res.Error)
+			}
+		})
+	}
+}

@@ -120,3 +120,47 @@ func TestCaptureThenReplay(t *testing.T) {
 		t.Fatalf("JUnit file: %v\n%s", err, b)
 	}
 }
+
+// Built-in scenarios by name through the command: the table names each with
+// PASS, and --junit writes one testcase per scenario, none failed.
+func TestReplayBuiltinTableAndJUnit(t *testing.T) {
+	junit := filepath.Join(t.TempDir(), "junit.xml")
+	names := []string{"realtime-events", "malformed-duplicate-message-id", "old-worker-after-upgrade"}
+	r := run(t, replayEnv(t), append([]string{"fixtures", "replay", "--junit", junit}, names...)...)
+	if r.code != 0 {
+		t.Fatalf("replay: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	for _, n := range names {
+		line := ""
+		for _, l := range strings.Split(r.stdout, "\n") {
+			if strings.Contains(l, n) {
+				line = l
+				break
+			}
+		}
+		if !strings.Contains(line, "PASS") {
+			t.Errorf("table has no PASS line for %s:\n%s", n, r.stdout)
+		}
+	}
+	b, err := os.ReadFile(junit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Suites []struct {
+			Failures int `xml:"failures,attr"`
+			Cases    []struct {
+				Name    string    `xml:"name,attr"`
+				Failure *struct{} `xml:"failure"`
+			} `xml:"testcase"`
+		} `xml:"testsuite"`
+	}
+	if err := xml.Unmarshal(b, &doc); err != nil || len(doc.Suites) != 1 || len(doc.Suites[0].Cases) != len(names) {
+		t.Fatalf("JUnit file: %v\n%s", err, b)
+	}
+	for i, c := range doc.Suites[0].Cases {
+		if c.Name != names[i] || c.Failure != nil {
+			t.Errorf("testcase %d: %q failed=%t, want %q passed", i, c.Name, c.Failure != nil, names[i])
+		}
+	}
+}

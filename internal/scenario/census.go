@@ -15,11 +15,14 @@ import (
 type Census map[string]int
 
 // Kinds a clean-upgrade state must hold (SPEC §6: queued, started, retried,
-// completed, failed, archived, map steps with many tasks).
+// completed, failed, cancelled, skipped, archived, map steps with many
+// tasks, conditions).
 var inflightKinds = []string{
 	"run started", "run completed", "run failed",
 	"task queued", "task started", "task retried", "task completed", "task failed",
-	"map step with >= 3 tasks",
+	"task cancelled", "task skipped",
+	"step skipped condition_unmet", "step skipped dependency_skipped", "step skipped handler_failed",
+	"step with a condition", "map step with >= 3 tasks",
 	"message visible", "message invisible", "message archived",
 }
 
@@ -29,6 +32,9 @@ func TakeCensus(ctx context.Context, pool *pgxpool.Pool) (Census, error) {
 	queries := map[string]string{
 		"run":  `select 'run ' || status, count(*) from pgflow.runs group by 1`,
 		"task": `select 'task ' || status, count(*) from pgflow.step_tasks group by 1`,
+		"step": `select 'step ' || status || coalesce(' ' || skip_reason, ''), count(*) from pgflow.step_states group by 1`,
+		"conditions": `select 'step with a condition', count(*) from pgflow.steps
+		               where required_input_pattern is not null or forbidden_input_pattern is not null`,
 		"retried": `select 'task retried', count(*) from pgflow.step_tasks
 		            where attempts_count > 0 and status = 'queued'`,
 		"map": `select 'map step with >= 3 tasks', count(*) from pgflow.step_states ss
