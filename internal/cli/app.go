@@ -162,6 +162,9 @@ func (a *App) resolveWith(value, command string, allowNone bool) (*target, error
 
 // prepareConfig applies what every command needs from its connection.
 func prepareConfig(cfg *pgx.ConnConfig, raw, command string) {
+	// Pinned search_path (internal/dsn.Pin): no function, operator or type
+	// of a schema another role can write ever runs as the tool's role.
+	dsn.Pin(cfg)
 	if _, set := cfg.RuntimeParams["application_name"]; !set {
 		cfg.RuntimeParams["application_name"] = "pgflow-upgrade " + command
 	}
@@ -200,7 +203,13 @@ func (a *App) connectNoArgs(c *ucli.Context, command string) (conn *pgx.Conn, wh
 }
 
 func (a *App) connect(ctx context.Context, t *target) (*pgx.Conn, error) {
+	dsn.Pin(t.config) // whatever the command changed in its config
 	conn, err := pgx.ConnectConfig(ctx, t.config)
+	if err != nil && dsn.IsStartupParamRefused(err) && ctx.Err() == nil {
+		// A pooler that does not pass search_path: set it once connected
+		// and in every transaction instead (dsn.WithoutStartupPin).
+		conn, err = pgx.ConnectConfig(ctx, dsn.WithoutStartupPin(t.config))
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

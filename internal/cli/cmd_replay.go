@@ -110,7 +110,9 @@ func (a *App) fixturesReplay(c *ucli.Context) error {
 	opts := pgprovider.Options{
 		DockerImage: a.Getenv("PGFLOW_UPGRADE_DOCKER_IMAGE"),
 		SkipDocker:  a.Getenv("PGFLOW_UPGRADE_NO_DOCKER") == "1",
-		Logf:        func(f string, args ...any) { fmt.Fprintf(a.Stderr, f+"\n", args...) },
+		// The scenarios' sessions are the tool's too: pinned search_path.
+		PinSearchPath: true,
+		Logf:          func(f string, args ...any) { fmt.Fprintf(a.Stderr, f+"\n", args...) },
 	}
 	if t.resolved.Source != dsn.SourceNone {
 		opts.DSN = t.resolved.DSN
