@@ -47,6 +47,7 @@ func (a *App) Run(ctx context.Context, args []string) int {
 	if a.Stdin == nil {
 		a.Stdin = strings.NewReader("")
 	}
+	defer a.reportPeakRSS()
 	app := a.build()
 	err := app.RunContext(ctx, args)
 	if err == nil {

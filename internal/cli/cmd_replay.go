@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -79,15 +80,20 @@ type replayReport struct {
 func (a *App) fixturesReplay(c *ucli.Context) error {
 	ctx := c.Context
 	all := scenario.Builtin()
-	var captured *scenario.Captured
+	var captured *scenario.CaptureInfo
 	from := c.String("from")
 	if from != "" {
+		// Validated whole before any database is created, as a stream:
+		// memory stays bounded whatever the file's size (scenario.Limits).
 		f, err := os.Open(from)
 		if err != nil {
 			return withCode(ExitUsage, fmt.Errorf("--from: %w", err))
 		}
-		captured, err = scenario.ReadCapture(f)
+		captured, err = scenario.ValidateCapture(bufio.NewReaderSize(f, 1<<20), scenario.DefaultLimits)
 		f.Close()
+		if errors.Is(err, scenario.ErrCaptureLimit) {
+			return withCode(ExitUsage, fmt.Errorf("--from %s: %w; the limits are in docs/fixtures.md (\"Capture file format\")", from, err))
+		}
 		if err != nil {
 			return withCode(ExitUsage, fmt.Errorf("--from %s: %w; capture the database again with `pgflow-upgrade fixtures capture --out FILE`", from, err))
 		}
@@ -139,8 +145,10 @@ func (a *App) fixturesReplay(c *ucli.Context) error {
 			fmt.Fprintf(a.Stderr, f+"\n", args...)
 		}}
 	if captured != nil {
-		fmt.Fprintf(a.Stderr, "replay: restoring %s (captured %s, %d records)\n", from, captured.Header.CreatedAt.Format(time.RFC3339), len(captured.Records))
-		r.Baseline = func(ctx context.Context, conn *pgx.Conn) error { return captured.Restore(ctx, conn) }
+		fmt.Fprintf(a.Stderr, "replay: restoring %s (captured %s, %d records)\n", from, captured.Header.CreatedAt.Format(time.RFC3339), captured.Records)
+		r.Baseline = func(ctx context.Context, conn *pgx.Conn) error {
+			return scenario.RestoreFile(ctx, conn, from, scenario.DefaultLimits)
+		}
 	}
 	if _, err := r.Template(ctx); err != nil {
 		_ = r.Close()
