@@ -570,3 +570,26 @@ func TestSessionSearchPathPinned(t *testing.T) {
 		})
 	}
 }
+
+// TestHostileSearchPathThroughPooler: through PgBouncer in transaction mode,
+// which refuses a search_path startup parameter (dsn.WithoutStartupPin), with
+// the hostile path set on the database (ALTER DATABASE ... SET): the
+// commands call no shadow either.
+func TestHostileSearchPathThroughPooler(t *testing.T) {
+	b := pooled(t)
+	db := legacyDB(t)
+	h := hostileSchema(t, db)
+	sqlExec(t, db, "alter database "+pgx.Identifier{dbName(t, db)}.Sanitize()+" set search_path = public, pg_catalog")
+	roles := rolesSnapshot(t, db)
+	dsnValue := viaBouncer(t, b, db, "simple_protocol")
+	for _, args := range [][]string{{"audit"}, {"status"}, {"apply", "--yes"}, {"verify"}, {"status"}, {"audit"}} {
+		r := run(t, nil, append([]string{"--dsn", dsnValue}, args...)...)
+		t.Logf("%v: exit %d: %s", args, r.code, firstLine(r.stdout+r.stderr))
+		if r.code != cli.ExitOK {
+			t.Errorf("%v: exit %d\n%s%s", args, r.code, r.stdout, r.stderr)
+		}
+	}
+	// PgBouncer keeps its server connections: they end when the bouncer does.
+	b.Close()
+	assertNoShadowCalled(t, db, h, roles)
+}
