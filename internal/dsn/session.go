@@ -22,6 +22,18 @@ const SearchPath = "pg_catalog, pg_temp"
 // pinSQL re-asserts SearchPath for the current transaction only.
 const pinSQL = "select pg_catalog.set_config('search_path', '" + SearchPath + "', true)"
 
+// ClientCheckInterval is client_connection_check_interval in every
+// transaction the tool opens on PostgreSQL 14 and later: while a statement
+// runs, the backend checks this often whether the client is still there, so
+// the backend of a killed client (kill -9, a lost network) stops and
+// releases its locks within about this long instead of running the
+// statement (a table rewrite under ACCESS EXCLUSIVE) to its end.
+const ClientCheckInterval = "1s"
+
+// pinSQL14 is pinSQL with ClientCheckInterval (PostgreSQL 14+).
+const pinSQL14 = "select pg_catalog.set_config('search_path', '" + SearchPath + "', true), " +
+	"pg_catalog.set_config('client_connection_check_interval', '" + ClientCheckInterval + "', true)"
+
 // Pin makes every session opened with cfg use SearchPath:
 //
 //   - as a startup parameter: it is applied after the DSN's `options` (so
@@ -52,24 +64,15 @@ func IsStartupParamRefused(err error) bool {
 }
 
 // WithoutStartupPin is cfg for a pooler that refuses the search_path startup
-// parameter: the path is set for the session once connected and re-asserted
-// in every transaction. Statements outside a transaction then run with the
-// path the pooler's server session has (transaction pooling gives each
-// statement whichever server session is free): the tool's own SQL names
-// every schema, and the pooler should pass search_path
-// (PgBouncer: track_extra_parameters = search_path) to close that gap.
+// parameter: the path is then set in every transaction only. No session SET:
+// through a transaction pooler it would stay on the server session and reach
+// the application's clients. Statements outside a transaction run with the
+// path of whichever server session the pooler hands out; the tool's own SQL
+// names every schema, and the pooler should pass search_path (PgBouncer:
+// track_extra_parameters = search_path) to close that gap.
 func WithoutStartupPin(cfg *pgx.ConnConfig) *pgx.ConnConfig {
 	c := cfg.Copy()
 	delete(c.RuntimeParams, "search_path")
-	next := c.AfterConnect
-	c.AfterConnect = func(ctx context.Context, pc *pgconn.PgConn) error {
-		if next != nil {
-			if err := next(ctx, pc); err != nil {
-				return err
-			}
-		}
-		return pc.Exec(ctx, "set search_path = "+SearchPath).Close()
-	}
 	return c
 }
 
@@ -105,11 +108,28 @@ func (p *pinTracer) TraceQueryEnd(ctx context.Context, conn *pgx.Conn, data pgx.
 	}
 	pinCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), pinTimeout)
 	defer cancel()
-	if _, err := conn.Exec(pinCtx, pinSQL); err != nil {
+	sql := pinSQL
+	if serverMajor(conn.PgConn()) >= 14 {
+		sql = pinSQL14
+	}
+	if _, err := conn.Exec(pinCtx, sql); err != nil {
 		// A transaction whose path could not be pinned must not go on:
 		// closing the connection makes the caller's next statement fail.
 		_ = conn.PgConn().Close(pinCtx)
 	}
+}
+
+// serverMajor is the server's major version (0 when unknown).
+func serverMajor(pc *pgconn.PgConn) int {
+	v := pc.ParameterStatus("server_version")
+	n := 0
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			break
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n
 }
 
 // isBegin says whether sql opens a transaction (BEGIN or START TRANSACTION,
