@@ -95,6 +95,9 @@ func (a *App) applyAction(c *ucli.Context) error {
 	}
 	defer conn.Close(ctx)
 	where := dsn.Describe(t.config)
+	if err := applyPrecheck(ctx, conn); err != nil { // envcheck.go: a standby, a read-only default
+		return withCode(ExitEnvironment, fmt.Errorf("apply on %s: %w", where, err))
+	}
 
 	if !yes {
 		// Ask only when there is something to do: a quick read-only look.
@@ -134,6 +137,11 @@ func (a *App) applyAction(c *ucli.Context) error {
 		prog.stop()
 	}
 	code := applyExitCode(rep.Outcome, applyErr, conn, ctx.Err() != nil)
+	if env := a.diagnose(ctx, t, applyErr); env != nil {
+		// A setting or a role a rerun runs into again: say which.
+		code = ExitEnvironment
+		rep.Message = env.Error() + "; the transaction was rolled back: nothing was changed"
+	}
 
 	if jsonOutput(c) {
 		out := struct {
