@@ -10,6 +10,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/bench"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -105,5 +106,37 @@ func TestApplyOnlineEnvironmentSaysWhatRemains(t *testing.T) {
 	}
 	if strings.Contains(out, "again to continue") {
 		t.Error("the output says to run again, though a rerun fails the same way")
+	}
+}
+
+// TestApplyOnStandby: a hot standby made with pg_basebackup from a cluster of
+// the test's own. audit reads it; apply (both modes) refuses before taking
+// any lock: exit 3, "standby", point --dsn at the primary.
+func TestApplyOnStandby(t *testing.T) {
+	ctx := context.Background()
+	primary, err := pgprovider.Open(ctx, pgprovider.Options{SkipDocker: true})
+	if err != nil {
+		t.Fatalf("a local cluster for the primary: %v", err)
+	}
+	t.Cleanup(func() { primary.Close() })
+	if r := run(t, nil, "--dsn", primary.DSNFor("postgres"), "fixtures", "load", "inflight"); r.code != cli.ExitOK {
+		t.Fatalf("fixtures load on the primary: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	standby, err := primary.StartStandby(ctx)
+	if err != nil {
+		t.Fatalf("starting a standby: %v", err)
+	}
+	t.Cleanup(func() { standby.Close() })
+	t.Logf("standby: %s", standby.Describe())
+	if r := run(t, nil, "--dsn", standby.DSNFor("postgres"), "audit"); r.code != cli.ExitOK {
+		t.Errorf("audit on the standby: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	for _, mode := range [][]string{{"apply", "--yes"}, {"apply", "--online", "--yes"}, {"apply", "--dry-run", "--yes"}} {
+		r := run(t, nil, append([]string{"--dsn", standby.DSNFor("postgres")}, mode...)...)
+		out := r.stdout + r.stderr
+		t.Logf("%v: exit %d: %s", mode, r.code, strings.TrimSpace(out))
+		if r.code != cli.ExitEnvironment || !strings.Contains(out, "standby") || !strings.Contains(out, "point --dsn at the primary") {
+			t.Errorf("%v on a standby: exit %d, want %d naming the standby and the primary", mode, r.code, cli.ExitEnvironment)
+		}
 	}
 }
