@@ -37,6 +37,8 @@ type App struct {
 
 	// dsnSeen is the DSN given on the command line, so errors can be redacted.
 	dsnSeen string
+	// warnedPin: the note about a pooler that refuses search_path is printed once.
+	warnedPin bool
 }
 
 // Run executes args (args[0] is the program name) and returns the exit code.
@@ -210,6 +212,11 @@ func (a *App) connect(ctx context.Context, t *target) (*pgx.Conn, error) {
 		// A pooler that does not pass search_path: set it once connected
 		// and in every transaction instead (dsn.WithoutStartupPin).
 		conn, err = pgx.ConnectConfig(ctx, dsn.WithoutStartupPin(t.config))
+		if err == nil && !a.warnedPin {
+			a.warnedPin = true
+			fmt.Fprintln(a.Stderr, "pgflow-upgrade: note: the server (a pooler) refused the search_path startup parameter: search_path is pinned in each transaction only, "+
+				"statements outside one run with the pooler session's path; let the pooler pass it (PgBouncer 1.20+: track_extra_parameters = search_path)")
+		}
 	}
 	if err != nil {
 		if ctx.Err() != nil {

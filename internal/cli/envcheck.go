@@ -10,6 +10,11 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
+// Every statement here may run outside a transaction, where through a
+// pooler that refuses the search_path startup parameter the pin of
+// internal/dsn does not reach: built-ins and types are named with their
+// schema (pg_catalog.text, not text).
+
 // Server settings and roles that make a command fail the same way every
 // time it runs: a standby, default_transaction_read_only, a role's or
 // database's statement_timeout, missing privileges. They are named with
@@ -43,7 +48,7 @@ type setting struct {
 func readSetting(ctx context.Context, conn *pgx.Conn, name string) (setting, error) {
 	var s setting
 	err := conn.QueryRow(ctx, `
-		select pg_catalog.current_setting($1), s.source, current_user::text, pg_catalog.current_database()::text,
+		select pg_catalog.current_setting($1), s.source, current_user::pg_catalog.text, pg_catalog.current_database()::pg_catalog.text,
 		       coalesce(s.sourcefile, ''), coalesce(s.sourceline, 0)
 		  from pg_catalog.pg_settings s where s.name operator(pg_catalog.=) $1`, name).
 		Scan(&s.value, &s.source, &s.role, &s.database, &s.file, &s.line)
@@ -143,7 +148,7 @@ func (a *App) diagnose(ctx context.Context, t *target, failure error) *envError 
 		return nil
 	default: // 42501 insufficient_privilege
 		var role string
-		_ = conn.QueryRow(ctx, `select current_user::text`).Scan(&role)
+		_ = conn.QueryRow(ctx, `select current_user::pg_catalog.text`).Scan(&role)
 		return &envError{err: failure,
 			cause: fmt.Sprintf("role %s lacks a privilege the command needs (%s)", role, pgErr.Message),
 			hint: "run it as the owner of the pgflow schema and its tables (or a superuser); for audit, docs/hardening.md lists the grants: " +
