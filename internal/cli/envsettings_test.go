@@ -140,3 +140,23 @@ func TestApplyOnStandby(t *testing.T) {
 		}
 	}
 }
+
+// TestAuditAndStatusAgreeOnOnlineUpgrade: during an interrupted online
+// upgrade, audit reports the state with its next command (a warning, exit
+// 0), as status does, not a blocker that says to restore from backup.
+func TestAuditAndStatusAgreeOnOnlineUpgrade(t *testing.T) {
+	db := legacyDB(t)
+	stopOnline(t, db, online.PointBatch)
+	st := run(t, nil, "--dsn", db.DSN, "status")
+	au := run(t, nil, "--dsn", db.DSN, "audit")
+	t.Logf("status: exit %d\n%s%s\naudit: exit %d\n%s%s", st.code, st.stdout, st.stderr, au.code, au.stdout, au.stderr)
+	if st.code != cli.ExitOK || !strings.Contains(st.stdout, "apply --online") {
+		t.Errorf("status: exit %d, want 0 naming apply --online", st.code)
+	}
+	if au.code != cli.ExitOK || !strings.Contains(au.stdout, "apply --online") || !strings.Contains(au.stdout, "in progress") {
+		t.Errorf("audit: exit %d, want 0 naming the online upgrade in progress and apply --online", au.code)
+	}
+	if strings.Contains(au.stdout, "restore from backup") {
+		t.Error("audit tells to restore from backup during an online upgrade")
+	}
+}
