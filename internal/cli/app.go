@@ -133,6 +133,7 @@ func (a *App) build() *ucli.App {
 type target struct {
 	resolved dsn.Resolved
 	config   *pgx.ConnConfig
+	command  string // for messages
 }
 
 // resolveTarget reads --dsn and the environment. With allowNone false, a
@@ -160,7 +161,7 @@ func (a *App) resolveWith(value, command string, allowNone bool) (*target, error
 		return nil, withCode(ExitUsage, fmt.Errorf("connection string from %s: %w; give a postgres:// URL or key=value pairs (https://www.postgresql.org/docs/current/libpq-connect.html#LIBPQ-CONNSTRING)", r.Source, err))
 	}
 	prepareConfig(cfg, r.DSN, command)
-	return &target{resolved: r, config: cfg}, nil
+	return &target{resolved: r, config: cfg, command: command}, nil
 }
 
 // prepareConfig applies what every command needs from its connection.

@@ -149,10 +149,13 @@ func (a *App) diagnose(ctx context.Context, t *target, failure error) *envError 
 	default: // 42501 insufficient_privilege
 		var role string
 		_ = conn.QueryRow(ctx, `select current_user::pg_catalog.text`).Scan(&role)
-		return &envError{err: failure,
-			cause: fmt.Sprintf("role %s lacks a privilege the command needs (%s)", role, pgErr.Message),
-			hint: "run it as the owner of the pgflow schema and its tables (or a superuser); for audit, docs/hardening.md lists the grants: " +
-				"GRANT USAGE ON SCHEMA pgflow, pgmq TO " + pgx.Identifier{role}.Sanitize() + "; GRANT SELECT ON ALL TABLES IN SCHEMA pgflow, pgmq TO " + pgx.Identifier{role}.Sanitize()}
+		ident := pgx.Identifier{role}.Sanitize()
+		hint := "connect as the owner of the pgflow schema and its tables and functions (the role that ran pgflow's migrations) or a superuser: apply alters them, which only their owner may"
+		if strings.HasPrefix(t.command, "audit") || t.command == "status" || t.command == "verify" {
+			hint = "grant the read-only role what it reads (docs/hardening.md): GRANT USAGE ON SCHEMA pgflow, pgmq TO " + ident +
+				"; GRANT SELECT ON ALL TABLES IN SCHEMA pgflow, pgmq TO " + ident
+		}
+		return &envError{err: failure, cause: fmt.Sprintf("role %s lacks a privilege (%s)", role, pgErr.Message), hint: hint}
 	}
 }
 

@@ -80,7 +80,13 @@ func TestApplyEnvironmentSettings(t *testing.T) {
 func superuserOn(t *testing.T, db *testdb.DB) (string, string) {
 	t.Helper()
 	role, dsnValue := roleOn(t, db, "")
-	sqlExec(t, db, "alter role "+pgx.Identifier{role}.Sanitize()+" superuser")
+	ident := pgx.Identifier{role}.Sanitize()
+	sqlExec(t, db, "alter role "+ident+" superuser")
+	t.Cleanup(func() {
+		// What it made (an online upgrade's schema, with objects of others
+		// depending on it) goes before roleOn's cleanup drops the role.
+		sqlExec(t, db, "drop owned by "+ident+" cascade")
+	})
 	return role, dsnValue
 }
 
@@ -159,4 +165,28 @@ func TestAuditAndStatusAgreeOnOnlineUpgrade(t *testing.T) {
 	if strings.Contains(au.stdout, "restore from backup") {
 		t.Error("audit tells to restore from backup during an online upgrade")
 	}
+}
+
+// TestApplyWithoutAnyGrant: a role that may not even use the pgflow schema:
+// apply says which privilege is missing and that it must run as the owner,
+// and does not tell to rerun.
+func TestApplyWithoutAnyGrant(t *testing.T) {
+	db := legacyDB(t)
+	_, dsnValue := roleOn(t, db, "")
+	before := testdb.State(t, db.Pool)
+	for _, mode := range [][]string{{"apply", "--yes"}, {"apply", "--online", "--yes"}} {
+		r := run(t, nil, append([]string{"--dsn", dsnValue}, mode...)...)
+		out := r.stdout + r.stderr
+		t.Logf("%v: exit %d:\n%s", mode, r.code, out)
+		if r.code == cli.ExitOK || r.code == cli.ExitUsage {
+			t.Errorf("%v without grants: exit %d", mode, r.code)
+		}
+		if !strings.Contains(out, "lacks a privilege (permission denied") || !strings.Contains(out, "connect as the owner of the pgflow schema") {
+			t.Errorf("%v: the output does not say which privilege is missing and what to do", mode)
+		}
+		if strings.Contains(out, "again to continue") {
+			t.Errorf("%v: says to run again, though a rerun fails the same way", mode)
+		}
+	}
+	testdb.SameState(t, before, testdb.State(t, db.Pool), "apply without grants")
 }
