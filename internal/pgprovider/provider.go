@@ -184,7 +184,16 @@ func (s *Server) CreateDatabase(ctx context.Context, name, template string) erro
 	if template != "" {
 		stmt += " template " + pgx.Identifier{template}.Sanitize()
 	}
-	return s.adminExec(ctx, fmt.Sprintf("creating database %q", name), stmt)
+	// Not cancelled midway: a CREATE DATABASE whose client goes away still
+	// completes on the server, possibly after the caller's cleanup has
+	// dropped the (not yet visible) name, leaving the database behind. It
+	// is a file copy: the caller sees its cancellation right after.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	if err := s.adminExec(cctx, fmt.Sprintf("creating database %q", name), stmt); err != nil {
+		return err
+	}
+	return ctx.Err()
 }
 
 // DropDatabase drops database name, terminating its sessions first (WITH
