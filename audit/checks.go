@@ -195,8 +195,24 @@ func checkSchemaState(ctx context.Context, q Querier, env Env) ([]Finding, error
 		f.Severity, f.Remedy, f.Count = Info, "None: apply will report that there is nothing to do.", 0
 	case StateOlder:
 		f.Count = 1
+	case StatePartial:
+		// Between the two shapes by design while an online upgrade of ours
+		// runs (its progress table exists only then): a state with a next
+		// command, as `status` says, not a damaged schema. The preflight
+		// keeps it a blocker (apply starts from the baseline only).
+		var online bool
+		if env.Mode == ModeAudit {
+			if err := q.QueryRow(ctx, `select pg_catalog.to_regclass('pgflow_upgrade.online_progress') is not null`).Scan(&online); err != nil {
+				return nil, err
+			}
+		}
+		if online {
+			f.Severity = Warning
+			f.Message = "an online upgrade (apply --online) is in progress: the schema is between 0.16.0 and the upgraded shape until it ends: " + s.describe()
+			f.Remedy = "Continue it with pgflow-upgrade apply --online, or undo it with pgflow-upgrade apply --rollback-online; pgflow-upgrade status shows its phase and progress."
+		}
 	}
-	if s.Version != nil && f.Severity != Info {
+	if s.Version != nil && f.Severity == Blocker {
 		f.Remedy = s.Version.NextStep // what to do about this version
 	}
 	return []Finding{f}, nil

@@ -40,6 +40,8 @@ type App struct {
 
 	// dsnSeen is the DSN given on the command line, so errors can be redacted.
 	dsnSeen string
+	// warnedPin: the note about a pooler that refuses search_path is printed once.
+	warnedPin bool
 }
 
 // Run executes args (args[0] is the program name) and returns the exit code.
@@ -50,6 +52,7 @@ func (a *App) Run(ctx context.Context, args []string) int {
 	if a.Stdin == nil {
 		a.Stdin = strings.NewReader("")
 	}
+	defer a.reportPeakRSS()
 	app := a.build()
 	line, err := normalizeArgs(app, args) // flags.go
 	if err == nil {
@@ -138,6 +141,7 @@ func (a *App) build() *ucli.App {
 type target struct {
 	resolved dsn.Resolved
 	config   *pgx.ConnConfig
+	command  string // for messages
 }
 
 // resolveTarget reads --dsn and the environment. With allowNone false, a
@@ -165,11 +169,14 @@ func (a *App) resolveWith(value, command string, allowNone bool) (*target, error
 		return nil, withCode(ExitUsage, fmt.Errorf("connection string from %s: %w; give a postgres:// URL or key=value pairs (https://www.postgresql.org/docs/current/libpq-connect.html#LIBPQ-CONNSTRING)", r.Source, err))
 	}
 	prepareConfig(cfg, r.DSN, command)
-	return &target{resolved: r, config: cfg}, nil
+	return &target{resolved: r, config: cfg, command: command}, nil
 }
 
 // prepareConfig applies what every command needs from its connection.
 func prepareConfig(cfg *pgx.ConnConfig, raw, command string) {
+	// Pinned search_path (internal/dsn.Pin): no function, operator or type
+	// of a schema another role can write ever runs as the tool's role.
+	dsn.Pin(cfg)
 	if _, set := cfg.RuntimeParams["application_name"]; !set {
 		cfg.RuntimeParams["application_name"] = "pgflow-upgrade " + command
 	}
@@ -208,7 +215,18 @@ func (a *App) connectNoArgs(c *ucli.Context, command string) (conn *pgx.Conn, wh
 }
 
 func (a *App) connect(ctx context.Context, t *target) (*pgx.Conn, error) {
+	dsn.Pin(t.config) // whatever the command changed in its config
 	conn, err := pgx.ConnectConfig(ctx, t.config)
+	if err != nil && dsn.IsStartupParamRefused(err) && ctx.Err() == nil {
+		// A pooler that does not pass search_path: set it once connected
+		// and in every transaction instead (dsn.WithoutStartupPin).
+		conn, err = pgx.ConnectConfig(ctx, dsn.WithoutStartupPin(t.config))
+		if err == nil && !a.warnedPin {
+			a.warnedPin = true
+			fmt.Fprintln(a.Stderr, "pgflow-upgrade: note: the server (a pooler) refused the search_path startup parameter: search_path is pinned in each transaction only, "+
+				"statements outside one run with the pooler session's path; let the pooler pass it (PgBouncer 1.20+: track_extra_parameters = search_path)")
+		}
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

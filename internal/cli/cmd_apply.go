@@ -99,6 +99,9 @@ func (a *App) applyAction(c *ucli.Context) error {
 	}
 	defer conn.Close(ctx)
 	where := dsn.Describe(t.config)
+	if err := applyPrecheck(ctx, conn); err != nil { // envcheck.go: a standby, a read-only default
+		return withCode(ExitEnvironment, fmt.Errorf("apply on %s: %w", where, err))
+	}
 
 	if !yes {
 		// Ask only when there is something to do: a quick read-only look.
@@ -142,6 +145,11 @@ func (a *App) applyAction(c *ucli.Context) error {
 				rep.Message += "; " + v.NextStep
 			}
 		}
+	}
+	if env := a.diagnose(ctx, t, applyErr); env != nil {
+		// A setting or a role a rerun runs into again: say which.
+		code = ExitEnvironment
+		rep.Message = env.Error() + "; the transaction was rolled back: nothing was changed"
 	}
 
 	if jsonOutput(c) {

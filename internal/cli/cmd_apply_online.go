@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -54,6 +55,10 @@ func (a *App) applyOnlineAction(c *ucli.Context) error {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	where := dsn.Describe(t.config)
+	if err := applyPrecheck(ctx, conn); err != nil { // envcheck.go: a standby, a read-only default
+		remains, _ := a.onlineRemains(ctx, t, true)
+		return withCode(ExitEnvironment, fmt.Errorf("apply on %s: %w%s", where, err, remains))
+	}
 	lockTimeout, lockRetries := online.DefaultLockTimeout, online.DefaultLockRetries
 	if c.IsSet("lock-timeout") {
 		lockTimeout = c.Duration("lock-timeout")
@@ -103,6 +108,21 @@ func (a *App) applyOnlineAction(c *ucli.Context) error {
 	}
 	rep, applyErr := online.Apply(ctx, conn, opts)
 	code := applyExitCode(applyErr, conn, ctx.Err() != nil)
+	if applyErr != nil {
+		if env := a.diagnose(ctx, t, applyErr); env != nil {
+			// A rerun fails the same way: no "run again to continue".
+			code = ExitEnvironment
+			rep.Message = env.Error()
+		}
+		remains, phase := a.onlineRemains(ctx, t, code == ExitEnvironment)
+		msg := withoutRerunAdvice(rep.Message)
+		if phase {
+			// The switch's own words are about its transaction only.
+			msg = strings.ReplaceAll(msg, "rolled back, nothing was changed", "the switch was rolled back")
+			msg = strings.ReplaceAll(msg, "nothing was changed", "the switch changed nothing")
+		}
+		rep.Message = msg + remains
+	}
 	if jsonOutput(c) {
 		out := struct {
 			Command  string `json:"command"`
@@ -124,6 +144,31 @@ func (a *App) applyOnlineAction(c *ucli.Context) error {
 	}
 	fmt.Fprintf(a.Stderr, "pgflow-upgrade apply --online: %s\n", a.redact(rep.Message))
 	return reportedError{withCode(code, applyErr)}
+}
+
+// onlineRemains says what an online upgrade that stopped left in the
+// database, read on a new connection (the failed one may be gone), and what
+// to run next.
+func (a *App) onlineRemains(ctx context.Context, t *target, blocked bool) (text string, phase bool) {
+	conn, err := a.connect(context.WithoutCancel(ctx), t)
+	if err != nil {
+		return "; what remains in the database could not be read (" + err.Error() + "): run pgflow-upgrade status", false
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	info, err := onlineStatus(context.WithoutCancel(ctx), conn)
+	switch {
+	case err != nil:
+		return "; what remains in the database could not be read (" + err.Error() + "): run pgflow-upgrade status", false
+	case info == nil:
+		return "; nothing of the online upgrade remains in the database", false
+	}
+	s := info.Shape
+	next := "run apply --online again to continue from there, or apply --rollback-online to undo it"
+	if blocked {
+		next = "once the cause is fixed, apply --online continues from there; apply --rollback-online undoes it"
+	}
+	return fmt.Sprintf("; remains in the database: the online upgrade at phase %s (queue_name columns %d of %d, insert triggers %d, checks %d (%d validated), unique indexes %d of %d (%d valid); a failed switch rolls back by itself): %s",
+		info.Phase, s.Columns, len(online.Tables), s.Triggers, s.Checks, s.ChecksValid, len(s.Indexes), len(online.Indexes), len(s.IndexesValid), next), true
 }
 
 func writeOnlineTable(w io.Writer, where string, rep *online.Report) error {

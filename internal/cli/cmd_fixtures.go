@@ -125,7 +125,7 @@ func loadState(ctx context.Context, conn *pgx.Conn, state fixtures.State) ([]tab
 	var out []tableCount
 	for _, table := range []string{"flows", "steps", "deps", "runs", "step_states", "step_tasks", "workers"} {
 		var n int64
-		q := "select count(*) from " + pgx.Identifier{"pgflow", table}.Sanitize()
+		q := "select pg_catalog.count(*) from " + pgx.Identifier{"pgflow", table}.Sanitize()
 		if err := conn.QueryRow(ctx, q).Scan(&n); err != nil {
 			return nil, fmt.Errorf("counting pgflow.%s: %w", table, err)
 		}

@@ -1,11 +1,13 @@
 package cli
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -44,7 +46,8 @@ func (a *App) fixturesCaptureCommand() *ucli.Command {
 		Usage: "write a pgflow database's state, pgmq queue and archive rows included, to a file for `fixtures replay --from`",
 		Flags: []ucli.Flag{
 			&ucli.StringFlag{Name: "dsn", Usage: "the database to capture (same as the global --dsn)"},
-			&ucli.StringFlag{Name: "out", Usage: "write the capture to `FILE` (- for stdout)", Required: true},
+			&ucli.StringFlag{Name: "out", Usage: "write the capture to `FILE` (- for stdout): a new file, or with --force an existing regular file; anything else (symlink, FIFO, device, directory) is refused", Required: true},
+			&ucli.BoolFlag{Name: "force", Usage: "replace the --out file if it exists (a regular file only)"},
 			&ucli.BoolFlag{Name: "redact", Usage: "replace run inputs and step outputs with placeholders"},
 		},
 		Action: a.fixturesCapture,
@@ -76,15 +79,20 @@ type replayReport struct {
 func (a *App) fixturesReplay(c *ucli.Context) error {
 	ctx := c.Context
 	all := scenario.Builtin()
-	var captured *scenario.Captured
+	var captured *scenario.CaptureInfo
 	from := c.String("from")
 	if from != "" {
+		// Validated whole before any database is created, as a stream:
+		// memory stays bounded whatever the file's size (scenario.Limits).
 		f, err := os.Open(from)
 		if err != nil {
 			return withCode(ExitUsage, fmt.Errorf("--from: %w", err))
 		}
-		captured, err = scenario.ReadCapture(f)
+		captured, err = scenario.ValidateCapture(bufio.NewReaderSize(f, 1<<20), scenario.DefaultLimits)
 		f.Close()
+		if errors.Is(err, scenario.ErrCaptureLimit) {
+			return withCode(ExitUsage, fmt.Errorf("--from %s: %w; the limits are in docs/fixtures.md (\"Capture file format\")", from, err))
+		}
 		if err != nil {
 			return withCode(ExitUsage, fmt.Errorf("--from %s: %w; capture the database again with `pgflow-upgrade fixtures capture --out FILE`", from, err))
 		}
@@ -109,7 +117,9 @@ func (a *App) fixturesReplay(c *ucli.Context) error {
 	opts := pgprovider.Options{
 		DockerImage: a.Getenv("PGFLOW_UPGRADE_DOCKER_IMAGE"),
 		SkipDocker:  a.Getenv("PGFLOW_UPGRADE_NO_DOCKER") == "1",
-		Logf:        func(f string, args ...any) { fmt.Fprintf(a.Stderr, f+"\n", args...) },
+		// The scenarios' sessions are the tool's too: pinned search_path.
+		PinSearchPath: true,
+		Logf:          func(f string, args ...any) { fmt.Fprintf(a.Stderr, f+"\n", args...) },
 	}
 	if t.resolved.Source != dsn.SourceNone {
 		opts.DSN = t.resolved.DSN
@@ -131,8 +141,10 @@ func (a *App) fixturesReplay(c *ucli.Context) error {
 	defer hb.stop()
 	r := &scenario.Runner{Server: srv, Parallel: c.Int("parallel"), Logf: hb.printf}
 	if captured != nil {
-		fmt.Fprintf(a.Stderr, "replay: restoring %s (captured %s, %d records)\n", from, captured.Header.CreatedAt.Format(time.RFC3339), len(captured.Records))
-		r.Baseline = func(ctx context.Context, conn *pgx.Conn) error { return captured.Restore(ctx, conn) }
+		fmt.Fprintf(a.Stderr, "replay: restoring %s (captured %s, %d records)\n", from, captured.Header.CreatedAt.Format(time.RFC3339), captured.Records)
+		r.Baseline = func(ctx context.Context, conn *pgx.Conn) error {
+			return scenario.RestoreFile(ctx, conn, from, scenario.DefaultLimits)
+		}
 	}
 	if _, err := r.Template(ctx); err != nil {
 		_ = r.Close()
@@ -211,6 +223,21 @@ func writeJUnitFile(path string, started time.Time, results []scenario.Result) e
 	return f.Close()
 }
 
+// outError is the exit code of a failed capture into a file: 2 for a
+// refused target, 3 when the file system failed, 1 when the capture did.
+func outError(err error) error {
+	var pathErr *fs.PathError
+	var linkErr *os.LinkError
+	switch {
+	case errors.Is(err, errOutTarget):
+		return withCode(ExitUsage, err)
+	case errors.As(err, &pathErr) || errors.As(err, &linkErr):
+		return withCode(ExitEnvironment, err)
+	default:
+		return withCode(ExitFindings, err)
+	}
+}
+
 func (a *App) fixturesCapture(c *ucli.Context) error {
 	ctx := c.Context
 	if c.NArg() > 0 {
@@ -221,6 +248,12 @@ func (a *App) fixturesCapture(c *ucli.Context) error {
 		return err
 	}
 	out := c.String("out")
+	if out != "-" {
+		// Refused before anything else happens (exit 2, target untouched).
+		if err := checkOutTarget(out, c.Bool("force")); err != nil {
+			return outError(err)
+		}
+	}
 	conn, err := a.connect(ctx, t)
 	if err != nil {
 		return err
@@ -239,25 +272,20 @@ func (a *App) fixturesCapture(c *ucli.Context) error {
 			return withCode(ExitFindings, err)
 		}
 	} else {
-		// Write next to the target and rename, so a failed capture leaves no
-		// half-written file behind.
-		tmp, err := os.CreateTemp(filepath.Dir(out), ".capture-*")
-		if err != nil {
-			return withCode(ExitEnvironment, fmt.Errorf("--out: %w", err))
-		}
-		defer os.Remove(tmp.Name())
-		n, err = scenario.Capture(ctx, conn, tmp, opts)
-		if cerr := tmp.Close(); err == nil {
-			err = cerr
-		}
+		// A new file next to the target, renamed over it once complete
+		// (outfile.go): a failed capture leaves the target as it was.
+		err = writeOutFile(out, c.Bool("force"), func(w io.Writer) error {
+			var err error
+			if n, err = scenario.Capture(ctx, conn, w, opts); err != nil {
+				return fmt.Errorf("capturing %s: %w", opts.Source, err)
+			}
+			return nil
+		})
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			return withCode(ExitFindings, err)
-		}
-		if err := os.Rename(tmp.Name(), out); err != nil {
-			return withCode(ExitEnvironment, fmt.Errorf("--out: %w", err))
+			return outError(err)
 		}
 	}
 	if out == "-" {

@@ -448,6 +448,12 @@ func retryable(err error) bool {
 	return pgretry.LockError(err) || errors.Is(err, errApplyBusy)
 }
 
+// idleTimeout ends the session of a client that stops inside one of the
+// online path's transactions (SIGSTOP, a frozen VM), so its locks go: the
+// engine never pauses inside a transaction (its backoff and throttle sleeps
+// are between them), so a few seconds are plenty.
+const idleTimeout = 5 * time.Second
+
 var errApplyBusy = errors.New("the upgrade advisory lock is held (a transactional apply is running)")
 
 // ddlTx runs fn in a short transaction that holds upgrade.AdvisoryLockKey
@@ -479,7 +485,8 @@ func (e *engine) ddlTx(ctx context.Context, step string, fn func(tx pgx.Tx) erro
 				return errApplyBusy
 			}
 			if _, err := tx.Exec(ctx, `select pg_catalog.set_config('lock_timeout', $1, true),
-			                                  pg_catalog.set_config('statement_timeout', '60s', true)`, pgretry.Millis(e.opts.LockTimeout)); err != nil {
+			                                  pg_catalog.set_config('statement_timeout', '60s', true),
+			                                  pg_catalog.set_config('idle_in_transaction_session_timeout', $2, true)`, pgretry.Millis(e.opts.LockTimeout), pgretry.Millis(idleTimeout)); err != nil {
 				return fmt.Errorf("online %s: setting lock_timeout: %w", step, err)
 			}
 			held = time.Now()

@@ -237,7 +237,8 @@ func (e *engine) batch(ctx context.Context, k key, size int) (*batchResult, erro
 	                                  pg_catalog.set_config('lock_timeout', $2, true),
 	                                  pg_catalog.set_config('enable_seqscan', 'off', true),
 	                                  pg_catalog.set_config('enable_hashjoin', 'off', true),
-	                                  pg_catalog.set_config('enable_mergejoin', 'off', true)`, pgretry.Millis(st), pgretry.Millis(e.opts.LockTimeout)); err != nil {
+	                                  pg_catalog.set_config('enable_mergejoin', 'off', true),
+	                                  pg_catalog.set_config('idle_in_transaction_session_timeout', $3, true)`, pgretry.Millis(st), pgretry.Millis(e.opts.LockTimeout), pgretry.Millis(idleTimeout)); err != nil {
 		return nil, fmt.Errorf("online backfill: setting timeouts: %w", err)
 	}
 	b := &batchResult{tx: tx}

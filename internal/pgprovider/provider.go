@@ -50,6 +50,11 @@ type Options struct {
 	Logf func(format string, args ...any)
 	// Settings are extra server settings for a local cluster (name → value).
 	Settings map[string]string
+	// PinSearchPath makes every connection string of the server carry
+	// search_path = dsn.SearchPath, as the tool's own sessions do: a role
+	// or database setting cannot put a writable schema first (`fixtures
+	// replay` sets it; the test harness does not).
+	PinSearchPath bool
 }
 
 // DefaultDockerImage has PostgreSQL 15 with the pgmq extension available.
@@ -70,6 +75,16 @@ type Server struct {
 
 // Open returns the first provider that works, in the order of the package doc.
 func Open(ctx context.Context, opts Options) (*Server, error) {
+	s, err := open(ctx, opts)
+	if err == nil && opts.PinSearchPath {
+		q := s.adminURL.Query()
+		q.Set("search_path", dsn.SearchPath)
+		s.adminURL.RawQuery = q.Encode()
+	}
+	return s, err
+}
+
+func open(ctx context.Context, opts Options) (*Server, error) {
 	logf := opts.Logf
 	if logf == nil {
 		logf = func(string, ...any) {}
@@ -169,7 +184,16 @@ func (s *Server) CreateDatabase(ctx context.Context, name, template string) erro
 	if template != "" {
 		stmt += " template " + pgx.Identifier{template}.Sanitize()
 	}
-	return s.adminExec(ctx, fmt.Sprintf("creating database %q", name), stmt)
+	// Not cancelled midway: a CREATE DATABASE whose client goes away still
+	// completes on the server, possibly after the caller's cleanup has
+	// dropped the (not yet visible) name, leaving the database behind. It
+	// is a file copy: the caller sees its cancellation right after.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	if err := s.adminExec(cctx, fmt.Sprintf("creating database %q", name), stmt); err != nil {
+		return err
+	}
+	return ctx.Err()
 }
 
 // DropDatabase drops database name, terminating its sessions first (WITH

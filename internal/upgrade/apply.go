@@ -41,10 +41,13 @@ const (
 	DefaultLockRetries = 5
 )
 
-// idleTimeout bounds a client that hangs inside apply's transaction: the
-// server ends the session and its locks go with it. apply itself idles only
-// while backing off (at most a few seconds).
-const idleTimeout = 60 * time.Second
+// idleTimeout bounds a client that hangs inside apply's transaction (stopped
+// with SIGSTOP, a frozen VM): the server ends the session and its locks go
+// with it. It is just above apply's own longest pause in the transaction,
+// the backoff between table-lock attempts (under 5 s, locks.go) and
+// between advisory-lock polls (under 1 s); everything else in the
+// transaction is statements, during which a session is not idle.
+const idleTimeout = 6 * time.Second
 
 // Options of Apply. Zero values take the defaults.
 type Options struct {

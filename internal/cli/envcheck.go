@@ -1,0 +1,171 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Every statement here may run outside a transaction, where through a
+// pooler that refuses the search_path startup parameter the pin of
+// internal/dsn does not reach: built-ins and types are named with their
+// schema (pg_catalog.text, not text).
+
+// Server settings and roles that make a command fail the same way every
+// time it runs: a standby, default_transaction_read_only, a role's or
+// database's statement_timeout, missing privileges. They are named with
+// where they come from and what to do, as an environment error (exit 3), so
+// nobody is told to "run again" when a rerun cannot succeed.
+
+// envError is a cause in the environment; a rerun fails the same way until
+// it is fixed.
+type envError struct {
+	cause string // what is wrong, and where it is set
+	hint  string // what to do
+	err   error  // the error it caused (nil when found beforehand)
+}
+
+func (e *envError) Error() string {
+	msg := e.cause + ": " + e.hint + " (a rerun fails the same way until then)"
+	if e.err != nil {
+		msg += ": " + e.err.Error()
+	}
+	return msg
+}
+
+func (e *envError) Unwrap() error { return e.err }
+
+// setting is a server setting as this session sees it, and where it comes from.
+type setting struct {
+	value, source, role, database, file string
+	line                                int
+}
+
+func readSetting(ctx context.Context, conn *pgx.Conn, name string) (setting, error) {
+	var s setting
+	err := conn.QueryRow(ctx, `
+		select pg_catalog.current_setting($1), s.source, current_user::pg_catalog.text, pg_catalog.current_database()::pg_catalog.text,
+		       coalesce(s.sourcefile, ''), coalesce(s.sourceline, 0)
+		  from pg_catalog.pg_settings s where s.name operator(pg_catalog.=) $1`, name).
+		Scan(&s.value, &s.source, &s.role, &s.database, &s.file, &s.line)
+	return s, err
+}
+
+// where says where a setting's value comes from, in the words an operator
+// can act on (pg_settings.source).
+func (s setting) where(name string) (where, reset string) {
+	role, db := pgx.Identifier{s.role}.Sanitize(), pgx.Identifier{s.database}.Sanitize()
+	switch s.source {
+	case "user":
+		return "set on role " + s.role, fmt.Sprintf("ALTER ROLE %s RESET %s", role, name)
+	case "database":
+		return "set on database " + s.database, fmt.Sprintf("ALTER DATABASE %s RESET %s", db, name)
+	case "database user":
+		return fmt.Sprintf("set on role %s in database %s", s.role, s.database), fmt.Sprintf("ALTER ROLE %s IN DATABASE %s RESET %s", role, db, name)
+	case "client":
+		return "set by the connection (the DSN's options or PGOPTIONS)", "remove it from the DSN's options or PGOPTIONS"
+	case "configuration file":
+		return fmt.Sprintf("set in the server configuration (%s:%d)", s.file, s.line), "change it in the server configuration"
+	default:
+		return "set by the server (" + s.source + ")", "change it on the server"
+	}
+}
+
+// applyPrecheck refuses, before apply takes any lock, what makes every
+// write fail: a standby, a read-only default.
+func applyPrecheck(ctx context.Context, conn *pgx.Conn) error {
+	var recovery bool
+	if err := conn.QueryRow(ctx, `select pg_catalog.pg_is_in_recovery()`).Scan(&recovery); err != nil {
+		return fmt.Errorf("checking the server: %w", err)
+	}
+	if recovery {
+		return &envError{cause: "this server is a standby (pg_is_in_recovery() is true): it accepts no writes",
+			hint: "point --dsn at the primary"}
+	}
+	ro, err := readSetting(ctx, conn, "default_transaction_read_only")
+	if err != nil {
+		return fmt.Errorf("checking default_transaction_read_only: %w", err)
+	}
+	if ro.value == "on" {
+		where, reset := ro.where("default_transaction_read_only")
+		return &envError{cause: "default_transaction_read_only is on, " + where + ": every transaction of apply would be read-only",
+			hint: "run apply with it off: add options=-cdefault_transaction_read_only=off to the DSN (or PGOPTIONS), or " + reset +
+				" (ALTER ... SET default_transaction_read_only = off)"}
+	}
+	return nil
+}
+
+// diagnose explains a failed command by the environment, when the failure
+// is one a rerun repeats: it opens a new connection with the same settings
+// (the failed one may be gone) and reads where the cause comes from. It
+// returns nil when the failure is something else.
+func (a *App) diagnose(ctx context.Context, t *target, failure error) *envError {
+	var pgErr *pgconn.PgError
+	if failure == nil || ctx.Err() != nil || !errors.As(failure, &pgErr) {
+		return nil
+	}
+	switch pgErr.Code {
+	case "57014", "25006", "25P04", "42501":
+	default:
+		return nil
+	}
+	conn, err := a.connect(context.WithoutCancel(ctx), t)
+	if err != nil {
+		return nil
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	switch pgErr.Code {
+	case "57014": // query_canceled: not by us (ctx is alive), so by statement_timeout
+		st, err := readSetting(ctx, conn, "statement_timeout")
+		if err != nil || st.value == "0" {
+			return nil
+		}
+		where, reset := st.where("statement_timeout")
+		return &envError{err: failure,
+			cause: fmt.Sprintf("a statement ran into statement_timeout %s, %s", st.value, where),
+			hint: "the migration's statements (the step_tasks rewrite, the index builds) take longer; run apply without it: add options=-cstatement_timeout=0 " +
+				"to the DSN (or PGOPTIONS), or " + reset}
+	case "25P04": // idle_session_timeout
+		st, err := readSetting(ctx, conn, "idle_session_timeout")
+		if err != nil || st.value == "0" {
+			return nil
+		}
+		where, reset := st.where("idle_session_timeout")
+		return &envError{err: failure, cause: fmt.Sprintf("the session ran into idle_session_timeout %s, %s", st.value, where),
+			hint: "add options=-cidle_session_timeout=0 to the DSN (or PGOPTIONS), or " + reset}
+	case "25006": // read_only_sql_transaction
+		if e := applyPrecheck(ctx, conn); e != nil {
+			var env *envError
+			if errors.As(e, &env) {
+				env.err = failure
+				return env
+			}
+		}
+		return nil
+	default: // 42501 insufficient_privilege
+		var role string
+		_ = conn.QueryRow(ctx, `select current_user::pg_catalog.text`).Scan(&role)
+		ident := pgx.Identifier{role}.Sanitize()
+		hint := "connect as the owner of the pgflow schema and its tables and functions (the role that ran pgflow's migrations) or a superuser: apply alters them, which only their owner may"
+		if strings.HasPrefix(t.command, "audit") || t.command == "status" || t.command == "verify" {
+			hint = "grant the read-only role what it reads (docs/hardening.md): GRANT USAGE ON SCHEMA pgflow, pgmq TO " + ident +
+				"; GRANT SELECT ON ALL TABLES IN SCHEMA pgflow, pgmq TO " + ident
+		}
+		return &envError{err: failure, cause: fmt.Sprintf("role %s lacks a privilege (%s)", role, pgErr.Message), hint: hint}
+	}
+}
+
+// withoutRerunAdvice removes the advice to run again from a message whose
+// cause a rerun repeats.
+func withoutRerunAdvice(msg string) string {
+	for _, advice := range []string{
+		"; run apply --online again to continue from where it stopped (or apply --rollback-online to undo)",
+	} {
+		msg = strings.ReplaceAll(msg, advice, "")
+	}
+	return msg
+}

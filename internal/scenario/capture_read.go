@@ -1,0 +1,498 @@
+package scenario
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
+)
+
+// Reading a capture file (`fixtures replay --from`) is streamed: the file is
+// read twice, once to validate it whole before any database is created, then
+// again to restore it, and neither pass holds more than one line and one
+// insert batch in memory, whatever the file's size. Limits name what a file
+// may not exceed; a file over one is refused (ErrCaptureLimit, which also
+// wraps ErrBadCapture) before anything is restored.
+
+// Limits bound what reading a capture may cost.
+type Limits struct {
+	// MaxLineBytes is the longest line: one row as JSON (a run's input,
+	// a step's output), decompressed.
+	MaxLineBytes int
+	// MaxRecords is the most records (rows, queues, messages) a file may hold.
+	MaxRecords int
+	// MaxBytes is the most decompressed bytes a file may hold (a gzip bomb
+	// ends here).
+	MaxBytes int64
+	// MaxQueues is the most pgmq queues a file may declare (each becomes two
+	// tables in the throwaway database).
+	MaxQueues int
+}
+
+// DefaultLimits are the limits of `fixtures replay --from` (docs/fixtures.md).
+// With them a replay's memory stays far below 256 MB: at most one line, and
+// one insert batch of at most batchBytes plus one line, at a time.
+var DefaultLimits = Limits{
+	MaxLineBytes: 16 << 20,
+	MaxRecords:   50_000_000,
+	MaxBytes:     64 << 30,
+	MaxQueues:    10_000,
+}
+
+// ErrCaptureLimit wraps every refusal for a limit of Limits.
+var ErrCaptureLimit = errors.New("the capture file exceeds a limit")
+
+// maxQueueName is pgmq's longest queue name (its tables are q_<name>, a_<name>).
+const maxQueueName = 47
+
+// Insert batches: a batch is sent when it holds batchRows rows or batchBytes
+// of JSON, whichever comes first.
+const (
+	batchRows  = 1000
+	batchBytes = 8 << 20
+)
+
+// CaptureInfo is what validating a capture file found.
+type CaptureInfo struct {
+	Header  Header
+	Records int
+	Bytes   int64 // decompressed
+}
+
+// captureReader reads a capture file line by line, validating as it goes.
+type captureReader struct {
+	lim     Limits
+	zr      *gzip.Reader
+	count   *countingReader
+	sc      *bufio.Scanner
+	line    int
+	header  Header
+	records int
+	phase   int             // order of the sections: pgflow tables, queues, messages
+	queues  map[string]bool // lower(queue_name) of the queue records seen
+	ended   bool
+}
+
+// countingReader counts the decompressed bytes and stops at the limit.
+type countingReader struct {
+	r     io.Reader
+	n     int64
+	limit int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	if c.n > c.limit {
+		return n, fmt.Errorf("%w: more than %d bytes decompressed (limit MaxBytes %s)", ErrCaptureLimit, c.limit, sizeText(c.limit))
+	}
+	return n, err
+}
+
+func sizeText(n int64) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%d GiB", n>>30)
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	default:
+		return fmt.Sprintf("%d bytes", n)
+	}
+}
+
+func bad(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrBadCapture, fmt.Sprintf(format, args...))
+}
+
+// limitErr wraps ErrCaptureLimit and ErrBadCapture.
+func limitErr(format string, args ...any) error {
+	return fmt.Errorf("%w: %w: %s", ErrBadCapture, ErrCaptureLimit, fmt.Sprintf(format, args...))
+}
+
+// newCaptureReader opens r and reads the header.
+func newCaptureReader(r io.Reader, lim Limits) (*captureReader, error) {
+	if lim == (Limits{}) {
+		lim = DefaultLimits
+	}
+	zr, err := gzip.NewReader(r)
+	if err != nil {
+		return nil, bad("not gzip-compressed (%v)", err)
+	}
+	cr := &captureReader{lim: lim, zr: zr, queues: map[string]bool{}}
+	cr.count = &countingReader{r: zr, limit: lim.MaxBytes}
+	cr.sc = bufio.NewScanner(cr.count)
+	cr.sc.Buffer(make([]byte, 64<<10), lim.MaxLineBytes+1) // +1: the newline
+	if !cr.scan() {
+		if err := cr.err(); err != nil {
+			return nil, err
+		}
+		return nil, bad("empty")
+	}
+	if err := json.Unmarshal(cr.sc.Bytes(), &cr.header); err != nil {
+		return nil, bad("line 1 is not a JSON header (%v)", err)
+	}
+	if cr.header.Format != CaptureFormat {
+		return nil, bad("format %q, want %q", cr.header.Format, CaptureFormat)
+	}
+	if cr.header.Version != CaptureVersion {
+		return nil, bad("version %d, this tool reads version %d", cr.header.Version, CaptureVersion)
+	}
+	return cr, nil
+}
+
+func (cr *captureReader) scan() bool {
+	ok := cr.sc.Scan()
+	if ok {
+		cr.line++
+	}
+	return ok
+}
+
+// err is the scanner's error, as a capture error.
+func (cr *captureReader) err() error {
+	err := cr.sc.Err()
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrCaptureLimit):
+		return fmt.Errorf("%w: %w", ErrBadCapture, err)
+	case errors.Is(err, bufio.ErrTooLong):
+		return limitErr("line %d is longer than %s (limit MaxLineBytes)", cr.line+1, sizeText(int64(cr.lim.MaxLineBytes)))
+	default:
+		return bad("reading: %v", err)
+	}
+}
+
+// next returns the next record; ok is false after the end record, which it
+// checks (a file must end with it, with the right count, and nothing after).
+func (cr *captureReader) next() (rec Record, ok bool, err error) {
+	for cr.scan() {
+		b := cr.sc.Bytes()
+		if cr.ended {
+			return rec, false, bad("line %d: data after the end record", cr.line)
+		}
+		var t trailer
+		if err := json.Unmarshal(b, &t); err == nil && t.End != nil {
+			if t.End.Records != cr.records {
+				return rec, false, bad("the end record says %d records, the file has %d", t.End.Records, cr.records)
+			}
+			cr.ended = true
+			continue
+		}
+		rec = Record{}
+		if err := json.Unmarshal(b, &rec); err != nil {
+			return rec, false, bad("line %d: %v", cr.line, err)
+		}
+		if err := cr.check(rec); err != nil {
+			return rec, false, err
+		}
+		cr.records++
+		if cr.records > cr.lim.MaxRecords {
+			return rec, false, limitErr("more than %d records (limit MaxRecords)", cr.lim.MaxRecords)
+		}
+		return rec, true, nil
+	}
+	if err := cr.err(); err != nil {
+		return rec, false, err
+	}
+	if !cr.ended {
+		return rec, false, bad("no end record: the file is truncated")
+	}
+	return rec, false, nil
+}
+
+// check validates one record: a known table, an object row, and the order
+// Capture writes (pgflow tables in foreign key order, then the queues, then
+// the messages of declared queues), which lets Restore stream.
+func (cr *captureReader) check(rec Record) error {
+	if !validTable(rec.Table) || len(rec.Row) == 0 || rec.Row[0] != '{' {
+		return bad("line %d: unknown table %q or a row that is not an object", cr.line, rec.Table)
+	}
+	phase := 0
+	switch rec.Table {
+	case "pgmq.queue":
+		phase = len(captureTables)
+		var q struct {
+			Name string `json:"queue_name"`
+		}
+		if err := json.Unmarshal(rec.Row, &q); err != nil || q.Name == "" || len(q.Name) > maxQueueName {
+			return bad("line %d: a queue record without a valid queue_name (1 to %d characters)", cr.line, maxQueueName)
+		}
+		if !cr.queues[strings.ToLower(q.Name)] {
+			cr.queues[strings.ToLower(q.Name)] = true
+			if len(cr.queues) > cr.lim.MaxQueues {
+				return limitErr("more than %d queues (limit MaxQueues)", cr.lim.MaxQueues)
+			}
+		}
+	case "pgmq.q", "pgmq.a":
+		phase = len(captureTables) + 1
+		if rec.Queue == "" {
+			return bad("line %d: a queue message without its queue", cr.line)
+		}
+		if !cr.queues[strings.ToLower(rec.Queue)] {
+			return bad("line %d: a message of queue %q, which no queue record before it declares", cr.line, rec.Queue)
+		}
+	default:
+		for i, t := range captureTables {
+			if rec.Table == "pgflow."+t {
+				phase = i
+			}
+		}
+	}
+	if phase < cr.phase {
+		return bad("line %d: a %s record after later sections (the file is not in the order capture writes)", cr.line, rec.Table)
+	}
+	cr.phase = phase
+	return nil
+}
+
+// ValidateCapture reads a whole capture file and checks it (format, order,
+// trailer, limits) without keeping its records. Every problem wraps
+// ErrBadCapture; a limit also wraps ErrCaptureLimit.
+func ValidateCapture(r io.Reader, lim Limits) (*CaptureInfo, error) {
+	cr, err := newCaptureReader(r, lim)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		_, ok, err := cr.next()
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return &CaptureInfo{Header: cr.header, Records: cr.records, Bytes: cr.count.n}, nil
+		}
+	}
+}
+
+// Captured is a capture file read into memory (tests and small files;
+// `fixtures replay --from` streams with ValidateCapture and RestoreFile).
+type Captured struct {
+	Header  Header
+	Records []Record
+}
+
+// ReadCapture reads and validates a capture file into memory, within
+// DefaultLimits. Every problem with the file itself wraps ErrBadCapture.
+func ReadCapture(r io.Reader) (*Captured, error) {
+	cr, err := newCaptureReader(r, DefaultLimits)
+	if err != nil {
+		return nil, err
+	}
+	c := &Captured{Header: cr.header}
+	for {
+		rec, ok, err := cr.next()
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			return c, nil
+		}
+		c.Records = append(c.Records, rec)
+	}
+}
+
+func validTable(t string) bool {
+	switch t {
+	case "pgmq.queue", "pgmq.q", "pgmq.a":
+		return true
+	}
+	for _, c := range captureTables {
+		if t == "pgflow."+c {
+			return true
+		}
+	}
+	return false
+}
+
+// ErrNotBaseline: the captured database is not pgflow 0.16.0, so there is no
+// upgrade to replay.
+var ErrNotBaseline = errors.New("the captured database is not a pgflow 0.16.0 baseline")
+
+// Restore loads a capture into an empty database: pgmq and the 0.16.0
+// engine, then the queues, then every row, in one transaction.
+func (c *Captured) Restore(ctx context.Context, conn *pgx.Conn) error {
+	i := 0
+	return restore(ctx, conn, c.Header, func() (Record, bool, error) {
+		if i == len(c.Records) {
+			return Record{}, false, nil
+		}
+		i++
+		return c.Records[i-1], true, nil
+	})
+}
+
+// RestoreFile loads the capture file at path into an empty database as
+// Restore does, reading the file as a stream (it validates it again as it
+// goes: the file may have changed since ValidateCapture).
+func RestoreFile(ctx context.Context, conn *pgx.Conn, path string, lim Limits) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	defer f.Close()
+	cr, err := newCaptureReader(bufio.NewReaderSize(f, 1<<20), lim)
+	if err != nil {
+		return err
+	}
+	return restore(ctx, conn, cr.header, cr.next)
+}
+
+// restore inserts the records next yields, in their order (the order
+// Capture writes, which the reader enforces), in batches.
+func restore(ctx context.Context, conn *pgx.Conn, h Header, next func() (Record, bool, error)) error {
+	if h.PgflowState != string(audit.StateBaseline) {
+		return fmt.Errorf("%w (state %q): nothing to replay", ErrNotBaseline, h.PgflowState)
+	}
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := fixtures.InstallEngine(ctx, tx); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	b := &batch{tx: tx}
+	var queues []string // physical (lower-case) names, in order
+	seen := map[string]bool{}
+	for {
+		r, ok, err := next()
+		if err != nil {
+			return err
+		}
+		if !ok {
+			break
+		}
+		if r.Table == "pgmq.queue" {
+			if err := b.flush(ctx); err != nil {
+				return err
+			}
+			phys, err := restoreQueue(ctx, tx, r.Row)
+			if err != nil {
+				return err
+			}
+			if !seen[phys] {
+				seen[phys] = true
+				queues = append(queues, phys)
+			}
+			continue
+		}
+		if err := b.add(ctx, insertTarget(r), r.Row); err != nil {
+			return err
+		}
+	}
+	if err := b.flush(ctx); err != nil {
+		return err
+	}
+	// Each queue's identity sequence continues past every id the queue ever
+	// handed out that we can see: live and archived messages, and the ids
+	// tasks remember (a pruned message leaves its id in step_tasks).
+	for _, phys := range queues {
+		live := pgx.Identifier{"pgmq", "q_" + phys}.Sanitize()
+		archive := pgx.Identifier{"pgmq", "a_" + phys}.Sanitize()
+		sql := "select pg_catalog.setval(pg_catalog.pg_get_serial_sequence($1, 'msg_id'), greatest(" +
+			"(select pg_catalog.max(msg_id) from " + live + "), (select pg_catalog.max(msg_id) from " + archive + "), " +
+			"(select pg_catalog.max(t.message_id) from pgflow.step_tasks t where pg_catalog.lower(t.flow_slug) = $2), 0) + 1, false)"
+		if _, err := tx.Exec(ctx, sql, "pgmq.q_"+phys, phys); err != nil {
+			return fmt.Errorf("restore: advancing the message id sequence of %s: %w", live, err)
+		}
+	}
+	return tx.Commit(ctx)
+}
+
+// restoreQueue creates the queue of a pgmq.queue record and returns its
+// physical (lower-case) name.
+func restoreQueue(ctx context.Context, tx pgx.Tx, row json.RawMessage) (string, error) {
+	var q struct {
+		Name        string `json:"queue_name"`
+		Partitioned bool   `json:"is_partitioned"`
+		Unlogged    bool   `json:"is_unlogged"`
+	}
+	if err := json.Unmarshal(row, &q); err != nil || q.Name == "" {
+		return "", fmt.Errorf("%w: a queue record without a name", ErrBadCapture)
+	}
+	if q.Partitioned {
+		return "", fmt.Errorf("restore: queue %q is partitioned (pg_partman); replay does not support partitioned queues", q.Name)
+	}
+	fn := "pgmq.create"
+	if q.Unlogged {
+		fn = "pgmq.create_unlogged"
+	}
+	if _, err := tx.Exec(ctx, "select "+fn+"($1)", q.Name); err != nil {
+		return "", fmt.Errorf("restore: creating queue %q: %w", q.Name, err)
+	}
+	if _, err := tx.Exec(ctx, `update pgmq.meta set created_at = ($2::pg_catalog.jsonb operator(pg_catalog.->>) 'created_at')::pg_catalog.timestamptz where queue_name operator(pg_catalog.=) $1`, q.Name, string(row)); err != nil {
+		return "", fmt.Errorf("restore: queue %q: %w", q.Name, err)
+	}
+	return strings.ToLower(q.Name), nil
+}
+
+// insertTarget is the table a record's row goes into, with the clause its
+// insert needs (queue tables have an identity column).
+func insertTarget(r Record) string {
+	switch r.Table {
+	case "pgmq.q":
+		return pgx.Identifier{"pgmq", "q_" + strings.ToLower(r.Queue)}.Sanitize() + " overriding system value"
+	case "pgmq.a":
+		return pgx.Identifier{"pgmq", "a_" + strings.ToLower(r.Queue)}.Sanitize()
+	default:
+		s, t, _ := strings.Cut(r.Table, ".")
+		return pgx.Identifier{s, t}.Sanitize()
+	}
+}
+
+// batch collects rows of one target as a JSON array and inserts them with
+// one statement per batchRows rows or batchBytes bytes.
+type batch struct {
+	tx     pgx.Tx
+	target string
+	buf    bytes.Buffer
+	rows   int
+}
+
+func (b *batch) add(ctx context.Context, target string, row json.RawMessage) error {
+	if target != b.target {
+		if err := b.flush(ctx); err != nil {
+			return err
+		}
+		b.target = target
+	}
+	if b.rows == 0 {
+		b.buf.WriteByte('[')
+	} else {
+		b.buf.WriteByte(',')
+	}
+	b.buf.Write(row)
+	b.rows++
+	if b.rows >= batchRows || b.buf.Len() >= batchBytes {
+		return b.flush(ctx)
+	}
+	return nil
+}
+
+func (b *batch) flush(ctx context.Context) error {
+	if b.rows == 0 {
+		return nil
+	}
+	b.buf.WriteByte(']')
+	table, _, _ := strings.Cut(b.target, " overriding")
+	sql := "insert into " + b.target + " select * from pg_catalog.jsonb_populate_recordset(null::" + table + ", $1::pg_catalog.jsonb)"
+	_, err := b.tx.Exec(ctx, sql, b.buf.Bytes())
+	b.buf.Reset()
+	b.rows = 0
+	if err != nil {
+		return fmt.Errorf("restore: inserting into %s: %w", table, err)
+	}
+	return nil
+}
