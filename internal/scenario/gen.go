@@ -195,7 +195,8 @@ func Generate(ctx context.Context, pool *pgxpool.Pool, seed uint64) (*Generated,
 		if rng.IntN(2) == 0 {
 			requeued = 3 // the next stall is permanent
 		}
-		if err := exec("stall", `update pgflow.step_tasks set started_at = now() - interval '1 day', requeued_count = $1
+		if err := exec("stall", `update pgflow.step_tasks set queued_at = least(queued_at, now() - interval '1 day 1 second'),
+			started_at = now() - interval '1 day', requeued_count = $1
 			where ctid = (select ctid from pgflow.step_tasks where status = 'started' order by run_id, step_slug, task_index limit 1)`,
 			requeued); err != nil {
 			return nil, err
