@@ -81,7 +81,7 @@ func init() {
 		},
 		{
 			ID: "pgmq.queue_case_spellings", Title: "queues listed under more than one case spelling", Severity: Warning, Preflight: true,
-			Needs: NeedsPGMQ,
+			Needs: NeedsPgflow | NeedsPGMQ,
 			Meaning: "pgmq names a queue's tables in lower case, so MyFlow and myflow listed together are one set of tables with two pgmq.meta rows. " +
 				"The migration does not mind, but after it delete_flow_and_data raises ambiguous_alias for such a flow and step-mode routes refuse such a name.",
 			Remedy: "Do not drop either spelling with pgmq.drop_queue: both name the same tables and their messages. Keep the spelling lower(flow_slug): " +

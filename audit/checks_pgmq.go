@@ -14,6 +14,7 @@ var pgmqFunctions = []string{
 	"pgmq.read_with_poll(text, integer, integer, integer, integer, jsonb)",
 	"pgmq.archive(text, bigint)", "pgmq.archive(text, bigint[])",
 	"pgmq.delete(text, bigint[])", "pgmq.set_vt(text, bigint, integer)",
+	"pgmq.format_table_name(text, text)", // set_vt_batch and 0.17.0's pruning helper
 }
 
 func checkPGMQInstalled(ctx context.Context, q Querier, env Env) ([]Finding, error) {

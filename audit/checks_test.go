@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -51,12 +52,28 @@ func inflight(t *testing.T) *testdb.DB {
 	return db
 }
 
+// fixtureInflight is the fixtures' real inflight state: runs, steps and
+// tasks in every status, four live workers and a stopped one.
+func fixtureInflight(t *testing.T) *testdb.DB {
+	t.Helper()
+	db := testdb.PGMQ(t)
+	st, err := fixtures.Lookup("inflight")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Load(context.Background(), db.Pool); err != nil {
+		t.Fatalf("loading inflight: %v", err)
+	}
+	return db
+}
+
 // blockerChecks are the checks that must be silent on a healthy database.
 var blockerChecks = []string{"flows.case_alias", "steps.case_alias", "slugs.strict_rule", "flows.queue_name_too_long",
 	"tasks.duplicate_message_id", "pgmq.unowned_queue", "pgmq.queue_case_spellings", "pgmq.flow_queue_missing", "pgmq.queue_physical"}
 
 func TestHealthyDatabasesHaveNoBlockers(t *testing.T) {
-	for name, mk := range map[string]func(*testing.T) *testdb.DB{"baseline+flow": oneFlow, "inflight": inflight} {
+	live := map[string]int64{"baseline+flow": 0, "inflight": 2, "fixture inflight": 4}
+	for name, mk := range map[string]func(*testing.T) *testdb.DB{"baseline+flow": oneFlow, "inflight": inflight, "fixture inflight": fixtureInflight} {
 		t.Run(name, func(t *testing.T) {
 			db := mk(t)
 			rep := runAudit(t, db, audit.Options{})
@@ -74,10 +91,10 @@ func TestHealthyDatabasesHaveNoBlockers(t *testing.T) {
 			}
 			mustBeOK(t, rep, "sessions.locks_on_pgflow")
 			mustBeOK(t, rep, "sessions.long_transactions")
-			if name == "inflight" {
-				// Two live 0.16.0 workers; the stopped one is not counted.
-				if f := mustFire(t, rep, "workers.legacy_alive", audit.Warning); f.Count != 2 {
-					t.Fatalf("live workers: %+v", f)
+			// Live 0.16.0 workers are counted; stopped ones are not.
+			if live[name] > 0 {
+				if f := mustFire(t, rep, "workers.legacy_alive", audit.Warning); f.Count != live[name] {
+					t.Fatalf("live workers: %+v, want %d", f, live[name])
 				}
 			} else {
 				mustBeOK(t, rep, "workers.legacy_alive")

@@ -32,9 +32,9 @@ type PartialError struct {
 	Cause    error
 }
 
-func (e *PartialError) Error() string {
-	return e.Cause.Error() + " (" + e.Coverage.String() + ")"
-}
+// Error is the cause's: the runner puts the coverage in front of it
+// (CheckResult.Error, "inconclusive: examined N of about M rows ...").
+func (e *PartialError) Error() string { return e.Cause.Error() }
 
 func (e *PartialError) Unwrap() error { return e.Cause }
 

@@ -16,7 +16,8 @@ import (
 // the default bound), each under what is left of the check's budget; when
 // the budget runs out the check is inconclusive and says how many rows the
 // finished ranges held. Ranges also keep each GROUP BY in memory: one GROUP
-// BY over 5M rows spills to disk at any sane work_mem.
+// BY over 5M rows spills to disk at any sane work_mem (BENCHMARKS.md,
+// "audit at 5M").
 
 // dupChunkSQL groups one message-id range: rows, duplicate pairs, and the
 // tasks in them.
@@ -56,11 +57,12 @@ func checkDuplicateMessageID(ctx context.Context, q Querier, env Env) ([]Finding
 	var samples []map[string]any
 	err := scanTable(ctx, q, "step_tasks", func(estimate int64) (int64, error) {
 		var examined int64
-		// Per-range sorts and hashes of about Bound rows fit in 64MB; ranges
-		// are read through the message_id index, not by a sequential scan
-		// per range (SET LOCAL: gone with the transaction or savepoint).
+		// Each range is grouped by sorting (measured faster than a hash
+		// table of as many groups as rows), in memory: a sort of about
+		// Bound rows fits in 64MB. SET LOCAL: gone with the transaction or
+		// savepoint.
 		if _, err := q.Exec(ctx, `select pg_catalog.set_config('work_mem', '64MB', true),
-		                                 pg_catalog.set_config('enable_seqscan', 'off', true)`); err != nil {
+		                                 pg_catalog.set_config('enable_hashagg', 'off', true)`); err != nil {
 			return 0, fmt.Errorf("setting work_mem: %w", err)
 		}
 		var lo, hi *int64
@@ -75,6 +77,11 @@ func checkDuplicateMessageID(ctx context.Context, q Querier, env Env) ([]Finding
 		span := width // one range unless the table is bigger than a range
 		if estimate > target {
 			span = scale(width, target, estimate)
+			// Several ranges: each read through the message_id index, never
+			// by a sequential scan of the whole table per range.
+			if _, err := q.Exec(ctx, `select pg_catalog.set_config('enable_seqscan', 'off', true)`); err != nil {
+				return 0, fmt.Errorf("setting enable_seqscan: %w", err)
+			}
 		}
 		for from := *lo; from <= *hi; {
 			if err := tighten(ctx, q, env); err != nil {

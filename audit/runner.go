@@ -88,11 +88,11 @@ type Options struct {
 	Sample int      // sample rows per finding (default 5; negative: none)
 	Checks []string // check IDs to run (default: all; Run) / all Preflight checks (RunPreflight)
 	// Bound: the rows one query of a chunked scan looks at (default
-	// 1,000,000). It sets the granularity of "examined N" when a check runs
+	// 500,000). It sets the granularity of "examined N" when a check runs
 	// out of time; it never limits a count.
 	Bound        int64
-	CheckTimeout time.Duration // per check (default 30s)
-	TotalTimeout time.Duration // whole audit (default 120s); ignored by RunPreflight
+	CheckTimeout time.Duration // per check (default 60s)
+	TotalTimeout time.Duration // whole audit (default 180s); ignored by RunPreflight
 	LockTimeout  time.Duration // lock_timeout of each check (default 1s)
 	// ApplicationName for SET LOCAL application_name (default "pgflow-upgrade audit").
 	ApplicationName string
@@ -107,14 +107,14 @@ type Options struct {
 
 const (
 	defaultSample = 5
-	// defaultBound: a chunk of the duplicate scan; about 0.5 s of work on
-	// the project's 2-core machines (BENCHMARKS.md, "audit at 5M").
-	defaultBound = 1_000_000
+	// defaultBound: a range of the duplicate scan, sorted in its 64MB
+	// work_mem (BENCHMARKS.md, "audit at 5M").
+	defaultBound = 500_000
 	// defaultCheckTimeout: the exact duplicate scan of 5M step_tasks rows
-	// takes a few seconds (BENCHMARKS.md); 30 s leaves room for a busier
-	// or bigger database before a check says "inconclusive".
-	defaultCheckTimeout = 30 * time.Second
-	defaultTotalTimeout = 120 * time.Second
+	// took 13-26 s on a 2-core machine at load 10-15 (a few seconds when
+	// quiet; BENCHMARKS.md, "audit at 5M"): 60 s answers there with room.
+	defaultCheckTimeout = 60 * time.Second
+	defaultTotalTimeout = 180 * time.Second
 	defaultLockTimeout  = time.Second
 	// idle_in_transaction_session_timeout: the runner never idles in a
 	// transaction; this only bounds a client that hangs between statements.
@@ -378,6 +378,9 @@ func classify(res *CheckResult, err error) {
 		res.Status, res.Err, res.Error = StatusInconclusive, err, "inconclusive: "+err.Error()
 	default:
 		res.Status, res.Err, res.Error = StatusError, err, err.Error()
+		if res.Coverage != nil {
+			res.Error += " (" + res.Coverage.String() + " when it stopped)"
+		}
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
 			res.Error += "; " + GrantsHint

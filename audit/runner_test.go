@@ -229,6 +229,11 @@ func TestPreflightIsExactAndKeepsTheCallersTransaction(t *testing.T) {
 	if _, err := tx.Exec(ctx, `lock table pgflow.flows, pgflow.step_tasks in access exclusive mode`); err != nil {
 		t.Fatal(err)
 	}
+	settings := `select concat_ws(' ', current_setting('work_mem'), current_setting('enable_hashagg'), current_setting('enable_seqscan'))`
+	var before string
+	if err := tx.QueryRow(ctx, settings).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
 	results, err := audit.RunPreflight(ctx, tx, audit.Options{Bound: 1, Extra: []audit.Check{
 		probe("test.fails", `select (1/0)::text`),
 		probe("test.after", `select 'ran'`),
@@ -262,9 +267,14 @@ func TestPreflightIsExactAndKeepsTheCallersTransaction(t *testing.T) {
 		t.Fatalf("check after a failing one: %+v", r)
 	}
 	// The caller's transaction is alive, with its own settings and locks.
-	var st string
+	var st, after string
 	if err := tx.QueryRow(ctx, `select current_setting('statement_timeout')`).Scan(&st); err != nil || st != "42s" {
 		t.Fatalf("caller's statement_timeout after preflight: %q (%v)", st, err)
+	}
+	// The duplicate scan's planner settings (work_mem 64MB, enable_hashagg
+	// and, with Bound 1, enable_seqscan off) went with its savepoint.
+	if err := tx.QueryRow(ctx, settings).Scan(&after); err != nil || after != before || strings.Contains(after, "64MB") {
+		t.Fatalf("settings after preflight: %q, before %q (%v)", after, before, err)
 	}
 	var locks int
 	if err := tx.QueryRow(ctx, `select count(*) from pg_locks where pid = pg_backend_pid() and mode = 'AccessExclusiveLock'

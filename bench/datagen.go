@@ -98,10 +98,11 @@ func finishedRuns(ctx context.Context, db DB, slug string, tasks int64, perRun i
 		          select md5($1 || ':' || r)::uuid, $1, 'completed', '[]'::jsonb, '{"summary": 1}'::jsonb, 0,
 		                 now() - interval '2 days', now() - interval '1 day'
 		          from generate_series(0, $2 - 1) r`, []any{slug, runs}},
+		// created_at before started_at: real 0.16.0 checks started_at_is_after_created_at.
 		{"step_states", `insert into pgflow.step_states (flow_slug, run_id, step_slug, status, remaining_tasks, initial_tasks,
-		                   remaining_deps, output, started_at, completed_at)
+		                   remaining_deps, output, created_at, started_at, completed_at)
 		          select $1, md5($1 || ':' || r)::uuid, s.step_slug, 'completed', 0, case s.step_slug when 'items' then $3::int else 1 end,
-		                 0, '1'::jsonb, now() - interval '2 days', now() - interval '1 day'
+		                 0, '1'::jsonb, now() - interval '2 days', now() - interval '2 days', now() - interval '1 day'
 		          from generate_series(0, $2 - 1) r cross join (values ('items'), ('summary')) s(step_slug)`, []any{slug, runs, perRun}},
 	}
 	for _, s := range stmts {

@@ -11,7 +11,7 @@ import (
 // state: the row counts asked for, unique message ids per queue, and live
 // tasks whose messages are really in their queue.
 func TestGenerateSmall(t *testing.T) {
-	db := testdb.Model(t)
+	db := testdb.Baseline(t)
 	ctx := context.Background()
 	if _, err := Generate(ctx, db.Pool, Shape{Tasks: 5000, Flows: 2, TasksPerRun: 100, LiveRuns: 2, LiveTasksPerRun: 7}); err != nil {
 		t.Fatal(err)

@@ -8,7 +8,9 @@
 -- by the stored queue name, realtime broadcasts unchanged. Written here from
 -- the facts of that change; nothing of the tool's own lives in schema pgflow.
 --
--- Parts (the online path reuses B and C; A and D are this file's frame):
+-- Parts (A is this file's frame; an online path does B3 itself in phases -
+-- column, batched backfill, validated check, index built concurrently - and
+-- runs the rest of B and all of C in its short switch transaction):
 --   A. guard and locks            (refuse anything but 0.16.0; lock in order)
 --   B. data definition            (columns nullable -> backfilled -> CHECK +
 --                                  NOT NULL, unique indexes)

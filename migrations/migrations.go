@@ -1,5 +1,5 @@
-// Package migrations embeds the SQL migrations of the queue-persistence
-// upgrade and their atlas.sum, and answers whether the embedded files are
+// Package migrations embeds the SQL migration of the upgrade from pgflow
+// 0.16.0 to pgflow 0.17.0 and its atlas.sum, and answers whether the embedded files are
 // exactly the reviewed ones.
 //
 // File names are atlas/Supabase style, `YYYYMMDDHHMMSS_name.sql`, so a file can

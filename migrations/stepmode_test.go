@@ -2,6 +2,7 @@ package migrations_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -144,5 +145,101 @@ func TestOldWorkerFailsAtItsFirstClaim(t *testing.T) {
 	}
 	if n := scalar[int](t, p, `select count(*) from pgmq.q_legacy_flow where msg_id = any($1)`, ids); n != len(ids) {
 		t.Fatalf("%d of %d messages still in the queue", n, len(ids))
+	}
+}
+
+// Queues are pgflow's own: a new flow whose queue name pgmq already lists is
+// refused (23505), and so is a step queue that exists without being the
+// flow's route; nothing is created either way.
+func TestStrayQueuesAreRefused(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.Baseline(t)
+	applyMigration(t, db.Pool)
+	p := db.Pool
+	exec(t, p, `select pgmq.create('stray')`)
+	if _, err := p.Exec(ctx, `select pgflow.create_flow('Stray')`); pgCode(err) != "23505" {
+		t.Fatalf("create_flow over a listed queue: %v, want 23505", err)
+	}
+	exec(t, p, `select pgmq.create('shop__pay')`)
+	shape := `{"steps": [` + shapeStep("pay") + `]}`
+	if _, err := p.Exec(ctx, `select pgflow.ensure_flow_compiled('shop', $1::jsonb, 'step', null)`, shape); err == nil {
+		t.Fatal("a step queue pgmq lists but no route owns was taken over")
+	}
+	if n := scalar[int](t, p, `select count(*) from pgflow.flows`); n != 0 {
+		t.Fatalf("%d flows created by refused compilations", n)
+	}
+	if q := scalar[string](t, p, `select string_agg(queue_name::text, ',' order by queue_name) from pgmq.list_queues()`); q != "shop__pay,stray" {
+		t.Fatalf("queues %s after the refusals", q)
+	}
+}
+
+// requeue_stalled_tasks, on the stored queue: a stalled task goes back to
+// queued with its message visible three times, then is marked permanently
+// stalled with its message archived.
+func TestRequeueStalledUsesTheStoredQueue(t *testing.T) {
+	db := testdb.Baseline(t)
+	p := db.Pool
+	exec(t, p, `select pgflow.create_flow('Slow_Flow', timeout => 1)`)
+	exec(t, p, `select pgflow.add_step('Slow_Flow', 'only')`)
+	exec(t, p, `select pgflow.start_flow('Slow_Flow', '{}')`)
+	applyMigration(t, p)
+	exec(t, p, `insert into pgflow.workers (worker_id, queue_name, function_name) values ($1, 'slow_flow', 'fn')`, workerID)
+	stall := func() {
+		ids := scalar[[]int64](t, p, `select coalesce(array_agg(msg_id), '{}') from pgmq.read('slow_flow', 30, 10)`)
+		if n := scalar[int](t, p, `select count(*) from pgflow.start_tasks('Slow_Flow', $1, $2::uuid, 'slow_flow')`, ids, workerID); n != 1 {
+			t.Fatalf("claimed %d, want 1", n)
+		}
+		exec(t, p, `update pgflow.step_tasks set queued_at = now() - interval '2 hours', started_at = now() - interval '1 hour'`)
+	}
+	for i := 1; i <= 3; i++ {
+		stall()
+		if n := scalar[int](t, p, `select pgflow.requeue_stalled_tasks()`); n != 1 {
+			t.Fatalf("round %d: requeued %d, want 1", i, n)
+		}
+		if st := scalar[string](t, p, `select status || '/' || requeued_count from pgflow.step_tasks`); st != fmt.Sprintf("queued/%d", i) {
+			t.Fatalf("round %d: task %s", i, st)
+		}
+	}
+	stall()
+	if n := scalar[int](t, p, `select pgflow.requeue_stalled_tasks()`); n != 0 {
+		t.Fatalf("requeued %d after three requeues, want 0", n)
+	}
+	if !scalar[bool](t, p, `select permanently_stalled_at is not null and status = 'started' from pgflow.step_tasks`) {
+		t.Fatal("the task is not permanently stalled")
+	}
+	if n := scalar[int](t, p, `select (select count(*) from pgmq.a_slow_flow) - (select count(*) from pgmq.q_slow_flow)`); n != 1 {
+		t.Fatalf("archived minus queued = %d, want the one message archived", n)
+	}
+}
+
+// On a local database a changed definition is recompiled: here a migrated
+// flow-mode flow moves to step mode, and its one queue makes way for the
+// step queues; elsewhere the same call is a shape or routing mismatch.
+func TestLocalRecompileMovesAFlowToStepMode(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.Baseline(t)
+	p := db.Pool
+	exec(t, p, `select pgflow.create_flow('Moving')`)
+	exec(t, p, `select pgflow.add_step('Moving', 'a')`)
+	applyMigration(t, p)
+	shape := `{"steps": [` + shapeStep("a") + `]}`
+	changed := `{"steps": [` + shapeStep("a") + `, ` + shapeStep("b", "a") + `]}`
+	if k := scalar[string](t, p, `select pgflow.ensure_flow_compiled('Moving', $1::jsonb) ->> 'mismatchKind'`, changed); k != "shape" {
+		t.Fatalf("a changed shape in production: mismatchKind %q, want shape", k)
+	}
+	tx, err := p.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	exec(t, tx, `select set_config('app.settings.jwt_secret', 'super-secret-jwt-token-with-at-least-32-characters-long', true)`)
+	if st := scalar[string](t, tx, `select pgflow.ensure_flow_compiled('Moving', $1::jsonb, 'step') ->> 'status'`, shape); st != "recompiled" {
+		t.Fatalf("local recompile into step mode: %s", st)
+	}
+	if q := scalar[string](t, tx, `select string_agg(queue_name::text, ',' order by queue_name) from pgmq.list_queues()`); q != "moving__a" {
+		t.Fatalf("queues after the recompile %q, want only the step queue", q)
+	}
+	if m := scalar[string](t, tx, `select queue_mode from pgflow.flows where flow_slug = 'Moving'`); m != "step" {
+		t.Fatalf("queue_mode %s", m)
 	}
 }

@@ -41,10 +41,14 @@ func TestBrokenMigrationIsCaught(t *testing.T) {
 			`delete from pgflow.step_tasks where ctid = (select ctid from pgflow.step_tasks order by run_id, step_slug, task_index limit 1);`,
 			"pgflow.step_tasks"},
 		{"drops a queue message", `do $$
-declare q text;
+declare q text; n bigint;
 begin
-  select m.queue_name into q from pgmq.list_queues() m order by m.queue_name limit 1;
-  execute format('delete from pgmq.%I where msg_id = (select min(msg_id) from pgmq.%I)', 'q_' || lower(q), 'q_' || lower(q));
+  -- The first queue (by name) that holds a message loses its lowest one.
+  for q in select m.queue_name from pgmq.list_queues() m order by m.queue_name loop
+    execute format('delete from pgmq.%I where msg_id = (select min(msg_id) from pgmq.%I)', 'q_' || lower(q), 'q_' || lower(q));
+    get diagnostics n = row_count;
+    exit when n > 0;
+  end loop;
 end
 $$;`, "pgmq queue "},
 	}

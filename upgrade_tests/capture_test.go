@@ -17,7 +17,7 @@ import (
 func TestCaptureReplay(t *testing.T) {
 	ctx := context.Background()
 	src := testdb.Empty(t)
-	st, err := fixtures.LookupModel("inflight")
+	st, err := fixtures.Lookup("inflight")
 	if err != nil {
 		t.Fatal(err)
 	}

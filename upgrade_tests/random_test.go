@@ -37,7 +37,7 @@ func TestRandom(t *testing.T) {
 
 func randomSeed(t *testing.T, up scenario.UpgradeFunc, s uint64) error {
 	ctx := context.Background()
-	tdb := testdb.Model(t)
+	tdb := testdb.Baseline(t)
 	db := &scenario.DB{Name: tdb.Name, DSN: tdb.DSN, Pool: tdb.Pool}
 	g, err := scenario.Generate(ctx, db.Pool, s)
 	if err != nil {

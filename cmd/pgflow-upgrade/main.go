@@ -1,5 +1,5 @@
-// Command pgflow-upgrade takes pgflow 0.16.0 databases through the
-// queue-persistence upgrade. All logic lives in internal/cli.
+// Command pgflow-upgrade takes pgflow 0.16.0 databases to pgflow 0.17.0,
+// safely. All logic lives in internal/cli.
 package main
 
 import (

@@ -85,9 +85,9 @@ func (a *App) redact(text string) string {
 func (a *App) build() *ucli.App {
 	app := &ucli.App{
 		Name:  "pgflow-upgrade",
-		Usage: "take a pgflow 0.16.0 database through the queue-persistence upgrade safely",
+		Usage: "take a pgflow 0.16.0 database to pgflow 0.17.0 safely",
 		Description: "Exit codes: 0 success, 1 findings or refusal, 2 usage error, 3 connection or environment error,\n" +
-			"4 inconclusive (a bounded check ran out of time), 130 interrupted.",
+			"4 inconclusive (a check ran out of time: examined N of about M rows), 130 interrupted.",
 		Version:              Version,
 		Writer:               a.Stdout,
 		ErrWriter:            a.Stderr,

@@ -59,7 +59,7 @@ func sqlExec(t *testing.T, db *testdb.DB, stmts ...string) {
 // started run, whose task has a message in queue "legacy".
 func legacyDB(t *testing.T) *testdb.DB {
 	t.Helper()
-	db := testdb.Model(t)
+	db := testdb.Baseline(t)
 	sqlExec(t, db,
 		`select pgflow.create_flow('legacy')`,
 		`select pgflow.add_step('legacy', 'a')`,
@@ -145,50 +145,56 @@ func badInputs() []badInput {
 			want: []string{"no pgflow schema in this database"},
 			todo: []string{"point --dsn at the right database"}},
 		{name: "database already upgraded", setup: onDB(upgradedDB), args: []string{"apply", "--yes"}, code: cli.ExitOK,
-			want: []string{"already upgraded", "20261202120000"},
+			want: []string{"already upgraded", "20261203100000"},
 			todo: []string{"nothing to do"}},
 		{name: "newer unknown schema", setup: onDB(func(t *testing.T) *testdb.DB {
 			db := upgradedDB(t)
-			sqlExec(t, db, `insert into pgflow.schema_revisions (version, name) values ('29991231000000', 'from_the_future')`)
+			sqlExec(t, db, `insert into pgflow_upgrade.schema_revisions (version, name) values ('29991231000000', 'from_the_future')`)
 			return db
 		}), args: []string{"apply", "--yes"}, code: cli.ExitFindings,
 			want: []string{"29991231000000"},
 			todo: []string{"newer pgflow-upgrade", "newer version of pgflow-upgrade", "upgrade pgflow-upgrade"}},
 		{name: "pgflow without pgmq", setup: onDB(func(t *testing.T) *testdb.DB {
-			db := testdb.Model(t)
+			db := testdb.Baseline(t)
 			sqlExec(t, db, dropPGMQ)
 			return db
 		}), args: []string{"apply", "--yes"}, code: cli.ExitFindings,
 			want: []string{"pgmq"},
 			todo: []string{"Install pgmq", "CREATE EXTENSION pgmq", "pgflow-upgrade status"}},
+		// Queues the 0.17.0 change does not touch: warned about, not refused
+		// (a dry run, so the database stays as it was).
 		{name: "malformed: queue table missing a column",
 			setup: sabotaged(`alter table pgmq.q_legacy drop column headers`, `alter table pgmq.a_legacy drop column headers`),
-			args:  []string{"apply", "--yes"}, code: cli.ExitFindings,
-			want: []string{"pgmq.queue_physical", "headers"},
-			todo: []string{"fix them, then rerun"}},
+			args:  []string{"apply", "--yes", "--dry-run"}, code: cli.ExitOK,
+			want: []string{"pgmq.queue_physical"},
+			todo: []string{"warnings (not blocking)"}},
 		{name: "malformed: flow without its queue", setup: sabotaged(`select pgmq.drop_queue('legacy')`),
+			args: []string{"apply", "--yes", "--dry-run"}, code: cli.ExitOK,
+			want: []string{"pgmq.flow_queue_missing"},
+			todo: []string{"warnings (not blocking)"}},
+		{name: "malformed: step slugs differing only in case", setup: sabotaged(`select pgflow.add_step('legacy', 'A')`),
 			args: []string{"apply", "--yes"}, code: cli.ExitFindings,
-			want: []string{"pgmq.flow_queue_missing", "legacy"},
+			want: []string{"steps.case_alias", "legacy"},
+			todo: []string{"fix them, then rerun"}},
+		{name: "malformed: a slug 0.17.0 refuses", setup: sabotaged(`select pgflow.add_step('legacy', 'b__c')`),
+			args: []string{"apply", "--yes"}, code: cli.ExitFindings,
+			want: []string{"slugs.strict_rule", "b__c"},
 			todo: []string{"fix them, then rerun"}},
 		{name: "malformed: case-only slug aliases", setup: sabotaged(`select pgflow.create_flow('Legacy')`, `select pgflow.add_step('Legacy', 'a')`),
 			args: []string{"apply", "--yes"}, code: cli.ExitFindings,
 			want: []string{"flows.case_alias", "Legacy"},
 			todo: []string{"fix them, then rerun"}},
-		{name: "malformed: foreign message", setup: sabotaged(`select pgmq.send('legacy', '{"hello": "not a pgflow task"}'::jsonb)`),
+		{name: "malformed: queue name over 47 characters", setup: sabotaged(
+			`insert into pgflow.flows (flow_slug) values ('legacy_` + strings.Repeat("x", 41) + `')`),
 			args: []string{"apply", "--yes"}, code: cli.ExitFindings,
-			want: []string{"queue.orphan_message"},
-			todo: []string{"fix them, then rerun"}},
-		{name: "malformed: envelope contradicting its task", setup: sabotaged(
-			`update pgmq.q_legacy m set message = jsonb_set(m.message, '{task_index}', '7')`),
-			args: []string{"apply", "--yes"}, code: cli.ExitFindings,
-			want: []string{"queue.envelope_contradiction"},
+			want: []string{"flows.queue_name_too_long"},
 			todo: []string{"fix them, then rerun"}},
 		{name: "malformed objects: audit reports them all", setup: sabotaged(
 			`select pgflow.create_flow('Legacy')`,
-			`select pgmq.send('legacy', '{"hello": "not a pgflow task"}'::jsonb)`,
-			`update pgmq.q_legacy m set message = jsonb_set(m.message, '{task_index}', '7') where m.message ? 'run_id'`),
+			`select pgflow.add_step('legacy', 'b__c')`,
+			`insert into pgflow.flows (flow_slug) values ('legacy_`+strings.Repeat("x", 41)+`')`),
 			args: []string{"audit"}, code: cli.ExitFindings,
-			want: []string{"flows.case_alias", "queue.orphan_message", "queue.envelope_contradiction"},
+			want: []string{"flows.case_alias", "slugs.strict_rule", "flows.queue_name_too_long"},
 			todo: []string{"remedy", "REMEDY"}},
 		{name: "unknown --check ID", setup: onDB(legacyDB), args: []string{"audit", "--check", "no.such.check"}, code: cli.ExitUsage,
 			want: []string{`unknown check "no.such.check"`},

@@ -58,7 +58,7 @@ out of time, 130 interrupted.`
 func (a *App) applyCommand() *ucli.Command {
 	return &ucli.Command{
 		Name:        "apply",
-		Usage:       "upgrade the database: the queue-persistence migration in one guarded transaction",
+		Usage:       "upgrade the database from pgflow 0.16.0 to 0.17.0 in one guarded transaction",
 		Description: applyDescription,
 		Flags: append([]ucli.Flag{
 			&ucli.BoolFlag{Name: "yes", Usage: "do not ask for confirmation (pipelines)"},
@@ -215,6 +215,22 @@ func writeApplyTable(w io.Writer, where string, rep *upgrade.Report) error {
 			if err := writeTable(w, cols, rows); err != nil {
 				return err
 			}
+		}
+	}
+	// Warnings do not stop the upgrade, but the operator should see them
+	// (e.g. 0.16.0 workers still alive, a queue that is not pgflow's).
+	var warns [][]string
+	for _, r := range rep.Preflight {
+		for _, f := range r.Findings {
+			if f.Severity == audit.Warning {
+				warns = append(warns, []string{f.CheckID, countCell(f), f.Message, f.Remedy})
+			}
+		}
+	}
+	if len(warns) > 0 {
+		fmt.Fprintln(w, "\nwarnings (not blocking):")
+		if err := writeTable(w, []string{"check", "count", "finding", "remedy"}, warns); err != nil {
+			return err
 		}
 	}
 	var unproven [][]string

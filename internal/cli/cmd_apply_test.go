@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
 // runWith runs the tool in-process with stdin and the interactive flag.
@@ -22,15 +24,27 @@ func runWith(t *testing.T, interactive bool, stdin string, args ...string) resul
 	return result{code, out.String(), errOut.String()}
 }
 
+// inflightSQL drives real 0.16.0's engine into work in flight: a mixed-case
+// flow with a completed step and queued map tasks, a started task.
+const inflightSQL = `
+select pgflow.create_flow('Legacy_Flow');
+select pgflow.add_step('Legacy_Flow', 'first');
+select pgflow.add_step('Legacy_Flow', 'items', array['first'], step_type => 'map');
+select pgflow.create_flow('root_map');
+select pgflow.add_step('root_map', 'each', step_type => 'map');
+select pgflow.start_flow('Legacy_Flow', '{"n": 1}');
+select pgflow.start_flow('root_map', '[1, 2, 3]');
+insert into pgflow.workers (worker_id, queue_name, function_name) values ('00000000-0000-0000-0000-0000000000aa', 'Legacy_Flow', 'fn');
+select count(*) from pgflow.start_tasks('Legacy_Flow', array(select msg_id from pgmq.read('Legacy_Flow', 30, 10)), '00000000-0000-0000-0000-0000000000aa');
+select count(*) from pgflow.complete_task((select run_id from pgflow.runs where flow_slug = 'Legacy_Flow'), 'first', 0, '[1, 2]');
+select count(*) from pgflow.start_tasks('root_map', array(select msg_id from pgmq.read('root_map', 30, 1)), '00000000-0000-0000-0000-0000000000aa');
+`
+
 func inflight(t *testing.T) *testdb.DB {
 	t.Helper()
-	db := testdb.PGMQ(t)
-	st, err := fixtures.LookupModel("inflight")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Load(context.Background(), db.Pool); err != nil {
-		t.Fatal(err)
+	db := testdb.Baseline(t)
+	if _, err := db.Pool.Exec(context.Background(), inflightSQL); err != nil {
+		t.Fatalf("building the in-flight state: %v", err)
 	}
 	return db
 }
@@ -65,7 +79,7 @@ func TestApplyCommand(t *testing.T) {
 		}
 	}
 	var nulls int
-	if err := db.Pool.QueryRow(ctx, `select count(*) from pgflow.step_tasks where queue_name is distinct from flow_slug`).Scan(&nulls); err != nil || nulls != 0 {
+	if err := db.Pool.QueryRow(ctx, `select count(*) from pgflow.step_tasks where queue_name is distinct from lower(flow_slug)`).Scan(&nulls); err != nil || nulls != 0 {
 		t.Fatalf("tasks without their queue: %d (%v)", nulls, err)
 	}
 
@@ -142,24 +156,28 @@ func TestApplyCommandUsage(t *testing.T) {
 }
 
 // Through the CLI (no named prepared statements, as through a
-// transaction-mode pooler) the Supabase CLI's table gets the revision.
+// transaction-mode pooler), --supabase-dir records pgflow's own 0.17.0
+// migration in the Supabase ledger; without it, apply prints the command.
 func TestApplyCommandRecordsSupabase(t *testing.T) {
 	ctx := context.Background()
-	db := testdb.Model(t)
-	if _, err := db.Pool.Exec(ctx, `create schema supabase_migrations;
-		create table supabase_migrations.schema_migrations (version text primary key, statements text[], name text)`); err != nil {
+	db := testdb.Baseline(t) // with the fixture's Supabase ledger
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, upgrade.UpstreamVersion+"_"+upgrade.UpstreamName+".sql"), []byte("-- pgflow's file\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	r := runWith(t, false, "", "--dsn", db.DSN, "apply", "--yes")
-	if r.code != cli.ExitOK || !strings.Contains(r.stdout, "supabase: recorded 20261202120000") {
+	r := runWith(t, false, "", "--dsn", db.DSN, "apply", "--yes", "--dry-run")
+	if r.code != cli.ExitOK || !strings.Contains(r.stdout, upgrade.SupabaseRepairCommand) {
+		t.Fatalf("apply without --supabase-dir must print the repair command: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = runWith(t, false, "", "--dsn", db.DSN, "apply", "--yes", "--supabase-dir", dir)
+	if r.code != cli.ExitOK || !strings.Contains(r.stdout, "supabase: recorded "+upgrade.UpstreamVersion) {
 		t.Fatalf("apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	var name string
-	var n int
-	if err := db.Pool.QueryRow(ctx, `select name, cardinality(statements) from supabase_migrations.schema_migrations where version = '20261202120000'`).Scan(&name, &n); err != nil {
+	if err := db.Pool.QueryRow(ctx, `select name from supabase_migrations.schema_migrations where version = $1`, upgrade.UpstreamVersion).Scan(&name); err != nil {
 		t.Fatal(err)
 	}
-	if name != "pgflow_persist_queue" || n < 10 {
-		t.Fatalf("recorded %q with %d statements", name, n)
+	if name != upgrade.UpstreamName {
+		t.Fatalf("recorded %q", name)
 	}
 }

@@ -19,16 +19,16 @@ import (
 func (a *App) auditCommand() *ucli.Command {
 	return &ucli.Command{
 		Name:  "audit",
-		Usage: "bounded, read-only pre-upgrade audit (safe on production)",
+		Usage: "read-only pre-upgrade audit with exact counts (safe on production)",
 		Description: "Runs the check catalog, each check in its own READ ONLY transaction with its own time budget.\n" +
 			"Exit codes: 0 no blockers, 1 blockers found, 4 inconclusive (a check timed out or failed; no blockers), 3 connection error.\n" +
 			"Checks: " + strings.Join(audit.IDs(), ", "),
 		Flags: []ucli.Flag{
 			&ucli.IntFlag{Name: "sample", Value: 5, Usage: "sample rows per finding (0: none)"},
 			&ucli.StringSliceFlag{Name: "check", Usage: "run only this check `ID` (repeatable)"},
-			&ucli.Int64Flag{Name: "bound", Value: 10000, Usage: "the most rows a counting query looks at; beyond it counts read \"at least N\""},
-			&ucli.DurationFlag{Name: "check-timeout", Value: 5 * time.Second, Usage: "time budget of each check (statement_timeout)"},
-			&ucli.DurationFlag{Name: "timeout", Value: 60 * time.Second, Usage: "time budget of the whole audit"},
+			&ucli.Int64Flag{Name: "bound", Value: 500_000, Usage: "rows per query of the chunked duplicate scan (how finely an out-of-time check reports \"examined N\"); counts are always exact"},
+			&ucli.DurationFlag{Name: "check-timeout", Value: 60 * time.Second, Usage: "time budget of each check (statement_timeout); a check out of budget is inconclusive (exit 4)"},
+			&ucli.DurationFlag{Name: "timeout", Value: 180 * time.Second, Usage: "time budget of the whole audit"},
 			&ucli.DurationFlag{Name: "lock-timeout", Value: time.Second, Usage: "lock_timeout: the longest a check waits for a lock"},
 		},
 		Action: a.auditAction,

@@ -16,7 +16,7 @@ import (
 // auditDB is a baseline with one flow and one started run.
 func auditDB(t *testing.T) *testdb.DB {
 	t.Helper()
-	db := testdb.Model(t)
+	db := testdb.Baseline(t)
 	for _, s := range []string{
 		`select pgflow.create_flow('f')`,
 		`select pgflow.add_step('f', 'a')`,
@@ -73,7 +73,8 @@ func TestAuditCleanDatabaseExitsZero(t *testing.T) {
 
 func TestAuditBlockersExitOneWithJSON(t *testing.T) {
 	db := auditDB(t)
-	if _, err := db.Pool.Exec(context.Background(), `select pgmq.send('f', '{"foreign": true}'::jsonb)`); err != nil {
+	// A step slug 0.17.0 refuses.
+	if _, err := db.Pool.Exec(context.Background(), `select pgflow.add_step('f', 'b__c')`); err != nil {
 		t.Fatal(err)
 	}
 	r := run(t, nil, "--dsn", db.DSN, "--format", "json", "audit", "--sample", "1")
@@ -92,23 +93,24 @@ func TestAuditBlockersExitOneWithJSON(t *testing.T) {
 		if c.DurationMS == nil {
 			t.Errorf("%s has no duration_ms", c.ID)
 		}
-		if c.ID != "queue.orphan_message" {
+		if c.ID != "slugs.strict_rule" {
 			continue
 		}
 		found = true
-		if c.Status != "findings" || len(c.Findings) != 1 || c.Findings[0].Severity != "blocker" || len(c.Findings[0].Samples) != 1 {
-			t.Fatalf("orphan check: %+v", c)
+		if c.Status != "findings" || len(c.Findings) != 1 || c.Findings[0].Severity != "blocker" || len(c.Findings[0].Samples) != 1 ||
+			c.Findings[0].Count != 1 || c.Findings[0].AtLeast {
+			t.Fatalf("slug check: %+v", c)
 		}
-		if _, isString := c.Findings[0].Samples[0]["message_id"].(string); !isString {
-			t.Fatalf("message_id is not a string: %#v", c.Findings[0].Samples[0])
+		if c.Findings[0].Samples[0]["step_slug"] != "b__c" {
+			t.Fatalf("sample: %#v", c.Findings[0].Samples[0])
 		}
 	}
 	if !found {
-		t.Fatal("no queue.orphan_message in the JSON")
+		t.Fatal("no slugs.strict_rule in the JSON")
 	}
 	// Table form: grouped by severity, with remedy and samples.
-	r = run(t, nil, "--dsn", db.DSN, "audit", "--check", "queue.orphan_message", "--check", "schema.state")
-	if r.code != cli.ExitFindings || !strings.Contains(r.stdout, "pgmq.archive(") || !strings.Contains(r.stdout, "(samples)") {
+	r = run(t, nil, "--dsn", db.DSN, "audit", "--check", "slugs.strict_rule", "--check", "schema.state")
+	if r.code != cli.ExitFindings || !strings.Contains(r.stdout, "pgflow.delete_flow_and_data(") || !strings.Contains(r.stdout, "(samples)") {
 		t.Fatalf("exit %d\n%s", r.code, r.stdout)
 	}
 	if b, i := strings.Index(r.stdout, "│ blocker"), strings.Index(r.stdout, "│ info"); b < 0 || i < 0 || b > i {
@@ -118,7 +120,7 @@ func TestAuditBlockersExitOneWithJSON(t *testing.T) {
 
 func TestAuditUnknownCheckIsAUsageError(t *testing.T) {
 	r := run(t, nil, "--dsn", "postgres://nobody@127.0.0.1:1/x", "audit", "--check", "no.such.check")
-	if r.code != cli.ExitUsage || !strings.Contains(r.stderr, "queue.orphan_message") {
+	if r.code != cli.ExitUsage || !strings.Contains(r.stderr, "tasks.duplicate_message_id") {
 		t.Fatalf("exit %d, stderr %q: want %d listing the known ids", r.code, r.stderr, cli.ExitUsage)
 	}
 	if r := run(t, nil, "audit"); r.code != cli.ExitUsage {
@@ -149,7 +151,7 @@ func TestAuditInconclusiveUnderLockExitsFour(t *testing.T) {
 	for _, c := range doc.Checks {
 		statuses[c.ID] = c.Status
 	}
-	if statuses["queue.orphan_message"] != "inconclusive" || statuses["flows.case_alias"] != "ok" || doc.Summary.Inconclusive == 0 {
+	if statuses["tasks.duplicate_message_id"] != "inconclusive" || statuses["flows.case_alias"] != "ok" || doc.Summary.Inconclusive == 0 {
 		t.Fatalf("statuses %v", statuses)
 	}
 }

@@ -80,7 +80,7 @@ func TestCaptureNeedsADatabase(t *testing.T) {
 
 // capture → replay --from, JSON and JUnit output.
 func TestCaptureThenReplay(t *testing.T) {
-	db := testdb.Model(t)
+	db := testdb.Baseline(t)
 	if _, err := scenario.Generate(context.Background(), db.Pool, 5); err != nil {
 		t.Fatal(err)
 	}

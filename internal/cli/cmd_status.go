@@ -16,7 +16,7 @@ func (a *App) statusCommand() *ucli.Command {
 	return &ucli.Command{
 		Name:  "status",
 		Usage: "schema state (baseline, upgraded, partial, unknown, not_pgflow), applied revisions, pending migrations, atlas.sum validity",
-		Description: "Read-only: catalog queries and pgflow.schema_revisions, in a READ ONLY transaction with\n" +
+		Description: "Read-only: catalog queries and pgflow_upgrade.schema_revisions, in a READ ONLY transaction with\n" +
 			"statement_timeout and lock_timeout set.\n" +
 			"Exit codes: 0 baseline, upgraded or not pgflow; 1 partial/unknown schema or embedded migrations\n" +
 			"not matching atlas.sum; 3 connection error.",

@@ -12,11 +12,12 @@ import (
 func (a *App) verifyCommand() *ucli.Command {
 	return &ucli.Command{
 		Name:  "verify",
-		Usage: "after apply: the new schema is whole and the 0.16.0 worker protocol is fenced",
-		Description: "Read-only catalog checks in a READ ONLY transaction: queue_name NOT NULL on flows and\n" +
-			"step_tasks, the unique indexes, claim_tasks and the new functions present,\n" +
-			"pgflow.queue_protocol_version() = 2, the revision recorded, no trigger on step_tasks, and\n" +
-			"ensure_flow_compiled(text, jsonb) and start_tasks(text, bigint[], uuid) gone.\n" +
+		Usage: "after apply: schema pgflow is upstream's 0.17.0 and the 0.16.0 claim is gone",
+		Description: "Read-only catalog checks in a READ ONLY transaction: every table, column, constraint,\n" +
+			"index, type and function (with its attributes) of pgflow 0.17.0's catalog present and\n" +
+			"defined the same (objects of your own tolerated and named), the 0.16.0 start_tasks(text,\n" +
+			"bigint[], uuid), ensure_flow_compiled(text, jsonb) and _create_flow_from_shape(text, jsonb)\n" +
+			"gone, no trigger on step_tasks.\n" +
 			"Exit codes: 0 all pass, 1 any check failed, 3 connection error.",
 		Action: a.verifyAction,
 		OnUsageError: func(c *ucli.Context, err error, _ bool) error {

@@ -12,7 +12,7 @@ const (
 	ExitFindings     = 1   // blockers found, or the command refused to act
 	ExitUsage        = 2   // bad flags or arguments
 	ExitEnvironment  = 3   // cannot connect, or the environment lacks something
-	ExitInconclusive = 4   // a bounded check ran out of time
+	ExitInconclusive = 4   // a check ran out of time (or errored): not proven
 	ExitInterrupted  = 130 // SIGINT / SIGTERM
 )
 

@@ -11,15 +11,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
-// Hostile identifiers: slugs are limited by pgflow.is_valid_slug to
-// [A-Za-z_][A-Za-z0-9_]*, 1..128 characters (and not "run"), and a flow's
-// queue name (its slug) by pgmq to 47 characters. Within those limits every
+// Hostile identifiers: slugs are limited by pgflow.is_valid_slug (0.17.0's
+// rule) to a letter, then letters, digits and single underscores, ending
+// in a letter or digit, 1..128 characters (and not "run"), and a flow's
+// queue name (lower(slug)) by pgmq to 47 characters. Within those limits every
 // spelling must go through audit, apply, status and verify: mixed case
 // (pgmq's table is q_<lower(slug)>), SQL reserved words, underscores, digits,
 // the longest lengths. Values (run inputs) and command arguments carry
@@ -30,8 +30,10 @@ var reservedWords = []string{"select", "order", "user", "table", "from", "where"
 // hostileSlug returns a valid slug of at most maxLen characters; with
 // exact > 0, exactly that long.
 func hostileSlug(r *rand.Rand, maxLen, exact int) string {
-	const first = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_"
-	const rest = first + "0123456789"
+	// pgflow 0.17.0's slug rule: a letter first, a letter or digit last,
+	// no double underscore (hostile in case, length and reserved words).
+	const first = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+	const rest = first + "_0123456789"
 	var b strings.Builder
 	if exact == 0 && r.IntN(3) == 0 {
 		w := reservedWords[r.IntN(len(reservedWords))]
@@ -53,8 +55,14 @@ func hostileSlug(r *rand.Rand, maxLen, exact int) string {
 	if len(s) > maxLen {
 		s = s[:maxLen]
 	}
+	for strings.Contains(s, "__") {
+		s = strings.Replace(s, "__", "_x", 1)
+	}
+	if strings.HasSuffix(s, "_") {
+		s = s[:len(s)-1] + "z"
+	}
 	if s == "run" {
-		s = "run_"
+		s = "run1"
 	}
 	return s
 }
@@ -108,7 +116,7 @@ func hostileState(t *testing.T, db *testdb.DB, seed uint64) []string {
 func TestHostileIdentifiersThroughEveryCommand(t *testing.T) {
 	for seed := uint64(1); seed <= 6; seed++ {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
-			db := testdb.Model(t)
+			db := testdb.Baseline(t)
 			flows := hostileState(t, db, seed)
 			t.Logf("flows: %q", flows)
 			dsnValue := withPassword(t, db.DSN)
@@ -135,13 +143,13 @@ func TestHostileIdentifiersThroughEveryCommand(t *testing.T) {
 					t.Fatalf("%v: exit %d\n%s%s", args, r.code, r.stdout, r.stderr)
 				}
 			}
-			// The naming rule held for every spelling: queue = slug, for
-			// flows and for their tasks; and every queue is still pgmq's.
+			// The naming rule held for every spelling: the queue is
+			// lower(slug) for steps and tasks, and pgmq still lists it.
 			var bad int
 			if err := db.Pool.QueryRow(context.Background(), `
-				select (select count(*) from pgflow.flows where queue_name is distinct from flow_slug)
-				     + (select count(*) from pgflow.step_tasks where queue_name is distinct from flow_slug)
-				     + (select count(*) from pgflow.flows f where not exists (select 1 from pgmq.list_queues() q where q.queue_name = f.queue_name))`).Scan(&bad); err != nil || bad != 0 {
+				select (select count(*) from pgflow.steps where queue_name is distinct from lower(flow_slug))
+				     + (select count(*) from pgflow.step_tasks where queue_name is distinct from lower(flow_slug))
+				     + (select count(*) from pgflow.steps s where not exists (select 1 from pgmq.list_queues() q where lower(q.queue_name) = s.queue_name))`).Scan(&bad); err != nil || bad != 0 {
 				t.Fatalf("%d rows break the naming rule (%v)", bad, err)
 			}
 			// The audit of the upgraded database still runs every check.
@@ -159,7 +167,7 @@ func TestHostileIdentifiersThroughEveryCommand(t *testing.T) {
 // byte identifier limit, where a lookup that does not check the length
 // would silently match a truncated name).
 func TestHostileCaseAliasesAndLengths(t *testing.T) {
-	db := testdb.Model(t)
+	db := testdb.Baseline(t)
 	long := strings.Repeat("Order_", 22)[:128]
 	sqlExec(t, db,
 		`select pgflow.create_flow('select')`, `select pgflow.add_step('select', 'from')`,
@@ -178,7 +186,7 @@ func TestHostileCaseAliasesAndLengths(t *testing.T) {
 		}
 	}
 	r = run(t, nil, "--dsn", db.DSN, "apply", "--yes")
-	if r.code != cli.ExitFindings || !strings.Contains(r.stdout, "flows.case_alias") || !strings.Contains(r.stdout, "pgmq.flow_queue_missing") {
+	if r.code != cli.ExitFindings || !strings.Contains(r.stdout, "flows.case_alias") || !strings.Contains(r.stdout, "flows.queue_name_too_long") {
 		t.Fatalf("apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "refused apply with hostile names")
@@ -242,19 +250,7 @@ func TestHostileDatabaseName(t *testing.T) {
 	if err := conn.QueryRow(ctx, `select to_regclass('realtime.recorded_broadcasts') is not null`).Scan(&broadcasts); err != nil || !broadcasts {
 		t.Fatalf("fixtures load baseline did not install the real baseline (%v)", err)
 	}
-	// The old migration only applies to the old model (until the 0.17.0
-	// migration lands): swap the schema for the model, then audit, upgrade
-	// and verify by name.
-	if _, err := conn.Exec(ctx, `drop schema pgflow, pgmq, realtime, net, cron, vault, supabase_migrations cascade`); err != nil {
-		t.Fatal(err)
-	}
-	st, err := fixtures.LookupModel("baseline")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Load(ctx, conn); err != nil {
-		t.Fatal(err)
-	}
+	// Audit, upgrade to 0.17.0 and verify, by that name.
 	for _, args := range [][]string{{"audit"}, {"apply", "--yes"}, {"status"}, {"verify"}} {
 		r := run(t, nil, append([]string{"--dsn", dsnValue}, args...)...)
 		if r.code != cli.ExitOK {

@@ -256,7 +256,7 @@ func TestPoolerApplyAdvisoryLock(t *testing.T) {
 		t.Fatalf("apply A: %v (%+v)", o.err, o.rep)
 	}
 	var revisions int
-	if err := db.Pool.QueryRow(ctx, `select count(*) from pgflow.schema_revisions`).Scan(&revisions); err != nil || revisions != 1 {
+	if err := db.Pool.QueryRow(ctx, `select count(*) from pgflow_upgrade.schema_revisions`).Scan(&revisions); err != nil || revisions != 1 {
 		t.Fatalf("schema_revisions: %d rows (%v), want 1", revisions, err)
 	}
 }

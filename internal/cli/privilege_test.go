@@ -81,9 +81,9 @@ func TestAuditWithReadOnlyRole(t *testing.T) {
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "audit with a read-only role")
 
 	// With blockers present the read-only role sees them as the owner does.
-	sqlExec(t, db, `select pgmq.send('legacy', '{"hello": "not a pgflow task"}'::jsonb)`, `select pgflow.create_flow('Legacy')`)
+	sqlExec(t, db, `select pgflow.add_step('legacy', 'b__c')`, `select pgflow.create_flow('Legacy')`)
 	r = run(t, nil, "--dsn", dsnValue, "audit")
-	if r.code != cli.ExitFindings || !strings.Contains(r.stdout, "queue.orphan_message") || !strings.Contains(r.stdout, "flows.case_alias") {
+	if r.code != cli.ExitFindings || !strings.Contains(r.stdout, "slugs.strict_rule") || !strings.Contains(r.stdout, "flows.case_alias") {
 		t.Fatalf("audit of blockers with the read-only role: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }

@@ -341,12 +341,14 @@ func Added(before, after *Fingerprint) []Diff {
 	return out
 }
 
-// CheckNewColumns checks the values of the columns the upgrade adds:
-// flows.queue_name is the flow's slug (the naming rule) and every task's
-// queue_name is its flow's queue. A missing column is a Diff too.
+// CheckNewColumns checks the values of the columns the upgrade to 0.17.0
+// adds: every flow is in 'flow' mode (the default; no flow was step-mode
+// before), and every step's and task's queue_name is lower(flow_slug), the
+// flow's one queue. Call it right after the upgrade (later, step-mode flows
+// may exist). A missing column is a Diff too.
 func CheckNewColumns(ctx context.Context, q Queryer) ([]Diff, error) {
 	var out []Diff
-	for _, tc := range [][2]string{{"flows", "queue_name"}, {"step_tasks", "queue_name"}} {
+	for _, tc := range [][2]string{{"flows", "queue_mode"}, {"steps", "queue_name"}, {"step_tasks", "queue_name"}} {
 		ok, err := hasColumn(ctx, q, tc[0], tc[1])
 		if err != nil {
 			return nil, err
@@ -359,31 +361,34 @@ func CheckNewColumns(ctx context.Context, q Queryer) ([]Diff, error) {
 		return out, nil
 	}
 	checks := []struct {
-		table, sql string
+		table, column, sql string
 	}{
-		{"pgflow.flows", `select jsonb_build_array(f.flow_slug)::text, to_jsonb(f.flow_slug)::text, coalesce(to_jsonb(f.queue_name)::text, 'null')
-		                  from pgflow.flows f where f.queue_name is distinct from f.flow_slug order by 1`},
-		{"pgflow.step_tasks", `select jsonb_build_array(t.run_id, t.step_slug, t.task_index)::text,
-		                              coalesce(to_jsonb(f.queue_name)::text, 'null'), coalesce(to_jsonb(t.queue_name)::text, 'null')
-		                       from pgflow.step_tasks t left join pgflow.flows f on f.flow_slug = t.flow_slug
-		                       where t.queue_name is distinct from f.queue_name order by 1`},
+		{"pgflow.flows", "queue_mode", `select jsonb_build_array(f.flow_slug)::text, '"flow"', coalesce(to_jsonb(f.queue_mode)::text, 'null')
+		                  from pgflow.flows f where f.queue_mode is distinct from 'flow' order by 1`},
+		{"pgflow.steps", "queue_name", `select jsonb_build_array(s.flow_slug, s.step_slug)::text, to_jsonb(lower(s.flow_slug))::text,
+		                         coalesce(to_jsonb(s.queue_name)::text, 'null')
+		                  from pgflow.steps s where s.queue_name is distinct from lower(s.flow_slug) order by 1`},
+		{"pgflow.step_tasks", "queue_name", `select jsonb_build_array(t.run_id, t.step_slug, t.task_index)::text,
+		                              to_jsonb(lower(t.flow_slug))::text, coalesce(to_jsonb(t.queue_name)::text, 'null')
+		                       from pgflow.step_tasks t
+		                       where t.queue_name is distinct from lower(t.flow_slug) order by 1`},
 	}
 	for _, c := range checks {
 		rows, err := q.Query(ctx, c.sql)
 		if err != nil {
-			return nil, fmt.Errorf("fingerprint: checking %s.queue_name: %w", c.table, err)
+			return nil, fmt.Errorf("fingerprint: checking %s.%s: %w", c.table, c.column, err)
 		}
 		for rows.Next() {
 			var key, want, got string
 			if err := rows.Scan(&key, &want, &got); err != nil {
 				rows.Close()
-				return nil, fmt.Errorf("fingerprint: checking %s.queue_name: %w", c.table, err)
+				return nil, fmt.Errorf("fingerprint: checking %s.%s: %w", c.table, c.column, err)
 			}
-			out = append(out, Diff{Table: c.table, Key: key, What: WrongValue, Column: "queue_name", Before: "want " + want, After: got})
+			out = append(out, Diff{Table: c.table, Key: key, What: WrongValue, Column: c.column, Before: "want " + want, After: got})
 		}
 		rows.Close()
 		if err := rows.Err(); err != nil {
-			return nil, fmt.Errorf("fingerprint: checking %s.queue_name: %w", c.table, err)
+			return nil, fmt.Errorf("fingerprint: checking %s.%s: %w", c.table, c.column, err)
 		}
 	}
 	return out, nil

@@ -38,7 +38,7 @@ select count(*) from pgflow.complete_task(
 
 func build(t *testing.T) *testdb.DB {
 	t.Helper()
-	db := testdb.Model(t)
+	db := testdb.Baseline(t)
 	if _, err := db.Pool.Exec(context.Background(), smallState); err != nil {
 		t.Fatalf("building the state: %v", err)
 	}
@@ -170,11 +170,11 @@ func TestCheckNewColumnsCatchesWrongValues(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(d) != 2 || d[0].What != fingerprint.ColumnMissing {
-		t.Fatalf("before the upgrade: want both columns reported missing, got %v", d)
+	if len(d) != 3 || d[0].What != fingerprint.ColumnMissing {
+		t.Fatalf("before the upgrade: want the three columns reported missing, got %v", d)
 	}
-	// The migration adds a unique (queue_name) on flows, so point a task at
-	// the other flow's queue instead.
+	// A task pointed at the other flow's queue (a valid name, so only this
+	// check can see it).
 	upgrade(t, db.Pool, `update pgflow.step_tasks set queue_name = 'fp_other'
 	                      where ctid = (select ctid from pgflow.step_tasks where flow_slug = 'fp_flow' limit 1)`)
 	d, err = fingerprint.CheckNewColumns(ctx, db.Pool)

@@ -230,7 +230,17 @@ func (e *engine) phase(ph Phase, detail string, fn func() error) error {
 	return err
 }
 
+// ErrNotRetargeted: apply --online still prepares the old model's shape
+// (step_tasks.queue_name = flow_slug, its check and index), which the
+// 0.17.0 migration cannot switch; until its phases are retargeted it
+// refuses before changing anything, and the transactional apply is the way.
+var ErrNotRetargeted = errors.New("apply --online does not yet prepare the pgflow 0.17.0 shape; nothing was changed: use `pgflow-upgrade apply` (transactional, bounded locks)")
+
 func (e *engine) run(ctx context.Context) error {
+	if e.opts.Switch.Migrations == nil {
+		e.rep.Outcome = upgrade.OutcomeRefused
+		return ErrNotRetargeted
+	}
 	if err := e.opts.Switch.Verify(); err != nil {
 		e.rep.Outcome = upgrade.OutcomeRefused
 		return fmt.Errorf("%w: %w", upgrade.ErrIntegrity, err)
@@ -333,8 +343,8 @@ func (e *engine) preflightBefore(ctx context.Context) error {
 func (e *engine) finishSwitch(ctx context.Context, s Shape) error {
 	if s.Upgraded {
 		if s.Progress {
-			if _, err := e.conn.Exec(ctx, `drop schema if exists pgflow_upgrade cascade`); err != nil {
-				return fmt.Errorf("online: dropping the leftover schema pgflow_upgrade: %w", err)
+			if _, err := e.conn.Exec(ctx, dropOwnObjects); err != nil {
+				return fmt.Errorf("online: dropping the leftover objects in schema pgflow_upgrade: %w", err)
 			}
 		}
 	}
@@ -397,8 +407,8 @@ func (e *engine) switchOptions() upgrade.Options {
 	o.BeforeCommit = func(ctx context.Context, tx pgx.Tx) error {
 		// Our schema goes with the switch: nothing of the online upgrade is
 		// left once the upgrade is committed.
-		if _, err := tx.Exec(ctx, `drop schema if exists pgflow_upgrade cascade`); err != nil {
-			return fmt.Errorf("online: dropping schema pgflow_upgrade in the switch: %w", err)
+		if _, err := tx.Exec(ctx, dropOwnObjects); err != nil {
+			return fmt.Errorf("online: dropping its objects in schema pgflow_upgrade in the switch: %w", err)
 		}
 		return nil
 	}

@@ -83,7 +83,7 @@ func Rollback(ctx context.Context, conn *pgx.Conn, ro RollbackOptions) (*Rollbac
 				`alter table pgflow.step_tasks drop constraint if exists ` + CheckName,
 				`drop index if exists pgflow.` + IndexName,
 				`alter table pgflow.step_tasks drop column if exists queue_name`,
-				`drop schema if exists pgflow_upgrade cascade`,
+				dropOwnObjects,
 			} {
 				if _, err := tx.Exec(ctx, stmt); err != nil {
 					return fmt.Errorf("rollback-online: %s: %w", stmt, err)

@@ -162,6 +162,23 @@ func Detect(ctx context.Context, q Querier) (Shape, error) {
 	return s, nil
 }
 
+// dropOwnObjects removes what the online upgrade made in schema
+// pgflow_upgrade (its progress table and trigger function, with the
+// trigger), and the schema itself only when nothing else is in it: the
+// tool's revision record (pgflow_upgrade.schema_revisions) lives there too.
+const dropOwnObjects = `
+drop table if exists pgflow_upgrade.online_progress;
+drop function if exists pgflow_upgrade.step_tasks_queue_name() cascade;
+do $drop$
+begin
+  if pg_catalog.to_regnamespace('pgflow_upgrade') is not null
+     and not exists (select 1 from pg_catalog.pg_class c where c.relnamespace = pg_catalog.to_regnamespace('pgflow_upgrade'))
+     and not exists (select 1 from pg_catalog.pg_proc p where p.pronamespace = pg_catalog.to_regnamespace('pgflow_upgrade')) then
+    drop schema pgflow_upgrade;
+  end if;
+end
+$drop$`
+
 // Progress is the row of pgflow_upgrade.online_progress.
 type Progress struct {
 	Phase string `json:"phase"`

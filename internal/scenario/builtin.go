@@ -29,21 +29,19 @@ func Builtin() []Scenario {
 		{Name: "clean-upgrade", Run: cleanUpgrade,
 			Proves: "an in-flight 0.16.0 state (runs started/completed/failed; tasks queued, started, retried, completed, failed; a 25-task map; messages visible, invisible, archived) upgrades: every row and message identical, queue_name right, verify passes, old protocol fenced"},
 		{Name: "old-worker-after-upgrade", Run: oldWorkerAfterUpgrade,
-			Proves: "a 0.16.0 worker started after the upgrade fails at ensure_flow_compiled(text, jsonb) with SQLSTATE 42883, before it registers: no row in pgflow.workers"},
+			Proves: "a 0.16.0 worker started after the upgrade compiles (its 2-argument call resolves through the defaults) and registers, then fails at its first claim with SQLSTATE 42883 (3-argument start_tasks): nothing claimed, no attempt counted"},
 		{Name: "old-worker-during-upgrade", Run: oldWorkerDuringUpgrade,
 			Proves: "a 0.16.0 worker running during the upgrade fails loudly on its next claim (start_tasks: SQLSTATE 42883); the messages it read become visible again and the new worker finishes every run: nothing lost"},
 		{Name: "concurrent-traffic", Run: concurrentTraffic,
 			Proves: "start_flow and complete_task from other sessions (lock_timeout 2s) during apply: no deadlock, waits bounded by the lock timeout (longest reported), every committed write survives with the right queue_name"},
-		{Name: "malformed-queue-missing-column", Run: malformed(sabotageMissingColumn),
-			Proves: "a queue table missing a column (headers): apply refuses, the database is unchanged"},
-		{Name: "malformed-flow-without-queue", Run: malformed(sabotageFlowWithoutQueue),
-			Proves: "a flow whose pgmq queue is gone: apply refuses, the database is unchanged"},
 		{Name: "malformed-case-aliases", Run: malformed(sabotageCaseAliases),
 			Proves: "flow slugs that differ only in case (one physical queue): apply refuses, the database is unchanged"},
-		{Name: "malformed-foreign-message", Run: malformed(sabotageForeignMessage),
-			Proves: "a message in a flow's queue that belongs to no task: apply refuses, the database is unchanged"},
-		{Name: "malformed-contradicting-envelope", Run: malformed(sabotageEnvelope),
-			Proves: "a message whose body names different work than the task pointing at it: apply refuses, the database is unchanged"},
+		{Name: "malformed-step-case-aliases", Run: malformed(sabotageStepCaseAliases),
+			Proves: "two steps of one flow whose slugs differ only in case: apply refuses, the database is unchanged"},
+		{Name: "malformed-strict-slug", Run: malformed(sabotageStrictSlug),
+			Proves: "a slug valid in 0.16.0 that 0.17.0's rule rejects (a__b): apply refuses, the database is unchanged"},
+		{Name: "malformed-long-queue-name", Run: malformed(sabotageLongQueueName),
+			Proves: "a flow whose lower(flow_slug) is over pgmq's 47 characters: apply refuses, the database is unchanged"},
 		{Name: "state-survival", Run: stateSurvival,
 			Proves: "random 0.16.0 states (seeds 1-4: DAGs, maps, every task and message status): the fingerprint of every pre-existing row and queue message is identical after the upgrade and the new columns hold the right values"},
 		{Name: "new-worker-drains", Run: newWorkerDrains,
@@ -84,7 +82,7 @@ func loadInflight(ctx context.Context, env *Env) (*DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := fixtures.LookupModel("inflight")
+	st, err := fixtures.Lookup("inflight")
 	if err != nil {
 		return nil, err
 	}
@@ -207,30 +205,39 @@ func oldWorkerAfterUpgrade(ctx context.Context, env *Env) error {
 	if _, err := survive(ctx, env, db); err != nil {
 		return err
 	}
-	workersBefore, err := countRows(ctx, db, `select count(*) from pgflow.workers`)
+	queued := `select count(*) from pgflow.step_tasks where flow_slug = $1 and status = 'queued' and attempts_count = 0`
+	queuedBefore, err := countRows(ctx, db, queued, oldFlow.Slug)
 	if err != nil {
 		return err
 	}
-	w := oldworker.New(db.Pool, oldworker.Config{FlowSlug: oldFlow.Slug, Shape: oldFlow.MustShape(), Handlers: oldHandlers(nil), Logger: quiet})
-	startErr := w.Start(ctx)
-	if startErr == nil {
-		return errorf("a 0.16.0 worker started on the upgraded database")
+	// 0.17.0: its two-argument compile resolves to the four-argument
+	// ensure_flow_compiled through the defaults ('verified'), so it starts
+	// and registers; its first non-empty claim fails with 42883.
+	w := oldworker.New(db.Pool, oldworker.Config{FlowSlug: oldFlow.Slug, Shape: oldFlow.MustShape(), Handlers: oldHandlers(nil),
+		VisibilityTimeout: 1, Logger: quiet})
+	if err := w.Start(ctx); err != nil {
+		return fmt.Errorf("a 0.16.0 worker must still start on 0.17.0 (its compile resolves through the defaults): %w", err)
 	}
-	if code := pgCode(startErr); code != undefinedFunction || !strings.Contains(startErr.Error(), "ensure_flow_compiled") {
-		return fmt.Errorf("a 0.16.0 worker failed with SQLSTATE %q, want %s at ensure_flow_compiled: %w", code, undefinedFunction, startErr)
-	}
+	defer w.Stop(context.WithoutCancel(ctx))
 	registered, err := countRows(ctx, db, `select count(*) from pgflow.workers where worker_id = $1::uuid`, w.ID())
 	if err != nil {
 		return err
 	}
-	workersAfter, err := countRows(ctx, db, `select count(*) from pgflow.workers`)
+	if registered != 1 {
+		return errorf("the 0.16.0 worker did not register (%d rows): 0.17.0 lets it register before its claim fails", registered)
+	}
+	_, claimErr := w.PollOnce(ctx)
+	if code := pgCode(claimErr); code != undefinedFunction || !strings.Contains(claimErr.Error(), "start_tasks") {
+		return fmt.Errorf("the 0.16.0 worker's first claim: SQLSTATE %q, want %s at start_tasks: %w", code, undefinedFunction, claimErr)
+	}
+	queuedAfter, err := countRows(ctx, db, queued, oldFlow.Slug)
 	if err != nil {
 		return err
 	}
-	if registered != 0 || workersAfter != workersBefore {
-		return errorf("the rejected 0.16.0 worker registered: %d rows for its id, workers %d -> %d", registered, workersBefore, workersAfter)
+	if queuedAfter != queuedBefore {
+		return errorf("the failed claim changed tasks: %d queued and never attempted before, %d after", queuedBefore, queuedAfter)
 	}
-	env.Notef("rejected: %s", firstLine(startErr.Error()))
+	env.Notef("registered, then rejected at its first claim: %s", firstLine(claimErr.Error()))
 	return nil
 }
 
@@ -407,16 +414,12 @@ type sabotage struct {
 }
 
 var (
-	sabotageMissingColumn    = sabotage{"queue table missing a column", `alter table pgmq.q_legacy drop column headers; alter table pgmq.a_legacy drop column headers`, "pgmq.queue_physical"}
-	sabotageFlowWithoutQueue = sabotage{"flow without its queue", `select pgmq.drop_queue('legacy')`, "pgmq.flow_queue_missing"}
-	sabotageCaseAliases      = sabotage{"case-only slug aliases", `select pgflow.create_flow('Legacy'); select pgflow.add_step('Legacy', 'a')`, "flows.case_alias"}
-	sabotageForeignMessage   = sabotage{"foreign message", `select pgmq.send('legacy', '{"hello": "not a pgflow task"}'::jsonb)`, "queue.orphan_message"}
-	// The message of run 0's task a now names task_index 7: the address
-	// (queue, message_id) and the body disagree about the work.
-	sabotageEnvelope = sabotage{"envelope contradicting its task", `
-		update pgmq.q_legacy m set message = jsonb_set(m.message, '{task_index}', '7')
-		where m.msg_id = (select t.message_id from pgflow.step_tasks t join pgflow.runs r on r.run_id = t.run_id
-		                  where r.input = '{"i": 0}' and t.step_slug = 'a')`, "queue.envelope_contradiction"}
+	sabotageCaseAliases     = sabotage{"case-only slug aliases", `select pgflow.create_flow('Legacy'); select pgflow.add_step('Legacy', 'a')`, "flows.case_alias"}
+	sabotageStepCaseAliases = sabotage{"case-only step slug aliases", `select pgflow.add_step('legacy', 'A')`, "steps.case_alias"}
+	sabotageStrictSlug      = sabotage{"slug 0.17.0 rejects", `select pgflow.add_step('legacy', 'a__b')`, "slugs.strict_rule"}
+	// pgmq refuses such a queue, so only a row written directly has it.
+	sabotageLongQueueName = sabotage{"queue name over 47 characters",
+		`insert into pgflow.flows (flow_slug) values ('legacy_` + strings.Repeat("x", 41) + `')`, "flows.queue_name_too_long"}
 )
 
 // malformed: a valid state, then the sabotage; apply must refuse and leave
@@ -454,12 +457,13 @@ func malformed(s sabotage) func(context.Context, *Env) error {
 		if len(diffs) > 0 {
 			return fmt.Errorf("apply refused but changed the database:\n%s", fingerprint.Format(diffs, 20))
 		}
-		// Still the 0.16.0 schema: no new column, no revision table, the old
-		// functions in place.
+		// Still the 0.16.0 schema: no new column, no revision record, the
+		// old functions in place.
 		var changed bool
 		if err := db.Pool.QueryRow(ctx, `select exists (select 1 from pg_catalog.pg_attribute
-			  where attrelid in ('pgflow.flows'::regclass, 'pgflow.step_tasks'::regclass) and attname = 'queue_name' and not attisdropped)
-			or pg_catalog.to_regclass('pgflow.schema_revisions') is not null
+			  where (attrelid, attname) in (('pgflow.flows'::regclass, 'queue_mode'), ('pgflow.steps'::regclass, 'queue_name'),
+			                                ('pgflow.step_tasks'::regclass, 'queue_name')) and not attisdropped)
+			or pg_catalog.to_regclass('pgflow_upgrade.schema_revisions') is not null
 			or pg_catalog.to_regprocedure('pgflow.ensure_flow_compiled(text, jsonb)') is null
 			or pg_catalog.to_regprocedure('pgflow.start_tasks(text, bigint[], uuid)') is null`).Scan(&changed); err != nil {
 			return err

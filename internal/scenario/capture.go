@@ -321,7 +321,7 @@ func (c *Captured) Restore(ctx context.Context, conn *pgx.Conn) error {
 		return err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if _, err := fixtures.InstallModelEngine(ctx, tx); err != nil {
+	if _, err := fixtures.InstallEngine(ctx, tx); err != nil {
 		return fmt.Errorf("restore: %w", err)
 	}
 	// Queues first (create_flow would make them; rows are inserted as is).
@@ -444,7 +444,7 @@ func CaptureScenarios() []Scenario {
 		{Name: "capture-upgrade-survives", Run: captureSurvives,
 			Proves: "the captured database upgrades: every row, queue and message identical, queue_name right, verify passes"},
 		{Name: "capture-old-worker-fenced", Run: captureFenced,
-			Proves: "after the upgrade of the captured database a 0.16.0 worker fails at ensure_flow_compiled(text, jsonb) (42883) before it registers"},
+			Proves: "after the upgrade of the captured database a 0.16.0 worker's claim, start_tasks(flow_slug =>, msg_ids =>, worker_id =>), fails with 42883 and claims nothing"},
 		{Name: "capture-new-worker-drains", Run: captureDrains,
 			Proves: "after the upgrade of the captured database the new worker drains every in-flight run that can finish"},
 	}
@@ -474,21 +474,23 @@ func captureFenced(ctx context.Context, env *Env) error {
 	if _, err := env.Upgrade(ctx, db); err != nil {
 		return fmt.Errorf("the upgrade failed: %w", err)
 	}
-	before, err := countRows(ctx, db, `select count(*) from pgflow.workers`)
-	if err != nil {
+	state := `select count(*) filter (where status = 'started') || '/' || coalesce(sum(attempts_count), 0) from pgflow.step_tasks`
+	var before, after string
+	if err := db.Pool.QueryRow(ctx, state).Scan(&before); err != nil {
 		return err
 	}
-	// A 0.16.0 worker's first pgflow call after track_worker_function.
-	_, callErr := db.Pool.Exec(ctx, `select pgflow.ensure_flow_compiled($1::text, $2::jsonb)`, "any_flow", `{"steps": []}`)
+	// A 0.16.0 worker's claim, with every message id of the captured tasks.
+	_, callErr := db.Pool.Exec(ctx, `select * from pgflow.start_tasks(flow_slug => (select min(flow_slug) from pgflow.flows),
+		msg_ids => array(select message_id from pgflow.step_tasks where message_id is not null),
+		worker_id => '00000000-0000-0000-0000-000000000000'::uuid)`)
 	if code := pgCode(callErr); code != undefinedFunction {
-		return fmt.Errorf("ensure_flow_compiled(text, jsonb) after the upgrade: SQLSTATE %q, want %s (%v)", code, undefinedFunction, callErr)
+		return fmt.Errorf("a 0.16.0 start_tasks call after the upgrade: SQLSTATE %q, want %s (%v)", code, undefinedFunction, callErr)
 	}
-	after, err := countRows(ctx, db, `select count(*) from pgflow.workers`)
-	if err != nil {
+	if err := db.Pool.QueryRow(ctx, state).Scan(&after); err != nil {
 		return err
 	}
 	if after != before {
-		return errorf("pgflow.workers changed from %d to %d rows", before, after)
+		return errorf("the rejected claim changed tasks (started/attempts %s -> %s)", before, after)
 	}
 	return nil
 }

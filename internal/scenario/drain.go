@@ -224,6 +224,20 @@ func rawOrNil(b []byte) json.RawMessage {
 // fastForward makes the invisible messages of the flows' queues visible:
 // all of them, or (queuedOnly) those of queued tasks.
 func fastForward(ctx context.Context, db *DB, flows []drainFlow, queuedOnly bool) error {
+	if !queuedOnly {
+		// A task a 0.16.0 worker held when the upgrade ran stays 'started':
+		// pgflow never claims a started task again; requeue_stalled_tasks
+		// (a cron every 15 s) takes it back once its lease is long past.
+		// Age those leases, and run it as the cron would.
+		if _, err := db.Pool.Exec(ctx, `update pgflow.step_tasks
+			set queued_at = queued_at - interval '1 day', started_at = started_at - interval '1 day'
+			where status = 'started' and permanently_stalled_at is null`); err != nil {
+			return fmt.Errorf("drain: ageing the leases of tasks started before the upgrade: %w", err)
+		}
+		if _, err := db.Pool.Exec(ctx, `select pgflow.requeue_stalled_tasks()`); err != nil {
+			return fmt.Errorf("drain: requeue_stalled_tasks: %w", err)
+		}
+	}
 	for _, f := range flows {
 		q := `select count(*) from (select pgmq.set_vt($1, m.msg_id, 0) from ` +
 			pgx.Identifier{"pgmq", "q_" + strings.ToLower(f.queue)}.Sanitize() + ` m where m.vt > clock_timestamp()

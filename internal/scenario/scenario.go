@@ -176,7 +176,7 @@ func (r *Runner) fill(ctx context.Context, name string) error {
 	if r.Baseline != nil {
 		return r.Baseline(ctx, conn)
 	}
-	kind, err := fixtures.InstallModelEngine(ctx, conn)
+	kind, err := fixtures.InstallEngine(ctx, conn)
 	if err != nil {
 		return err
 	}

@@ -88,7 +88,7 @@ func TestGenerateCoversEveryKind(t *testing.T) {
 	ctx := context.Background()
 	total := scenario.Census{}
 	for seed := uint64(1); seed <= 8; seed++ {
-		db := testdb.Model(t)
+		db := testdb.Baseline(t)
 		if _, err := scenario.Generate(ctx, db.Pool, seed); err != nil {
 			t.Fatal(err)
 		}
@@ -124,7 +124,7 @@ func capture(t *testing.T, db *testdb.DB, redact bool) []byte {
 
 func TestCaptureRoundTrip(t *testing.T) {
 	ctx := context.Background()
-	src := testdb.Model(t)
+	src := testdb.Baseline(t)
 	if _, err := scenario.Generate(ctx, src.Pool, 3); err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +190,7 @@ func TestCaptureRoundTrip(t *testing.T) {
 
 func TestCaptureRedacts(t *testing.T) {
 	ctx := context.Background()
-	src := testdb.Model(t)
+	src := testdb.Baseline(t)
 	if _, err := src.Pool.Exec(ctx, `
 		select pgflow.create_flow('red');
 		select pgflow.add_step('red', 'items', step_type => 'map');
@@ -233,7 +233,7 @@ func TestCaptureRedacts(t *testing.T) {
 }
 
 func TestDamagedCaptureIsRefused(t *testing.T) {
-	src := testdb.Model(t)
+	src := testdb.Baseline(t)
 	good := capture(t, src, false)
 	gz := func(s string) []byte {
 		var b bytes.Buffer

@@ -66,9 +66,12 @@ type Options struct {
 	// in the same transaction. Unset: the report says which
 	// `supabase migration repair` command to run.
 	SupabaseDir string
-	// PostConditions replaces Checks() as the post-conditions (tests and
-	// the online path's model tests only).
+	// PostConditions replaces Checks() as the post-conditions, and State
+	// replaces DetectState: only for the online path's tests, which still
+	// switch the project's old 0.16.0 model with the old migration until
+	// apply --online is retargeted at 0.17.0.
 	PostConditions func() []Check
+	State          func(ctx context.Context, q Querier) (audit.SchemaInfo, error)
 
 	// Verify checks the migrations' integrity (default migrations.Verify);
 	// Migrations lists them (default migrations.All). Tests substitute them.
@@ -345,7 +348,11 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 	}
 
 	if err := s.step(StepState, "detecting the schema state", func() error {
-		st, err := DetectState(ctx, tx)
+		detect := DetectState
+		if opts.State != nil {
+			detect = opts.State
+		}
+		st, err := detect(ctx, tx)
 		if err != nil {
 			return err
 		}
