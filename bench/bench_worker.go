@@ -215,7 +215,7 @@ func medianSample(ss []workerSample) workerSample {
 
 // measureWorkers runs one measurement on a fresh database.
 func measureWorkers(ctx context.Context, env *Env, p protocol, shape workerShape, n int) (workerSample, error) {
-	dsn, drop, err := env.CloneRealBaseline(ctx)
+	dsn, drop, err := env.CloneBaseline(ctx)
 	if err != nil {
 		return workerSample{}, err
 	}

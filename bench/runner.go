@@ -75,21 +75,6 @@ func (e *Env) Clone(ctx context.Context, size int64) (dsn string, drop func(), e
 // CloneBaseline returns a fresh empty real pgflow 0.16.0 baseline database.
 func (e *Env) CloneBaseline(ctx context.Context) (string, func(), error) { return e.Clone(ctx, 0) }
 
-// CloneRealBaseline returns a fresh empty database holding the real pgflow
-// 0.16.0 engine (fixtures.InstallEngine), what the 0.17.0 migration and the
-// 0.17 worker need (CloneBaseline holds the same engine, through the
-// shared size-0 template).
-func (e *Env) CloneRealBaseline(ctx context.Context) (string, func(), error) {
-	tpl, err := e.template(ctx, realBaseline)
-	if err != nil {
-		return "", nil, err
-	}
-	return e.clone(ctx, tpl)
-}
-
-// realBaseline is the template key of CloneRealBaseline (sizes are >= 0).
-const realBaseline = -1
-
 func (e *Env) clone(ctx context.Context, tpl string) (string, func(), error) {
 	name := pgprovider.RandomName("pgflow_bench")
 	if err := e.admin(ctx, "create database "+pgx.Identifier{name}.Sanitize()+" template "+pgx.Identifier{tpl}.Sanitize()+" strategy file_copy"); err != nil {
@@ -116,7 +101,7 @@ func (e *Env) template(ctx context.Context, size int64) (string, error) {
 	if tpl, ok := e.templates[size]; ok {
 		return tpl, nil
 	}
-	name := pgprovider.RandomName(fmt.Sprintf("pgflow_bench_tpl_%d", max(size, 0)))
+	name := pgprovider.RandomName(fmt.Sprintf("pgflow_bench_tpl_%d", size))
 	if err := e.Server.CreateDatabase(ctx, name, ""); err != nil {
 		return "", err
 	}

@@ -118,6 +118,7 @@ func TestWorkersDrainTheUpgradedInflightState(t *testing.T) {
 		t.Errorf("%d runs failed, %d before the drain", n, failed)
 	}
 	for _, w := range workers {
+		stopNow(t, w)
 		if s := w.Stats(); s.Failed != 0 || s.WriteErrors != 0 || s.ClaimErrors != 0 {
 			t.Errorf("worker of %s: %+v", w.Queue(), s)
 		}

@@ -117,6 +117,15 @@ func start(t *testing.T, pool *pgxpool.Pool, cfg worker.Config) *worker.Worker {
 	return w
 }
 
+// stopNow stops w gracefully (its cleanup's Stop is then a no-op): its
+// counters are final only once its last outcome was written and counted.
+func stopNow(t *testing.T, w *worker.Worker) {
+	t.Helper()
+	if err := w.Stop(context.Background()); err != nil {
+		t.Fatalf("stopping worker: %v", err)
+	}
+}
+
 // startN starts n workers with the same config (each its own id) and stops
 // them concurrently when the test ends (each Stop may wait for a claim's
 // server-side poll).

@@ -92,6 +92,7 @@ func TestFailingHandlerIsRetriedThenFailsTheRun(t *testing.T) {
 	if status != "failed" || count != 3 || msg != "boom on call 3" || calls.Load() != 3 {
 		t.Errorf("task %s after %d attempts (%d calls) with %q", status, count, calls.Load(), msg)
 	}
+	stopNow(t, w) // the run fails before the last outcome is counted
 	if s := w.Stats(); s.Failed != 3 || s.Completed != 0 {
 		t.Errorf("stats %+v", s)
 	}
@@ -165,6 +166,7 @@ func TestPanickingHandlerFailsItsTaskAndTheWorkerKeepsRunning(t *testing.T) {
 
 	good := startRun(t, db.Pool, "panicky", map[string]bool{"panic": false})
 	ev.waitUntil(t, "the second run", func() bool { return runStatus(t, db.Pool, good) == "completed" })
+	stopNow(t, w)
 	if s := w.Stats(); s.Panicked != 1 || s.Completed != 1 || s.Failed != 1 {
 		t.Errorf("stats %+v", s)
 	}

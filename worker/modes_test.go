@@ -103,6 +103,7 @@ func TestFlowModeDAGCompletesWithFourWorkers(t *testing.T) {
 	}
 	var total int64
 	for _, w := range workers {
+		stopNow(t, w)
 		total += w.Stats().Completed
 	}
 	if total != runs*3 {
@@ -205,6 +206,7 @@ func TestStepModeRunsEachStepOnItsOwnQueue(t *testing.T) {
 		t.Errorf("%d tasks came from another step's queue", wrongQueue.Load())
 	}
 	for i, w := range workers {
+		stopNow(t, w)
 		slug := flow.Steps[i].Slug
 		wantDone := int64(1)
 		if slug == "resize" {
@@ -321,7 +323,13 @@ func TestMessageIDsAbove2To53AreExact(t *testing.T) {
 		}
 		start(t, db.Pool, c)
 		run := startRun(t, db.Pool, slug, indexes(3))
-		ev.waitUntil(t, "the run to finish", func() bool { return runStatus(t, db.Pool, run) != "started" })
+		// The run completes before the last OnResult is called: wait for both.
+		ev.waitUntil(t, "the run to finish and every outcome", func() bool {
+			mu.Lock()
+			n := len(got)
+			mu.Unlock()
+			return n == 3 && runStatus(t, db.Pool, run) != "started"
+		})
 		if s := runStatus(t, db.Pool, run); s != "completed" {
 			t.Fatalf("%s: run %s", slug, s)
 		}

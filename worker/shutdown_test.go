@@ -102,6 +102,7 @@ func TestGracefulShutdownWithWorkInFlight(t *testing.T) {
 	ev.waitUntil(t, "the untouched tasks to complete", func() bool {
 		return queryInt(t, db.Pool, `select count(*) from pgflow.step_tasks where status = 'completed'`) == 6
 	})
+	stopNow(t, b)
 	if s := b.Stats(); s.Completed != 4 {
 		t.Errorf("worker B stats %+v, want 4 completed", s)
 	}
