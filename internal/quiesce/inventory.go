@@ -50,6 +50,8 @@ type Inventory struct {
 	Cron     bool      `json:"pg_cron"`
 	AlterJob bool      `json:"cron_alter_job"`
 	CronJobs []CronJob `json:"cron_jobs"`
+	// CronUnreadable: why the jobs could not be listed (audit role).
+	CronUnreadable string `json:"cron_unreadable,omitempty"`
 	Workers  []Worker  `json:"live_workers"`
 	// StartedTasks: tasks in 'started'; ByLiveWorkers: those a live worker holds.
 	StartedTasks  int64 `json:"started_tasks"`
@@ -117,7 +119,15 @@ func TakeInventory(ctx context.Context, q Querier, live time.Duration) (Inventor
 		return inv, err
 	}
 	if inv.Cron {
-		if inv.CronJobs, err = cronJobs(ctx, q); err != nil {
+		var readable bool
+		if err := q.QueryRow(ctx, `select pg_catalog.has_schema_privilege('cron', 'USAGE')
+		                              and pg_catalog.has_table_privilege('cron.job', 'SELECT')`).Scan(&readable); err != nil {
+			return inv, fmt.Errorf("checking access to cron.job: %w", err)
+		}
+		if !readable {
+			// A read-only auditor may not see pg_cron; apply's role must.
+			inv.CronUnreadable = "this role may not read cron.job (no USAGE on schema cron or SELECT on cron.job)"
+		} else if inv.CronJobs, err = cronJobs(ctx, q); err != nil {
 			return inv, err
 		}
 	}
@@ -147,9 +157,13 @@ func TakeInventory(ctx context.Context, q Querier, live time.Duration) (Inventor
 // cronAPI: is pg_cron there (cron.job), and does it have cron.alter_job
 // with pg_cron's signature?
 func cronAPI(ctx context.Context, q Querier) (cron, alter bool, err error) {
+	// From the catalogs: to_regclass would need USAGE on schema cron.
 	err = q.QueryRow(ctx, `
-		select pg_catalog.to_regclass('cron.job') is not null,
-		       pg_catalog.to_regprocedure('cron.alter_job(bigint, text, text, text, text, boolean)') is not null`).Scan(&cron, &alter)
+		select exists (select 1 from pg_catalog.pg_class c join pg_catalog.pg_namespace n on n.oid = c.relnamespace
+		                where n.nspname = 'cron' and c.relname = 'job' and c.relkind in ('r', 'p', 'v')),
+		       exists (select 1 from pg_catalog.pg_proc p join pg_catalog.pg_namespace n on n.oid = p.pronamespace
+		                where n.nspname = 'cron' and p.proname = 'alter_job'
+		                  and p.proargtypes = '20 25 25 25 25 16'::pg_catalog.oidvector)`).Scan(&cron, &alter) // alter_job(bigint, text, text, text, text, boolean)
 	if err != nil {
 		return false, false, fmt.Errorf("looking for pg_cron (cron.job, cron.alter_job): %w", err)
 	}
