@@ -51,8 +51,8 @@ type Inventory struct {
 	AlterJob bool      `json:"cron_alter_job"`
 	CronJobs []CronJob `json:"cron_jobs"`
 	// CronUnreadable: why the jobs could not be listed (audit role).
-	CronUnreadable string `json:"cron_unreadable,omitempty"`
-	Workers  []Worker  `json:"live_workers"`
+	CronUnreadable string   `json:"cron_unreadable,omitempty"`
+	Workers        []Worker `json:"live_workers"`
 	// StartedTasks: tasks in 'started'; ByLiveWorkers: those a live worker holds.
 	StartedTasks  int64 `json:"started_tasks"`
 	ByLiveWorkers int64 `json:"started_by_live_workers"`
