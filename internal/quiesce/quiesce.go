@@ -217,6 +217,17 @@ func (r *Report) abort(ctx context.Context, conn *pgx.Conn, opts Options, cause 
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	opts.progress(Event{Step: "restore", Detail: "after a failure: cron jobs first, then worker functions, to their recorded values"})
+	if conn.IsClosed() {
+		// pgx closes a connection whose query was cancelled: restore on a
+		// new one to the same server.
+		fresh, err := pgx.ConnectConfig(rctx, conn.Config())
+		if err != nil {
+			r.Next = "pgflow-upgrade apply --undo-quiesce --yes"
+			return r, fmt.Errorf("%w; reconnecting to restore the recorded values failed (%v): run `%s`", cause, err, r.Next)
+		}
+		defer fresh.Close(rctx)
+		conn = fresh
+	}
 	missing, err := Restore(rctx, conn)
 	r.Missing = missing
 	if err != nil {

@@ -284,3 +284,42 @@ func TestQuiesceNoAlterJob(t *testing.T) {
 		t.Fatal("the refusal changed something")
 	}
 }
+
+// Ctrl-C while apply waits for a table lock (pgx cancels the query and
+// closes the connection): the values are restored on a new connection.
+func TestQuiesceInterruptedMidQuery(t *testing.T) {
+	s := newScene(t, false)
+	before := snapshot(t, s.db)
+	conn := connect(t, s.db)
+	ctx, cancel := context.WithCancel(testCtx(t))
+	defer cancel()
+	blocker, err := s.db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Rollback(context.Background())
+	q := quiesceOpts()
+	q.Hooks.At = func(_ context.Context, p string) error {
+		if p == quiesce.PointDrained {
+			if _, err := blocker.Exec(context.Background(), `lock table pgflow.flows in access share mode`); err != nil {
+				return err
+			}
+			time.AfterFunc(300*time.Millisecond, cancel)
+		}
+		return nil
+	}
+	rep, err := upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: q, LockTimeout: 10 * time.Second})
+	if upgrade.OutcomeOf(err) != upgrade.OutcomeInterrupted {
+		t.Fatalf("interrupted while waiting for a lock: %v", err)
+	}
+	if !rep.Quiesce.Restored {
+		t.Fatalf("not restored: %v %+v", err, rep.Quiesce)
+	}
+	t.Logf("apply's connection closed by the cancel: %v", conn.IsClosed())
+	blocker.Rollback(context.Background())
+	sameValues(t, before, snapshot(t, s.db), "after an interrupt mid-query")
+	other := connect(t, s.db)
+	if recorded(t, other) != nil || state(t, other) != audit.StateBaseline {
+		t.Fatal("still recorded, or upgraded")
+	}
+}
