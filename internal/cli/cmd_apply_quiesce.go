@@ -54,7 +54,16 @@ func (a *App) quiesceOptions(c *ucli.Context, mode string) *quiesce.Options {
 	o := &quiesce.Options{Mode: mode, Resume: c.Bool("resume-quiesce"), DrainTimeout: c.Duration("drain-timeout")}
 	if a.Interactive {
 		w := a.Stderr
-		o.Progress = func(e quiesce.Event) { fmt.Fprintf(w, "- quiesce %s: %s\n", e.Step, e.Detail) }
+		var last string
+		var at time.Time
+		o.Progress = func(e quiesce.Event) {
+			// The drain polls often: print a change, or every 5 s.
+			if e.Step == "drain" && e.Detail == last && time.Since(at) < 5*time.Second {
+				return
+			}
+			last, at = e.Detail, time.Now()
+			fmt.Fprintf(w, "- quiesce %s: %s\n", e.Step, e.Detail)
+		}
 	}
 	return o
 }

@@ -87,12 +87,10 @@ func pauseNewcomers(ctx context.Context, tx pgx.Tx) error {
 		return err
 	}
 	for _, j := range jobs {
-		tag, err := tx.Exec(ctx, `insert into pgflow_upgrade.quiesce_items (kind, name, label, recorded)
-			values ('cron_job', $1, nullif($2, ''), $3) on conflict (kind, name) do nothing`, strconv.FormatInt(j.JobID, 10), j.Name, j.Active)
-		if err != nil {
+		if _, err := tx.Exec(ctx, `insert into pgflow_upgrade.quiesce_items (kind, name, label, recorded)
+			values ('cron_job', $1, nullif($2, ''), $3) on conflict (kind, name) do nothing`, strconv.FormatInt(j.JobID, 10), j.Name, j.Active); err != nil {
 			return fmt.Errorf("recording cron job %d (%s): %w", j.JobID, j.Name, err)
 		}
-		_ = tag
 		if !j.Active {
 			continue
 		}
