@@ -141,3 +141,31 @@ func TestApplyOnlineQuiesce(t *testing.T) {
 		t.Fatalf("status: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }
+
+// A quiesce an interrupted apply --online --quiesce left: status names the
+// online resume, which finishes it.
+func TestApplyOnlineResumeQuiesce(t *testing.T) {
+	ctx := context.Background()
+	db := quiesceDB(t)
+	before := recordedValues(t, db)
+	conn, err := pgx.Connect(ctx, db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := quiesce.Pause(ctx, conn, quiesce.ModeOnline); err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, nil, "--dsn", db.DSN, "status"); r.code != cli.ExitFindings || !strings.Contains(r.stdout, "pgflow-upgrade apply --online --resume-quiesce --yes") {
+		t.Fatalf("status: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := run(t, nil, "--dsn", db.DSN, "apply", "--online", "--resume-quiesce", "--yes"); r.code != cli.ExitOK || !strings.Contains(r.stdout, "restored true") {
+		t.Fatalf("apply --online --resume-quiesce: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if got := recordedValues(t, db); got != before {
+		t.Fatalf("after the online resume: %s, want %s", got, before)
+	}
+	if r := run(t, nil, "--dsn", db.DSN, "status"); r.code != cli.ExitOK || !strings.Contains(r.stdout, "upgraded") || strings.Contains(r.stdout, "quiesce") {
+		t.Fatalf("status after: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
