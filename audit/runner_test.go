@@ -94,7 +94,7 @@ func lockStepTasks(t *testing.T, dsn string) {
 }
 
 // The checks that read pgflow.step_tasks (or its size).
-var stepTasksChecks = []string{"tasks.duplicate_message_id", "size.tables"}
+var stepTasksChecks = []string{"tasks.duplicate_message_id", "size.tables", "quiesce.inventory"}
 
 func TestLockedStepTasksMakeOnlyTheirChecksInconclusive(t *testing.T) {
 	db := oneFlow(t)

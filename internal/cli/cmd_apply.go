@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
@@ -69,7 +70,7 @@ func (a *App) applyCommand() *ucli.Command {
 			&ucli.IntFlag{Name: "sample", Value: 5, Usage: "sample rows per preflight finding"},
 			&ucli.StringFlag{Name: "supabase-dir", Usage: "the project's supabase/migrations folder: record pgflow's own 0.17.0 migration (*_pgflow_private_step_queues.sql) there as applied in the Supabase ledger"},
 			&ucli.DurationFlag{Name: "check-timeout", Value: 30 * time.Second, Usage: "statement_timeout of each preflight check (they run exact, under the locks; a check that runs out: exit 4, nothing changed)"},
-		}, onlineFlags()...),
+		}, append(onlineFlags(), quiesceFlags()...)...),
 		Action: a.applyAction,
 	}
 }
@@ -77,6 +78,12 @@ func (a *App) applyCommand() *ucli.Command {
 func (a *App) applyAction(c *ucli.Context) error {
 	if c.NArg() > 0 {
 		return usageErrorf("apply takes no arguments (got %q)", c.Args().Slice())
+	}
+	if err := checkQuiesceFlags(c); err != nil { // cmd_apply_quiesce.go
+		return err
+	}
+	if c.Bool("undo-quiesce") {
+		return a.undoQuiesceAction(c)
 	}
 	if c.Bool("online") || c.Bool("rollback-online") {
 		return a.applyOnlineAction(c) // cmd_apply_online.go
@@ -131,6 +138,7 @@ func (a *App) applyAction(c *ucli.Context) error {
 		LockRetries: c.Int("lock-retries"),
 		Preflight:   audit.Options{Sample: c.Int("sample"), CheckTimeout: c.Duration("check-timeout")},
 		SupabaseDir: c.String("supabase-dir"),
+		Quiesce:     a.quiesceOptions(c, quiesce.ModeApply),
 	}
 	prog := a.newProgress() // progress.go: on a terminal and off it
 	opts.Progress = prog.event
@@ -294,5 +302,6 @@ func writeApplyTable(w io.Writer, where string, rep *upgrade.Report) error {
 	if rep.Supabase != "" {
 		fmt.Fprintf(w, "supabase: %s\n", rep.Supabase)
 	}
+	writeQuiesce(w, rep.Quiesce)
 	return nil
 }

@@ -13,6 +13,8 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
 // onlineFlags are apply's flags for the online path (docs/online.md).
@@ -105,6 +107,7 @@ func (a *App) applyOnlineAction(c *ucli.Context) error {
 		MaxReplicaLag: c.Duration("max-replica-lag"), LockTimeout: lockTimeout, LockRetries: lockRetries,
 		Wait: c.Duration("wait"), Progress: prog,
 		Preflight: audit.Options{Sample: c.Int("sample"), CheckTimeout: c.Duration("check-timeout")},
+		Switch:    upgrade.Options{Quiesce: a.quiesceOptions(c, quiesce.ModeOnline)}, // around the switch only
 	}
 	rep, applyErr := online.Apply(ctx, conn, opts)
 	code := applyExitCode(applyErr, conn, ctx.Err() != nil)
@@ -200,6 +203,9 @@ func writeOnlineTable(w io.Writer, where string, rep *online.Report) error {
 		fmt.Fprintf(w, "lock window %s: %d ms (%d attempt(s))\n", l.Step, l.WindowMS, l.Attempts)
 	}
 	fmt.Fprintf(w, "total %d ms\n", rep.TotalMS)
+	if rep.Switch != nil {
+		writeQuiesce(w, rep.Switch.Quiesce)
+	}
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
@@ -47,9 +48,13 @@ func (a *App) statusAction(c *ucli.Context) error {
 	if !on.Annotate(st.PgflowVersion) { // an online upgrade in progress: its phase and how to continue
 		on = nil // e.g. a 0.17.x database: its queue_name column is no backfill of ours
 	}
+	qs, err := quiesceStatus(ctx, conn) // cmd_apply_quiesce.go
+	if err != nil {
+		return withCode(ExitEnvironment, fmt.Errorf("reading the status of %s: %w", where, err))
+	}
 	code := ExitOK
-	if st.NeedsAttention() && on == nil {
-		code = ExitFindings // an online upgrade in progress is a known partial state
+	if (st.NeedsAttention() && on == nil) || qs != nil {
+		code = ExitFindings // an online upgrade in progress is a known partial state; a recorded quiesce has functions disabled
 	}
 	if jsonOutput(c) {
 		out := struct {
@@ -57,8 +62,9 @@ func (a *App) statusAction(c *ucli.Context) error {
 			Database string `json:"database"`
 			ExitCode int    `json:"exit_code"`
 			*upgrade.StatusReport
-			Online *online.StatusInfo `json:"online,omitempty"`
-		}{"status", where, code, st, on}
+			Online  *online.StatusInfo  `json:"online,omitempty"`
+			Quiesce *quiesce.StatusInfo `json:"quiesce,omitempty"`
+		}{"status", where, code, st, on, qs}
 		if err := writeJSON(a.Stdout, out); err != nil {
 			return err
 		}
@@ -71,6 +77,7 @@ func (a *App) statusAction(c *ucli.Context) error {
 			fmt.Fprintf(w, "  %s\n", d)
 		}
 		writeOnlineStatus(w, on)
+		writeQuiesceStatus(w, qs)
 		sum := "valid"
 		if !st.AtlasSum.Valid {
 			sum = "INVALID: " + st.AtlasSum.Error

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgretry"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 	"github.com/pgflow-upgrade/pgflow-upgrade/preflight"
@@ -85,6 +86,9 @@ type Options struct {
 	// BeforeCommit, if set, runs in the transaction after the post-conditions
 	// (internal/online drops its progress schema there, atomically).
 	BeforeCommit func(ctx context.Context, tx pgx.Tx) error
+	// Quiesce, if set, runs the transaction inside internal/quiesce's
+	// pause, deprecate, drain ... restore (apply --quiesce; quiesce.go).
+	Quiesce *quiesce.Options
 }
 
 // Hooks let tests act at exact points of the transaction (e.g. terminate the
@@ -196,6 +200,7 @@ type Report struct {
 	PostConditions   []CheckOutcome      `json:"post_conditions"`
 	SupabaseRecorded bool                `json:"supabase_recorded"`
 	Supabase         string              `json:"supabase,omitempty"`
+	Quiesce          *QuiesceReport      `json:"quiesce,omitempty"`
 	TotalMS          int64               `json:"total_ms"`
 	BackendPID       uint32              `json:"-"`
 }
@@ -229,6 +234,9 @@ var (
 //
 // Any failure rolls everything back. The report is never nil.
 func Apply(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, error) {
+	if opts.Quiesce != nil {
+		return applyQuiesced(ctx, conn, opts) // quiesce.go
+	}
 	opts = opts.withDefaults()
 	r := &Report{DryRun: opts.DryRun, BackendPID: conn.PgConn().PID()}
 	start := time.Now()
