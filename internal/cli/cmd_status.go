@@ -85,13 +85,7 @@ func (a *App) statusAction(c *ucli.Context) error {
 		fmt.Fprintf(w, "embedded migrations: atlas.sum %s (%s)\n", sum, migrations.Hash())
 		var rows [][]string
 		for _, m := range st.Migrations {
-			applied := "pending"
-			for _, r := range st.Applied {
-				if r.Version == m.Version {
-					applied = "applied " + r.AppliedAt.UTC().Format("2006-01-02 15:04:05Z")
-				}
-			}
-			rows = append(rows, []string{m.Version, m.Name, applied})
+			rows = append(rows, []string{m.Version, m.Name, m.Status})
 		}
 		// Revisions the database has that this binary does not embed.
 		for _, r := range st.Applied {

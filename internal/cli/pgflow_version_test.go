@@ -85,8 +85,27 @@ func TestCommandsNameThePgflowVersion(t *testing.T) {
 				(c.found != "" && !strings.Contains(r.stdout, "pgflow version: pgflow "+c.found)) {
 				t.Fatalf("status: exit %d (want %d)\n%s%s", r.code, c.statusRC, r.stdout, r.stderr)
 			}
+			if c.state == "upgraded" { // upgraded by upstream's own migrations: our revision is not needed, not pending
+				if want := "not needed (pgflow " + c.found + " found, applied by"; !strings.Contains(r.stdout, want) ||
+					strings.Contains(r.stdout, " pending") || !strings.Contains(r.stdout, "pending: none") {
+					t.Fatalf("status of an upstream-upgraded database: want %q, no pending row\n%s", want, r.stdout)
+				}
+			}
 			r = run(t, env, "--format", "json", "status")
 			v := versionOf(t, r)
+			if c.state == "upgraded" {
+				var mig struct {
+					Migrations []struct {
+						Applied bool   `json:"applied"`
+						Status  string `json:"status"`
+					} `json:"migrations"`
+					Pending []string `json:"pending"`
+				}
+				if err := json.Unmarshal([]byte(r.stdout), &mig); err != nil || len(mig.Migrations) == 0 || len(mig.Pending) != 0 ||
+					mig.Migrations[0].Applied || !strings.HasPrefix(mig.Migrations[0].Status, "not needed (pgflow "+c.found+" found") {
+					t.Fatalf("status json migrations (%v): %+v", err, mig)
+				}
+			}
 			if v.PgflowVersion.Found != c.found || v.PgflowVersion.State != c.state || !strings.Contains(v.PgflowVersion.NextStep, c.next) {
 				t.Fatalf("status json: %+v", v.PgflowVersion)
 			}

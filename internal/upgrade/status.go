@@ -30,7 +30,12 @@ type MigrationStatus struct {
 	Version string `json:"version"`
 	Name    string `json:"name"`
 	File    string `json:"file"`
-	Applied bool   `json:"applied"`
+	// Applied: this revision is recorded in pgflow_upgrade.schema_revisions.
+	Applied bool `json:"applied"`
+	// Status says the same in words, and why a revision that is not
+	// recorded is not pending: "applied <time>", "pending", or "not needed
+	// (pgflow 0.17.0 found, applied by pgflow's own migration)".
+	Status string `json:"status"`
 }
 
 // SumStatus says whether the embedded migrations match atlas.sum.
@@ -90,17 +95,32 @@ func Status(ctx context.Context, conn *pgx.Conn) (*StatusReport, error) {
 			return nil, fmt.Errorf("reading %s: %w", RevisionsTable, err)
 		}
 	}
-	applied := map[string]bool{}
+	applied := map[string]Revision{}
 	for _, r := range rep.Applied {
-		applied[r.Version] = true
+		applied[r.Version] = r
 	}
-	// A 0.17.0 database needs nothing, whoever upgraded it.
+	// A 0.17.x database needs nothing, whoever upgraded it.
 	done := rep.State.State == audit.StateUpgraded
 	for _, m := range all {
-		rep.Migrations = append(rep.Migrations, MigrationStatus{Version: m.Version, Name: m.Name, File: m.File, Applied: applied[m.Version] || done})
-		if !applied[m.Version] && !done {
+		ms := MigrationStatus{Version: m.Version, Name: m.Name, File: m.File, Status: "pending"}
+		r, ok := applied[m.Version]
+		switch {
+		case ok:
+			ms.Applied, ms.Status = true, "applied "+r.AppliedAt.UTC().Format("2006-01-02 15:04:05Z")
+		case done:
+			ms.Status = "not needed (" + foundVersion(rep.PgflowVersion) + " found, applied by pgflow's own migration)"
+		default:
 			rep.Pending = append(rep.Pending, m.Version+"_"+m.Name)
 		}
+		rep.Migrations = append(rep.Migrations, ms)
 	}
 	return rep, nil
+}
+
+// foundVersion names the pgflow version detected, for status lines.
+func foundVersion(d *versions.Detection) string {
+	if d == nil || d.Found == "" {
+		return "pgflow 0.17.x"
+	}
+	return "pgflow " + d.Found
 }
