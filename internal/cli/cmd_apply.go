@@ -206,7 +206,15 @@ func applyExitCode(err error, conn *pgx.Conn, interrupted bool) int {
 // statements (dry run) and step timings.
 func writeApplyTable(w io.Writer, where string, rep *upgrade.Report) error {
 	fmt.Fprintf(w, "pgflow-upgrade apply on %s: %s\n%s\n", where, rep.Outcome, rep.Message)
-	writeVersion(w, rep.PgflowVersion)
+	if rep.VersionNow != "" { // applied: what was found before is no longer true
+		was := "?"
+		if rep.PgflowVersion != nil {
+			was = rep.PgflowVersion.Found
+		}
+		fmt.Fprintf(w, "pgflow version: was %s, now %s\nnext step: %s\n", was, rep.VersionNow, rep.NextStep)
+	} else {
+		writeVersion(w, rep.PgflowVersion)
+	}
 	if len(rep.Blockers) > 0 {
 		fmt.Fprintln(w, "\nblockers (fix them, then rerun; `pgflow-upgrade audit` shows the same checks):")
 		var rows [][]string

@@ -73,6 +73,13 @@ func TestApplyCommand(t *testing.T) {
 	if r.code != cli.ExitOK || !strings.Contains(r.stdout, "applied") {
 		t.Fatalf("apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
+	// It reports the version now found and the next step, not the stale
+	// "0.16.0 / ready: run audit, then apply" it found before.
+	if !strings.Contains(r.stdout, "pgflow version: was 0.16.0, now 0.17.0\n") ||
+		!strings.Contains(r.stdout, "next step: run `pgflow-upgrade verify`, then deploy the 0.17 workers") ||
+		strings.Contains(r.stdout, "pgflow version: pgflow 0.16.0") || strings.Contains(r.stdout, "ready:") {
+		t.Fatalf("apply's version lines:\n%s", r.stdout)
+	}
 	for _, want := range []string{"table_locks", "preflight", "[1/", "commit done"} {
 		if !strings.Contains(r.stderr, want) {
 			t.Errorf("progress lacks %q:\n%s", want, r.stderr)

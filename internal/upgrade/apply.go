@@ -183,7 +183,11 @@ type Report struct {
 	// PgflowVersion: which pgflow apply found before it changed anything,
 	// and the next step (the same object status and audit print).
 	PgflowVersion *versions.Detection `json:"pgflow_version"`
-	Pending       []string            `json:"pending"`
+	// After a successful apply (outcome applied): the version the database
+	// has now and what to do next; PgflowVersion stays what was found before.
+	VersionNow string   `json:"pgflow_version_now,omitempty"`
+	NextStep   string   `json:"next_step,omitempty"`
+	Pending    []string `json:"pending"`
 	// Unknown: revisions recorded in the database that no embedded migration has.
 	Unknown    []string          `json:"unknown_revisions,omitempty"`
 	Steps      []StepTiming      `json:"steps"`
@@ -566,10 +570,16 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 		r.Message = fmt.Sprintf("dry run: the migration ran and passed its post-conditions, then was rolled back; tables were locked for %s", time.Duration(r.LockWindowMS)*time.Millisecond)
 	} else {
 		r.Outcome = OutcomeApplied
+		// The post-conditions passed in the committed transaction: the
+		// catalog is 0.17.0's.
+		r.VersionNow, r.NextStep = versions.V0_17_0, AppliedNextStep
 		r.Message = fmt.Sprintf("upgraded to pgflow 0.17.0: %s applied; tables were locked for %s", strings.Join(r.Pending, ", "), time.Duration(r.LockWindowMS)*time.Millisecond)
 	}
 	return nil
 }
+
+// AppliedNextStep is what to do after a successful apply.
+const AppliedNextStep = "run `pgflow-upgrade verify`, then deploy the 0.17 workers (stop the 0.16.0 ones)"
 
 // DeferredChecks are preflight checks apply does not run up front, because
 // the migration itself finds the same thing at no extra cost: two tasks of
