@@ -65,18 +65,27 @@ func functionGone(signature, why string) string {
 // description (catalog.Diff): every object of the description present and
 // defined the same. The pgmq extension's version is not pgflow's; objects
 // users add (their own indexes, functions...) are tolerated, as detection
-// tolerates them, and named in the detail.
+// tolerates them, and named in the detail. A database that has everything
+// of 0.17.1+ (upstream's later 0.17.x migrations, applied on top) is
+// compared with that description instead, so upstream's own later objects
+// (workers.pgflow_version, idx_runs_started_at...) are not called the
+// user's.
 func catalogCheck(ctx context.Context, q Querier) (bool, string, error) {
-	want, err := Want017()
-	if err != nil {
-		return false, "", err
-	}
 	got, err := catalog.Read(ctx, q, versions.Schema)
 	if err != nil {
 		return false, "", err
 	}
+	v, err := versions.Lookup(versions.V0_17_0)
+	if err != nil {
+		return false, "", err
+	}
+	if later, err := versions.Lookup(versions.V0_17_1); err != nil {
+		return false, "", err
+	} else if len(catalog.Missing(later.Catalog, got)) == 0 {
+		v = later
+	}
 	var bad, extra []string
-	for _, d := range catalog.Diff(want, got) {
+	for _, d := range catalog.Diff(v.Catalog, got) {
 		switch {
 		case d.Kind == catalog.KindPGMQ:
 			// pgmq.extension_version: whichever pgmq the database has.
@@ -89,10 +98,14 @@ func catalogCheck(ctx context.Context, q Querier) (bool, string, error) {
 	if len(bad) > 0 {
 		return false, strings.Join(bad, "; "), nil
 	}
-	if len(extra) > 0 {
-		return true, "equal to pgflow 0.17.0, plus objects of your own: " + strings.Join(extra, "; "), nil
+	same := "equal to pgflow " + v.Name
+	if v.Name != versions.V0_17_0 {
+		same += " (0.17.0 with upstream's later 0.17.x migrations)"
 	}
-	return true, "equal to pgflow 0.17.0", nil
+	if len(extra) > 0 {
+		return true, same + ", plus objects of your own: " + strings.Join(extra, "; "), nil
+	}
+	return true, same, nil
 }
 
 // Checks is the list behind `verify` and apply's post-conditions. Every
