@@ -58,7 +58,8 @@ func init() {
 			ID: "flows.queue_name_too_long", Title: "queue names over pgmq's 47 characters", Severity: Blocker, Preflight: true,
 			Needs: NeedsPgflow,
 			Meaning: "0.17.0 stores each step's and task's queue as lower(flow_slug) under CHECK is_valid_queue_name (at most 47 characters, pgmq's limit); " +
-				"the migration fails on a flow whose slug is longer and has steps or tasks.",
+				"the migration fails on a flow whose slug is longer and has steps or tasks (a blocker). A longer-slug flow with neither does not stop it " +
+				"(only steps and tasks get queue_name), but can never get steps under 0.17.0 (a warning).",
 			Remedy: "Let the flow's runs finish, delete it (select pgflow.delete_flow_and_data('<slug>')) and compile it again under a slug of at most 47 characters; audit again.",
 			Run:    checkQueueNameLength,
 		},

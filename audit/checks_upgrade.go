@@ -3,6 +3,7 @@ package audit
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
@@ -118,31 +119,90 @@ func checkSlugRule(ctx context.Context, q Querier, env Env) ([]Finding, error) {
 		"re-adding slug_is_valid and steps_step_slug_check fails", flows+steps, flows, steps), samples)}, nil
 }
 
+// Only steps and tasks get a queue_name column, so upstream's migration
+// applies over a long-slug flow that has neither: such a flow is a warning
+// (it can never get steps under 0.17.0), one with steps or tasks a blocker.
+// step_tasks is read only when a long-slug flow has no steps (rare, and by
+// flow_slug through idx_step_tasks_flow_run_step), so a lock on step_tasks
+// leaves this check alone otherwise.
+const queueNameLengthSQL = `
+select f.flow_slug, pg_catalog.length(pg_catalog.lower(f.flow_slug)),
+       exists (select 1 from pgflow.steps s where s.flow_slug = f.flow_slug)
+from pgflow.flows f
+where pg_catalog.length(pg_catalog.lower(f.flow_slug)) > $1
+order by f.flow_slug`
+
+// stepless long-slug flows: what to do about them.
+const queueNameStepless = "Such a flow cannot get steps under 0.17.0 (its queue name is too long for them): " +
+	"delete it (select pgflow.delete_flow_and_data('<slug>')) or compile it again under a slug of at most 47 characters."
+
+type longFlow struct {
+	slug         string
+	length       int64
+	steps, tasks bool
+}
+
 func checkQueueNameLength(ctx context.Context, q Querier, env Env) ([]Finding, error) {
 	c := check("flows.queue_name_too_long")
-	var n int64
-	var samples []map[string]any
+	var long []longFlow
 	err := scanTable(ctx, q, "flows", func(int64) (int64, error) {
-		return 0, q.QueryRow(ctx, `
-		with l as (
-		  select f.flow_slug, pg_catalog.length(pg_catalog.lower(f.flow_slug)) as len,
-		         exists (select 1 from pgflow.steps s where s.flow_slug = f.flow_slug) as has_steps
-		  from pgflow.flows f
-		  where pg_catalog.length(pg_catalog.lower(f.flow_slug)) > $2
-		)
-		select (select pg_catalog.count(*) from l),
-		       pg_catalog.to_jsonb(array(
-		         select pg_catalog.jsonb_build_object('flow_slug', l.flow_slug, 'length', l.len, 'has_steps', l.has_steps)
-		         from l order by l.flow_slug limit $1))`, env.Sample, versions.MaxQueueNameLength).Scan(&n, &samples)
+		rows, err := q.Query(ctx, queueNameLengthSQL, versions.MaxQueueNameLength)
+		if err != nil {
+			return 0, err
+		}
+		var stepless []string
+		for rows.Next() {
+			var f longFlow
+			if err := rows.Scan(&f.slug, &f.length, &f.steps); err != nil {
+				rows.Close()
+				return 0, err
+			}
+			if !f.steps {
+				stepless = append(stepless, f.slug)
+			}
+			long = append(long, f)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil || len(stepless) == 0 {
+			return 0, err
+		}
+		var withTasks []string
+		if err := q.QueryRow(ctx, `select array(select distinct t.flow_slug from pgflow.step_tasks t where t.flow_slug = any($1::text[]))`,
+			stepless).Scan(&withTasks); err != nil {
+			return 0, err
+		}
+		for i := range long {
+			long[i].tasks = slices.Contains(withTasks, long[i].slug)
+		}
+		return 0, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("measuring queue names (lower(flow_slug)): %w", err)
 	}
-	if n == 0 {
-		return nil, nil
+	var blocking, warning []map[string]any
+	var nb, nw int64
+	for _, f := range long {
+		sample := map[string]any{"flow_slug": f.slug, "length": f.length, "has_steps": f.steps, "has_tasks": f.tasks}
+		if f.steps || f.tasks {
+			if nb++; len(blocking) < env.Sample {
+				blocking = append(blocking, sample)
+			}
+		} else if nw++; len(warning) < env.Sample {
+			warning = append(warning, sample)
+		}
 	}
-	return []Finding{c.finding(n, fmt.Sprintf("%d flow(s) whose queue name lower(flow_slug) is longer than pgmq's %d characters: "+
-		"queue_name_is_valid rejects their steps and tasks", n, versions.MaxQueueNameLength), samples)}, nil
+	var out []Finding
+	if nb > 0 {
+		out = append(out, c.finding(nb, fmt.Sprintf("%d flow(s) with steps or tasks whose queue name lower(flow_slug) is longer than pgmq's %d characters: "+
+			"queue_name_is_valid rejects their steps and tasks", nb, versions.MaxQueueNameLength), blocking))
+	}
+	if nw > 0 {
+		f := c.finding(nw, fmt.Sprintf("%d flow(s) without steps or tasks whose queue name lower(flow_slug) is longer than pgmq's %d characters: "+
+			"the upgrade applies, but the flow cannot get steps afterwards", nw, versions.MaxQueueNameLength), warning)
+		f.Severity, f.Remedy = Warning, queueNameStepless
+		out = append(out, f)
+	}
+	return out, nil
 }
 
 // ownedQueuesSQL: the lower-case queue names pgflow owns. Every flow owns

@@ -82,6 +82,28 @@ func TestQueueNameTooLong(t *testing.T) {
 	if f.Count != 1 || !sampleHas(f, "flow_slug", long) || !sampleHas(f, "length", "48") || !sampleHas(f, "has_steps", "true") {
 		t.Fatalf("%+v", f)
 	}
+	// A long-slug flow without steps or tasks does not stop upstream's
+	// migration (only steps and tasks get queue_name): a warning.
+	stepless := strings.Repeat("d", 50)
+	exec(t, db, `insert into pgflow.flows (flow_slug) values ('`+stepless+`')`)
+	r := result(t, only(t, db, audit.Options{}, "flows.queue_name_too_long"), "flows.queue_name_too_long")
+	if r.Status != audit.StatusFindings || len(r.Findings) != 2 {
+		t.Fatalf("%s %s %+v", r.Status, r.Error, r.Findings)
+	}
+	b, w := r.Findings[0], r.Findings[1]
+	if b.Severity != audit.Blocker || b.Count != 1 || !sampleHas(b, "flow_slug", long) {
+		t.Fatalf("blocker: %+v", b)
+	}
+	if w.Severity != audit.Warning || w.Count != 1 || !sampleHas(w, "flow_slug", stepless) || !sampleHas(w, "has_steps", "false") ||
+		!strings.Contains(w.Remedy, "cannot get steps") {
+		t.Fatalf("warning: %+v", w)
+	}
+	// Alone, the stepless flow is no blocker.
+	exec(t, db, `delete from pgflow.steps where flow_slug = '`+long+`'`, `delete from pgflow.flows where flow_slug = '`+long+`'`)
+	rep := only(t, db, audit.Options{}, "flows.queue_name_too_long")
+	if w := mustFire(t, rep, "flows.queue_name_too_long", audit.Warning); w.Count != 1 || rep.Blockers() != 0 {
+		t.Fatalf("stepless only: blockers %d, %+v", rep.Blockers(), w)
+	}
 }
 
 // mapFlow is a baseline with flow "m" (a root map step) and one started
@@ -229,6 +251,7 @@ func TestEveryRefusalConditionAtOnce(t *testing.T) {
 		`select pgflow.add_step('f', 'x')`, `select pgflow.add_step('f', 'X')`,
 		`select pgflow.create_flow('bad__slug')`,
 		`insert into pgflow.flows (flow_slug) values ('`+strings.Repeat("q", 48)+`')`,
+		`insert into pgflow.steps (flow_slug, step_slug) values ('`+strings.Repeat("q", 48)+`', 's')`,
 		`update pgflow.step_tasks set message_id = (select min(message_id) from pgflow.step_tasks)`)
 	rep := runAudit(t, db, audit.Options{})
 	for _, id := range []string{"flows.case_alias", "steps.case_alias", "slugs.strict_rule", "flows.queue_name_too_long", "tasks.duplicate_message_id"} {

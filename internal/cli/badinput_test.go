@@ -185,14 +185,16 @@ func badInputs() []badInput {
 			want: []string{"flows.case_alias", "Legacy"},
 			todo: []string{"fix them, then rerun"}},
 		{name: "malformed: queue name over 47 characters", setup: sabotaged(
-			`insert into pgflow.flows (flow_slug) values ('legacy_` + strings.Repeat("x", 41) + `')`),
+			`insert into pgflow.flows (flow_slug) values ('legacy_`+strings.Repeat("x", 41)+`')`,
+			`insert into pgflow.steps (flow_slug, step_slug) values ('legacy_`+strings.Repeat("x", 41)+`', 's')`),
 			args: []string{"apply", "--yes"}, code: cli.ExitFindings,
 			want: []string{"flows.queue_name_too_long"},
 			todo: []string{"fix them, then rerun"}},
 		{name: "malformed objects: audit reports them all", setup: sabotaged(
 			`select pgflow.create_flow('Legacy')`,
 			`select pgflow.add_step('legacy', 'b__c')`,
-			`insert into pgflow.flows (flow_slug) values ('legacy_`+strings.Repeat("x", 41)+`')`),
+			`insert into pgflow.flows (flow_slug) values ('legacy_`+strings.Repeat("x", 41)+`')`,
+			`insert into pgflow.steps (flow_slug, step_slug) values ('legacy_`+strings.Repeat("x", 41)+`', 's')`),
 			args: []string{"audit"}, code: cli.ExitFindings,
 			want: []string{"flows.case_alias", "slugs.strict_rule", "flows.queue_name_too_long"},
 			todo: []string{"remedy", "REMEDY"}},

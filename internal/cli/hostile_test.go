@@ -174,7 +174,9 @@ func TestHostileCaseAliasesAndLengths(t *testing.T) {
 		`select pgflow.create_flow('SELECT')`, `select pgflow.add_step('SELECT', 'from')`,
 		// The engine would refuse this flow (no queue can exist for it); it
 		// is inserted directly, as a hand-edited database might hold it.
-		`insert into pgflow.flows (flow_slug) values ('`+long+`')`)
+		`insert into pgflow.flows (flow_slug) values ('`+long+`')`,
+		// With a step: a stepless long-slug flow would be only a warning.
+		`insert into pgflow.steps (flow_slug, step_slug) values ('`+long+`', 's')`)
 	before := testdb.State(t, db.Pool)
 	r := run(t, nil, "--dsn", db.DSN, "--format", "json", "audit", "--sample", "10")
 	if r.code != cli.ExitFindings {

@@ -451,9 +451,11 @@ var (
 	sabotageCaseAliases     = sabotage{"case-only slug aliases", `select pgflow.create_flow('Legacy'); select pgflow.add_step('Legacy', 'a')`, "flows.case_alias"}
 	sabotageStepCaseAliases = sabotage{"case-only step slug aliases", `select pgflow.add_step('legacy', 'A')`, "steps.case_alias"}
 	sabotageStrictSlug      = sabotage{"slug 0.17.0 rejects", `select pgflow.add_step('legacy', 'a__b')`, "slugs.strict_rule"}
-	// pgmq refuses such a queue, so only a row written directly has it.
+	// pgmq refuses such a queue, so only rows written directly have it (with
+	// a step: a stepless long-slug flow is only a warning).
 	sabotageLongQueueName = sabotage{"queue name over 47 characters",
-		`insert into pgflow.flows (flow_slug) values ('legacy_` + strings.Repeat("x", 41) + `')`, "flows.queue_name_too_long"}
+		`insert into pgflow.flows (flow_slug) values ('legacy_` + strings.Repeat("x", 41) + `');
+		 insert into pgflow.steps (flow_slug, step_slug) values ('legacy_` + strings.Repeat("x", 41) + `', 's')`, "flows.queue_name_too_long"}
 	// Two tasks of one queue carrying the same message id: only a direct
 	// write (or a restore gone wrong) makes one; the unique index on
 	// (queue_name, message_id) cannot be built.

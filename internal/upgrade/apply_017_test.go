@@ -26,7 +26,8 @@ func TestApplyPreflightRefusals(t *testing.T) {
 		{"slug with a trailing underscore", `insert into pgflow.flows (flow_slug) values ('ok');
 			insert into pgflow.steps (flow_slug, step_slug) values ('ok', 'step_')`, "slugs.strict_rule"},
 		{"slug with a double underscore", `insert into pgflow.flows (flow_slug) values ('a__b')`, "slugs.strict_rule"},
-		{"lower(flow_slug) over 47 characters", `insert into pgflow.flows (flow_slug) values ('` + strings.Repeat("x", 48) + `')`, "flows.queue_name_too_long"},
+		{"lower(flow_slug) over 47 characters", `insert into pgflow.flows (flow_slug) values ('` + strings.Repeat("x", 48) + `');
+			insert into pgflow.steps (flow_slug, step_slug) values ('` + strings.Repeat("x", 48) + `', 's')`, "flows.queue_name_too_long"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
