@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // ClaimedTask is a task pgflow.start_tasks handed to this worker (one
@@ -119,7 +121,7 @@ func StartTasks(ctx context.Context, db Querier, p StartParams) ([]ClaimedTask, 
 
 func claimErr(p StartParams, err error) error {
 	if isUndefined(err) {
-		return &ProtocolMismatchError{Missing: []string{"pgflow.start_tasks(text, bigint[], uuid, text, text)"}, Err: err}
+		return &ProtocolMismatchError{Missing: []string{versions.StartTasks017.String()}, Err: err}
 	}
 	return fmt.Errorf("claiming %d messages of queue %q for flow %q: %w", len(p.MessageIDs), p.Queue, p.FlowSlug, err)
 }

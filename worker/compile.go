@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // Compile statuses reported by ensure_flow_compiled.
@@ -29,8 +31,9 @@ type CompileResult struct {
 	MismatchKind string   `json:"mismatchKind,omitempty"`
 }
 
-// ensureFlowSignature is the call a 0.16.0 database cannot resolve.
-const ensureFlowSignature = "pgflow.ensure_flow_compiled(text, jsonb, text, jsonb)"
+// ensureFlowSignature is the call a 0.16.0 database cannot resolve
+// (internal/versions' one spelling of the 0.17 signatures).
+var ensureFlowSignature = versions.EnsureFlowCompiled017.String()
 
 // EnsureFlow resolves the flow's routes locally and calls
 // pgflow.ensure_flow_compiled(slug, shape, queue_mode, route_map) with four
@@ -80,9 +83,9 @@ func EnsureFlow(ctx context.Context, db Querier, f Flow) (CompileResult, error) 
 // protocolFunctions are the pgflow functions the worker calls, as
 // regprocedure signatures.
 var protocolFunctions = []string{
-	"pgflow.ensure_flow_compiled(text,jsonb,text,jsonb)",
-	"pgflow.track_worker_function(text,text)",
-	"pgflow.start_tasks(text,bigint[],uuid,text,text)",
+	versions.EnsureFlowCompiled017.String(),
+	versions.TrackWorkerFunction015.String(),
+	versions.StartTasks017.String(),
 	"pgflow.complete_task(uuid,text,integer,jsonb)",
 	"pgflow.fail_task(uuid,text,integer,text)",
 	"pgflow.mark_worker_stopped(uuid)",

@@ -109,8 +109,8 @@ func TestStartOn016SchemaIsAProtocolErrorBeforeAnythingIsRegistered(t *testing.T
 	}
 	err := worker.CheckProtocol(context.Background(), db.Pool)
 	var pm *worker.ProtocolMismatchError
-	if !errors.As(err, &pm) || !slices.Contains(pm.Missing, "pgflow.ensure_flow_compiled(text,jsonb,text,jsonb)") ||
-		!slices.Contains(pm.Missing, "pgflow.start_tasks(text,bigint[],uuid,text,text)") {
+	if !errors.As(err, &pm) || !slices.Contains(pm.Missing, "pgflow.ensure_flow_compiled(text, jsonb, text, jsonb)") ||
+		!slices.Contains(pm.Missing, "pgflow.start_tasks(text, bigint[], uuid, text, text)") {
 		t.Errorf("CheckProtocol on 0.16.0: %v", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 func (a *App) verifyCommand() *ucli.Command {
@@ -15,8 +16,9 @@ func (a *App) verifyCommand() *ucli.Command {
 		Usage: "after apply: schema pgflow is upstream's 0.17.0 and the 0.16.0 claim is gone",
 		Description: "Read-only catalog checks in a READ ONLY transaction: every table, column, constraint,\n" +
 			"index, type and function (with its attributes) of pgflow 0.17.0's catalog present and\n" +
-			"defined the same (objects of your own tolerated and named), the 0.16.0 start_tasks(text,\n" +
-			"bigint[], uuid), ensure_flow_compiled(text, jsonb) and _create_flow_from_shape(text, jsonb)\n" +
+			"defined the same (0.17.1+'s when upstream's later migrations are applied; objects of your own\n" +
+			"tolerated and named), the 0.16.0 " + versions.StartTasks016.String() + ",\n" +
+			versions.EnsureFlowCompiled016.String() + " and pgflow._create_flow_from_shape(text, jsonb)\n" +
 			"gone, no trigger on step_tasks.\n" +
 			"Exit codes: 0 all pass, 1 any check failed, 3 connection error.",
 		Action: a.verifyAction,

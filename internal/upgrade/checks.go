@@ -109,15 +109,16 @@ func catalogCheck(ctx context.Context, q Querier) (bool, string, error) {
 }
 
 // Checks is the list behind `verify` and apply's post-conditions. Every
-// identifier is a constant of this file; nothing user-supplied is spliced.
+// identifier is a constant of this file or of internal/versions (the one
+// spelling of each protocol signature); nothing user-supplied is spliced.
 func Checks() []Check {
 	return []Check{
 		{ID: "catalog_0_17_0", Title: "schema pgflow is upstream's 0.17.0 (tables, columns, constraints, indexes, types, functions and their attributes)",
 			Run: catalogCheck},
-		{ID: "old_start_tasks_gone", Title: "0.16.0 start_tasks(text, bigint[], uuid) gone: a 0.16.0 worker cannot claim (42883)",
-			SQL: functionGone("pgflow.start_tasks(text,bigint[],uuid)", "0.16.0 workers can still claim")},
-		{ID: "old_ensure_flow_compiled_gone", Title: "0.16.0 ensure_flow_compiled(text, jsonb) gone (its calls resolve to the 4-argument form)",
-			SQL: functionGone("pgflow.ensure_flow_compiled(text,jsonb)", "two-argument calls are ambiguous")},
+		{ID: "old_start_tasks_gone", Title: "0.16.0 " + versions.StartTasks016.String() + " gone: a 0.16.0 worker cannot claim (42883)",
+			SQL: functionGone(versions.StartTasks016.String(), "0.16.0 workers can still claim")},
+		{ID: "old_ensure_flow_compiled_gone", Title: "0.16.0 " + versions.EnsureFlowCompiled016.String() + " gone (its calls resolve to the 4-argument form)",
+			SQL: functionGone(versions.EnsureFlowCompiled016.String(), "two-argument calls are ambiguous")},
 		{ID: "old_create_flow_from_shape_gone", Title: "0.16.0 _create_flow_from_shape(text, jsonb) gone",
 			SQL: functionGone("pgflow._create_flow_from_shape(text,jsonb)", "0.16.0 compilation path left behind")},
 		{ID: "unreleased_start_tasks_gone", Title: "unreleased start_tasks(text, bigint[], uuid, text) gone",
