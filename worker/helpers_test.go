@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
-	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 	"github.com/pgflow-upgrade/pgflow-upgrade/worker"
 )
 
@@ -33,24 +32,7 @@ func upgraded(t *testing.T) *testdb.DB {
 // migrate applies the embedded migrations in one transaction.
 func migrate(t *testing.T, db *testdb.DB) {
 	t.Helper()
-	ctx := context.Background()
-	all, err := migrations.All()
-	if err != nil || len(all) == 0 {
-		t.Fatalf("migrations: %v (%d files)", err, len(all))
-	}
-	tx, err := db.Pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	for _, m := range all {
-		if _, err := tx.Exec(ctx, m.SQL); err != nil {
-			t.Fatalf("applying %s: %v", m.File, err)
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	testdb.Migrate(t, db.Pool)
 }
 
 func testLogger(t *testing.T) *slog.Logger {

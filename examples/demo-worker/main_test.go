@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
-	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 )
 
 func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
@@ -19,24 +18,7 @@ func noEnv(string) string { return "" }
 func upgraded(t *testing.T) *testdb.DB {
 	t.Helper()
 	db := testdb.Baseline(t)
-	ctx := context.Background()
-	all, err := migrations.All()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tx, err := db.Pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	for _, m := range all {
-		if _, err := tx.Exec(ctx, m.SQL); err != nil {
-			t.Fatalf("applying %s: %v", m.File, err)
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	testdb.Migrate(t, db.Pool)
 	return db
 }
 

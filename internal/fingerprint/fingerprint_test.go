@@ -10,7 +10,6 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
-	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 )
 
 func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
@@ -49,29 +48,11 @@ func build(t *testing.T) *testdb.DB {
 // run inside it after the migration (a deliberately broken migration).
 func upgrade(t *testing.T, pool *pgxpool.Pool, sabotage string) {
 	t.Helper()
-	ctx := context.Background()
-	all, err := migrations.All()
-	if err != nil {
-		t.Fatal(err)
+	if sabotage == "" {
+		testdb.Migrate(t, pool)
+		return
 	}
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	for _, m := range all {
-		if _, err := tx.Exec(ctx, m.SQL); err != nil {
-			t.Fatalf("migration %s: %v", m.File, err)
-		}
-	}
-	if sabotage != "" {
-		if _, err := tx.Exec(ctx, sabotage); err != nil {
-			t.Fatalf("sabotage: %v", err)
-		}
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	testdb.Migrate(t, pool, sabotage)
 }
 
 func take(t *testing.T, pool *pgxpool.Pool) *fingerprint.Fingerprint {
