@@ -195,25 +195,36 @@ func prepareConfig(cfg *pgx.ConnConfig, raw, command string) {
 	}
 }
 
-// connect opens one connection to the target.
+// openTarget is the start of every command that works on one database given by
+// --dsn or the environment: the target resolved (a missing DSN is a usage error)
+// and one connection opened to it. The caller closes the connection.
+func (a *App) openTarget(c *ucli.Context, command string) (*pgx.Conn, *target, error) {
+	t, err := a.resolveTarget(c, command, false)
+	if err != nil {
+		return nil, nil, err
+	}
+	conn, err := a.connect(c.Context, t)
+	if err != nil {
+		return nil, nil, err
+	}
+	return conn, t, nil
+}
+
 // connectNoArgs is the start of the commands that take no arguments and one
-// connection (status, verify): the usage check, the target, the connection,
-// and the target as printed (no password).
+// connection (status, verify): the usage check, the connection, and the target
+// as printed (no password).
 func (a *App) connectNoArgs(c *ucli.Context, command string) (conn *pgx.Conn, where string, err error) {
 	if c.NArg() > 0 {
 		return nil, "", usageErrorf("%s takes no arguments (got %q)", command, c.Args().Slice())
 	}
-	t, err := a.resolveTarget(c, command, false)
-	if err != nil {
-		return nil, "", err
-	}
-	conn, err = a.connect(c.Context, t)
+	conn, t, err := a.openTarget(c, command)
 	if err != nil {
 		return nil, "", err
 	}
 	return conn, dsn.Describe(t.config), nil
 }
 
+// connect opens one connection to the target, with search_path pinned.
 func (a *App) connect(ctx context.Context, t *target) (*pgx.Conn, error) {
 	dsn.Pin(t.config) // whatever the command changed in its config
 	conn, err := pgx.ConnectConfig(ctx, t.config)

@@ -95,12 +95,8 @@ func (a *App) applyAction(c *ucli.Context) error {
 	if !yes && !a.Interactive {
 		return usageErrorf("apply changes the database and locks the pgflow tables: pass --yes (pipelines), or run it on a terminal to confirm")
 	}
-	t, err := a.resolveTarget(c, "apply", false)
-	if err != nil {
-		return err
-	}
 	ctx := c.Context
-	conn, err := a.connect(ctx, t)
+	conn, t, err := a.openTarget(c, "apply")
 	if err != nil {
 		return err
 	}

@@ -73,12 +73,8 @@ func (a *App) undoQuiesceAction(c *ucli.Context) error {
 	if !c.Bool("yes") && !a.Interactive {
 		return usageErrorf("apply --undo-quiesce changes the database: pass --yes (pipelines), or run it on a terminal")
 	}
-	t, err := a.resolveTarget(c, "apply", false)
-	if err != nil {
-		return err
-	}
 	ctx := c.Context
-	conn, err := a.connect(ctx, t)
+	conn, t, err := a.openTarget(c, "apply")
 	if err != nil {
 		return err
 	}

@@ -61,12 +61,8 @@ func (a *App) auditAction(c *ucli.Context) error {
 			return usageErrorf("--%s %s: must be positive", f, c.Duration(f))
 		}
 	}
-	t, err := a.resolveTarget(c, "audit", false)
-	if err != nil {
-		return err
-	}
 	ctx := c.Context
-	conn, err := a.connect(ctx, t)
+	conn, t, err := a.openTarget(c, "audit")
 	if err != nil {
 		return err
 	}
