@@ -25,18 +25,17 @@ type Stats struct {
 
 // Sources of Stats.
 const (
-	SourceReltuples = "pg_class.reltuples, scaled to the table's current size (as the planner does)"
+	SourceReltuples = "pg_class.reltuples (as of the table's last ANALYZE or VACUUM)"
 	SourceLiveTup   = "pg_stat_user_tables.n_live_tup (the table was never analyzed)"
 )
 
-// statsSQL reads, per table, reltuples and relpages (what the last ANALYZE
-// or VACUUM saw), the table's current size in pages (the file size: no
-// read of the table), and the statistics collector's live-row count.
+// statsSQL reads, per table, reltuples (what the last ANALYZE or VACUUM
+// saw) and the statistics' live-row count: catalog and statistics views
+// only, so it takes no lock on pgflow's tables (pg_relation_size would take
+// ACCESS SHARE, and wait behind an apply's locks).
 const statsSQL = `
 select c.relname::text,
        c.reltuples::float8,
-       c.relpages::float8,
-       (pg_catalog.pg_relation_size(c.oid) / pg_catalog.current_setting('block_size')::int8)::float8,
        coalesce(s.n_live_tup, 0)::float8,
        greatest(s.last_analyze, s.last_autoanalyze)
 from pg_catalog.pg_class c
@@ -46,9 +45,8 @@ where n.nspname = 'pgflow' and c.relname = any($1::text[]) and c.relkind in ('r'
 
 // ReadStats reads the row counts of pgflow's tables from the statistics, in
 // a READ ONLY transaction of its own with the audit's settings (budget and
-// lock_timeout): catalog reads only. A count is reltuples scaled by the
-// table's current size in pages (the planner's own estimate); a table never
-// analyzed (reltuples -1) falls back to n_live_tup. It errors when there is
+// lock_timeout): catalog reads only. A count is reltuples; a table never
+// analyzed or vacuumed (reltuples -1) falls back to n_live_tup. It errors when there is
 // no pgflow.step_tasks.
 func ReadStats(ctx context.Context, conn *pgx.Conn, budget, lockTimeout time.Duration) (Stats, error) {
 	var st Stats
@@ -65,12 +63,12 @@ func ReadStats(ctx context.Context, conn *pgx.Conn, budget, lockTimeout time.Dur
 	st.Source = SourceReltuples
 	for rows.Next() {
 		var name string
-		var reltuples, relpages, pages, live float64
+		var reltuples, live float64
 		var analyzed *time.Time
-		if err := rows.Scan(&name, &reltuples, &relpages, &pages, &live, &analyzed); err != nil {
+		if err := rows.Scan(&name, &reltuples, &live, &analyzed); err != nil {
 			return st, fmt.Errorf("reading row counts from the statistics: %w", err)
 		}
-		n, fromLive := estimateRows(reltuples, relpages, pages, live)
+		n, fromLive := estimateRows(reltuples, live)
 		switch name {
 		case "step_tasks":
 			found = true
@@ -97,14 +95,11 @@ func ReadStats(ctx context.Context, conn *pgx.Conn, budget, lockTimeout time.Dur
 	return st, nil
 }
 
-// estimateRows: the planner's estimate (density of the last ANALYZE times
-// the current pages), or n_live_tup when the table was never analyzed.
-func estimateRows(reltuples, relpages, pages, live float64) (int64, bool) {
-	switch {
-	case reltuples < 0 || (reltuples == 0 && relpages == 0 && live > 0):
+// estimateRows: reltuples, or n_live_tup when the table was never analyzed
+// (reltuples -1; 0 with live rows before PostgreSQL 14).
+func estimateRows(reltuples, live float64) (int64, bool) {
+	if reltuples < 0 || (reltuples == 0 && live > 0) {
 		return int64(live + 0.5), true
-	case relpages > 0:
-		return int64(reltuples/relpages*pages + 0.5), false
 	}
 	return int64(reltuples + 0.5), false
 }
