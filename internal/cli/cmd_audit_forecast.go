@@ -180,7 +180,11 @@ func writeForecast(w *bytes.Buffer, f *forecast.Forecast) {
 		return
 	}
 	b := f.Basis
-	fmt.Fprintf(w, "  basis: %s %s, PostgreSQL %s, measured %s; %s\n", b.Kind, b.Source, b.Server, b.MeasuredAt.Format(time.RFC3339), b.Method)
+	source := b.Source // a sample's reads "sample of N and M generated rows on ..."
+	if b.Kind == forecast.BasisFile {
+		source = "calibration file " + source
+	}
+	fmt.Fprintf(w, "  basis: %s, PostgreSQL %s, measured %s; %s\n", source, orNone(b.Server), b.MeasuredAt.Format(time.RFC3339), b.Method)
 	fmt.Fprintf(w, "  transactional apply: locks held about %s (%s)\n", msText(f.LockWindowMS), costText(b.LockWindow))
 	if f.OnlineTotalMS != nil && b.Online != nil {
 		fmt.Fprintf(w, "  apply --online: about %s in all (%s)\n", msText(*f.OnlineTotalMS), costText(*b.Online))

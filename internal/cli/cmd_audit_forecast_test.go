@@ -129,7 +129,7 @@ func TestAuditForecastFromCalibrationFile(t *testing.T) {
 
 	// The table states the estimate and its basis.
 	r := run(t, nil, "--dsn", db.DSN, "audit", "--calibration", path)
-	for _, want := range []string{"pgflow.step_tasks about 2000000 rows", "basis: calibration_file " + path, "measured 2026-12-01T10:00:00Z",
+	for _, want := range []string{"pgflow.step_tasks about 2000000 rows", "basis: calibration file " + path, "measured 2026-12-01T10:00:00Z",
 		"locks held about 20.1s", "apply --online: about 50.5s", "recommendation: use apply --online"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("table lacks %q:\n%s", want, r.stdout)
