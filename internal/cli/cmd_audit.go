@@ -72,6 +72,7 @@ func (a *App) auditAction(c *ucli.Context) error {
 	if err != nil {
 		return err
 	}
+	a.noteSameServer(plan, t)
 	ctx := c.Context
 	conn, err := a.connect(ctx, t)
 	if err != nil {

@@ -128,6 +128,20 @@ func (a *App) runForecast(ctx context.Context, conn *pgx.Conn, rep *audit.Report
 	return forecast.Unavailable(&stats, p.threshold, noCostsReason)
 }
 
+// noteSameServer warns when the place to measure is the audited
+// database's server: the sample gets databases of its own, but its load
+// (generation, two applies) lands on that server.
+func (a *App) noteSameServer(p *forecastPlan, t *target) {
+	if p.measureDSN == "" || t.config == nil {
+		return
+	}
+	cfg, err := dsn.ParseConfig(p.measureDSN)
+	if err == nil && cfg.Host == t.config.Host && cfg.Port == t.config.Port {
+		fmt.Fprintln(a.Stderr, "pgflow-upgrade: note: --calibrate-dsn names the audited database's server: the sample runs in throwaway databases of its own, "+
+			"but its load (generating rows, two applies) lands on that server; prefer a scratch server")
+	}
+}
+
 func orNone(s string) string {
 	if s == "" {
 		return "none"

@@ -196,7 +196,10 @@ func TestAuditForecastMeasuresASample(t *testing.T) {
 	knownStats(t, db)
 	before := testdb.State(t, db.Pool)
 	out := filepath.Join(t.TempDir(), "sample.json")
-	doc, _ := auditForecast(t, db.DSN, "--calibrate-dsn", testdb.Server(t).AdminDSN(), "--calibrate-rows", "2000,10000", "--calibration-out", out)
+	doc, stderr := auditForecast(t, db.DSN, "--calibrate-dsn", testdb.Server(t).AdminDSN(), "--calibrate-rows", "2000,10000", "--calibration-out", out)
+	if !strings.Contains(stderr, "names the audited database's server") {
+		t.Errorf("no note that the sample runs on the audited server: %q", stderr)
+	}
 	f := doc.Forecast
 	if !f.Available || f.Basis == nil || f.Basis.Kind != "sample" || !strings.Contains(f.Basis.Source, "sample of 2000 and 10000") ||
 		f.Basis.Server == "" || time.Since(f.Basis.MeasuredAt) > time.Hour {
