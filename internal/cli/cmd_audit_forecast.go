@@ -205,6 +205,9 @@ func writeForecast(w *bytes.Buffer, f *forecast.Forecast) {
 	} else {
 		fmt.Fprintln(w, "  apply --online: no estimate (the calibration has no --online timing)")
 	}
+	if f.Caveat != "" {
+		fmt.Fprintf(w, "  caveat: %s\n", f.Caveat)
+	}
 	fmt.Fprintf(w, "  recommendation: %s\n", f.Recommendation)
 }
 

@@ -37,11 +37,13 @@ type forecastDoc struct {
 			LockWindow forecast.Cost  `json:"lock_window"`
 			Online     *forecast.Cost `json:"online"`
 		} `json:"basis"`
-		LockWindowMS    int64  `json:"lock_window_ms"`
-		OnlineTotalMS   *int64 `json:"online_total_ms"`
-		ThresholdMS     int64  `json:"online_threshold_ms"`
-		RecommendOnline bool   `json:"recommend_online"`
-		Recommendation  string `json:"recommendation"`
+		LockWindowMS    int64   `json:"lock_window_ms"`
+		Extrapolation   float64 `json:"extrapolation"`
+		Caveat          string  `json:"caveat"`
+		OnlineTotalMS   *int64  `json:"online_total_ms"`
+		ThresholdMS     int64   `json:"online_threshold_ms"`
+		RecommendOnline bool    `json:"recommend_online"`
+		Recommendation  string  `json:"recommendation"`
 	} `json:"forecast"`
 }
 
@@ -105,6 +107,9 @@ func TestAuditForecastFromCalibrationFile(t *testing.T) {
 	}
 	if f.LockWindowMS != 20_100 || f.OnlineTotalMS == nil || *f.OnlineTotalMS != 50_500 {
 		t.Fatalf("lock window %d ms, online %v ms: want 20100 and 50500", f.LockWindowMS, f.OnlineTotalMS)
+	}
+	if f.Extrapolation != 4 || f.Caveat != "" {
+		t.Fatalf("2M rows from a 500k sample: extrapolation %g (want 4), caveat %q (want none)", f.Extrapolation, f.Caveat)
 	}
 	if !f.RecommendOnline || f.ThresholdMS != 5000 || !strings.Contains(f.Recommendation, "use apply --online") {
 		t.Fatalf("recommendation: %+v", f)

@@ -47,11 +47,22 @@ type Forecast struct {
 	LockWindowMS int64 `json:"lock_window_ms,omitempty"`
 	// OnlineTotalMS: expected duration of apply --online; nil when the
 	// basis has no online timing.
-	OnlineTotalMS   *int64 `json:"online_total_ms,omitempty"`
-	ThresholdMS     int64  `json:"online_threshold_ms"`
-	RecommendOnline bool   `json:"recommend_online"`
-	Recommendation  string `json:"recommendation,omitempty"`
+	OnlineTotalMS *int64 `json:"online_total_ms,omitempty"`
+	// Extrapolation: the audited rows over the largest size measured.
+	// Above ExtrapolationCaveat, Caveat says what the estimate leaves out.
+	Extrapolation   float64 `json:"extrapolation,omitempty"`
+	Caveat          string  `json:"caveat,omitempty"`
+	ThresholdMS     int64   `json:"online_threshold_ms"`
+	RecommendOnline bool    `json:"recommend_online"`
+	Recommendation  string  `json:"recommendation,omitempty"`
 }
+
+// ExtrapolationCaveat: past this many times the largest size measured, the
+// forecast warns that it is likely low. Measured (BENCHMARKS.md, "audit
+// forecast"): from a 200,000-row sample, 1M rows came within 0.9x, while at
+// 5M the lock window was about 3x the linear estimate (sorts that spill, a
+// table that no longer fits in memory).
+const ExtrapolationCaveat = 10
 
 // Unavailable is a forecast without estimates: why, and what to do.
 func Unavailable(rows *Stats, threshold time.Duration, reason string) *Forecast {
@@ -68,6 +79,13 @@ func Estimate(rows Stats, b Basis, threshold time.Duration) *Forecast {
 		online = b.Online.At(rows.StepTasks)
 		ms := online.Milliseconds()
 		f.OnlineTotalMS = &ms
+	}
+	if b.LargestRows > 0 {
+		f.Extrapolation = float64(rows.StepTasks) / float64(b.LargestRows)
+	}
+	if f.Extrapolation > ExtrapolationCaveat {
+		f.Caveat = fmt.Sprintf("%.0fx the largest size measured (%d rows): costs that grow faster than the rows (sorts that spill to disk, a table that outgrows the cache) are not in the estimate, which is likely low; "+
+			"rehearse on a capture of this database (--calibration) or measure larger sizes (--calibrate-rows)", f.Extrapolation, b.LargestRows)
 	}
 	f.RecommendOnline = lock > threshold
 	switch {

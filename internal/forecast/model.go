@@ -25,6 +25,8 @@ type Model struct {
 	LockWindow Cost   `json:"lock_window"`
 	// Online is nil when the calibration has no apply --online timing.
 	Online *Cost `json:"online,omitempty"`
+	// LargestRows: the largest size measured (step_tasks rows).
+	LargestRows int64 `json:"largest_rows"`
 }
 
 // ModelOf derives the costs from a calibration's measured sizes.
@@ -41,6 +43,9 @@ func ModelOf(c Calibration) (Model, error) {
 		}
 	}
 	m := Model{LockWindow: fit(lock)}
+	for _, p := range pts {
+		m.LargestRows = max(m.LargestRows, p.StepTasks)
+	}
 	m.Method = method(lock)
 	if len(online) > 0 {
 		o := fit(online)

@@ -64,8 +64,12 @@ func TestEstimateRecommends(t *testing.T) {
 		f.Basis.Source != "f.json" || f.Basis.Server != "15" {
 		t.Fatalf("forecast %+v", f)
 	}
+	// 1000x the only size measured: said to be likely low.
+	if f.Extrapolation != 1000 || !strings.Contains(f.Caveat, "likely low") {
+		t.Fatalf("extrapolation %g, caveat %q", f.Extrapolation, f.Caveat)
+	}
 	f = forecast.Estimate(forecast.Stats{StepTasks: 100_000}, b, 5*time.Second)
-	if f.LockWindowMS != 1000 || f.RecommendOnline || !strings.Contains(f.Recommendation, "transactional apply") {
+	if f.LockWindowMS != 1000 || f.RecommendOnline || !strings.Contains(f.Recommendation, "transactional apply") || f.Caveat == "" {
 		t.Fatalf("forecast %+v", f)
 	}
 }
