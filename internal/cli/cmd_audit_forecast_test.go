@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/forecast"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -222,5 +223,24 @@ func TestAuditForecastMeasuresASample(t *testing.T) {
 	doc, _ = auditForecast(t, db.DSN, "--calibration", out)
 	if doc.Forecast.LockWindowMS != f.LockWindowMS || *doc.Forecast.OnlineTotalMS != *f.OnlineTotalMS {
 		t.Fatalf("from the saved file: %+v, measured: %+v", doc.Forecast, f)
+	}
+}
+
+// TestAuditForecastCalibrateLocal: --calibrate-local measures on an
+// ephemeral cluster of this machine's binaries when they exist, and
+// otherwise reports the forecast unavailable with what to do (the audit
+// itself is unaffected either way).
+func TestAuditForecastCalibrateLocal(t *testing.T) {
+	db := auditDB(t)
+	doc, _ := auditForecast(t, db.DSN, "--calibrate-local", "--calibrate-rows", "2000,10000")
+	f := doc.Forecast
+	if _, err := pgprovider.FindBinDir(); err != nil {
+		if f.Available || !strings.Contains(f.Reason, "ephemeral cluster") || !strings.Contains(f.Reason, "--calibrate-dsn") {
+			t.Fatalf("no binaries: %+v", f)
+		}
+		return
+	}
+	if !f.Available || f.Basis.Kind != "sample" || !strings.Contains(f.Basis.Source, "local") || f.Basis.LockWindow.PerRowUS <= 0 {
+		t.Fatalf("local cluster: %+v %+v", f, f.Basis)
 	}
 }
