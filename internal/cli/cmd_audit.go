@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/forecast"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
@@ -23,15 +24,17 @@ func (a *App) auditCommand() *ucli.Command {
 		Usage: "read-only pre-upgrade audit with exact counts (safe on production)",
 		Description: "Runs the check catalog, each check in its own READ ONLY transaction with its own time budget.\n" +
 			"Exit codes: 0 no blockers, 1 blockers found, 4 inconclusive (a check timed out or failed; no blockers), 3 connection error.\n" +
-			"Checks: " + strings.Join(audit.IDs(), ", "),
-		Flags: []ucli.Flag{
+			"Checks: " + strings.Join(audit.IDs(), ", ") + "\n" +
+			"Forecast: the expected lock window of a transactional apply and the duration of apply --online, from row counts in the statistics (no scan)\n" +
+			"and per-row costs from --calibration FILE or measured on a generated sample (--calibrate-dsn, --calibrate-local); it never changes the exit code.",
+		Flags: append([]ucli.Flag{
 			&ucli.IntFlag{Name: "sample", Value: 5, Usage: "sample rows per finding (0: none)"},
 			&ucli.StringSliceFlag{Name: "check", Usage: "run only this check `ID` (repeatable)"},
 			&ucli.Int64Flag{Name: "bound", Value: 500_000, Usage: "rows per query of the chunked duplicate scan (how finely an out-of-time check reports \"examined N\"); counts are always exact"},
 			&ucli.DurationFlag{Name: "check-timeout", Value: 60 * time.Second, Usage: "time budget of each check (statement_timeout); a check out of budget is inconclusive (exit 4)"},
 			&ucli.DurationFlag{Name: "timeout", Value: 180 * time.Second, Usage: "time budget of the whole audit"},
 			&ucli.DurationFlag{Name: "lock-timeout", Value: time.Second, Usage: "lock_timeout: the longest a check waits for a lock"},
-		},
+		}, forecastFlags()...),
 		Action: a.auditAction,
 	}
 }
@@ -61,11 +64,16 @@ func (a *App) auditAction(c *ucli.Context) error {
 			return usageErrorf("--%s %s: must be positive", f, c.Duration(f))
 		}
 	}
+	plan, err := parseForecastFlags(c)
+	if err != nil {
+		return err
+	}
 	ctx := c.Context
 	conn, t, err := a.openTarget(c, "audit")
 	if err != nil {
 		return err
 	}
+	a.noteSameServer(plan, t)
 	defer conn.Close(context.WithoutCancel(ctx))
 
 	rep, err := audit.Run(ctx, conn, audit.Options{
@@ -91,12 +99,16 @@ func (a *App) auditAction(c *ucli.Context) error {
 		}
 	}
 	code := auditExitCode(rep)
+	fc := a.runForecast(ctx, conn, rep, plan, c.Duration("check-timeout"), c.Duration("lock-timeout"))
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
 
 	var buf bytes.Buffer
 	if jsonOutput(c) {
-		err = writeJSON(&buf, auditJSON{Target: dsn.Describe(t.config), Report: rep, Summary: summarize(rep, code)})
+		err = writeJSON(&buf, auditJSON{Target: dsn.Describe(t.config), Report: rep, Summary: summarize(rep, code), Forecast: fc})
 	} else {
-		err = writeAuditTable(&buf, dsn.Describe(t.config), rep, code)
+		err = writeAuditTable(&buf, dsn.Describe(t.config), rep, fc, code)
 	}
 	if err != nil {
 		return err
@@ -130,6 +142,8 @@ type auditJSON struct {
 	Target  string       `json:"target"`
 	Summary auditSummary `json:"summary"`
 	*audit.Report
+	// Forecast: the expected cost of the upgrade on this database.
+	Forecast *forecast.Forecast `json:"forecast"`
 }
 
 type auditSummary struct {
@@ -186,7 +200,7 @@ func countCell(f audit.Finding) string {
 
 // writeAuditTable prints the summary grouped by severity, the samples under
 // it, then how each check ran.
-func writeAuditTable(w *bytes.Buffer, target string, rep *audit.Report, code int) error {
+func writeAuditTable(w *bytes.Buffer, target string, rep *audit.Report, fc *forecast.Forecast, code int) error {
 	fmt.Fprintf(w, "pgflow-upgrade audit of %s: PostgreSQL %s, pgmq %s, schema %s (%d ms)\n\n",
 		target, rep.ServerVersion, rep.PGMQ, rep.Schema.State, rep.DurationMS)
 	writeVersion(w, rep.PgflowVersion)
@@ -241,6 +255,7 @@ func writeAuditTable(w *bytes.Buffer, target string, rep *audit.Report, code int
 	if err := writeTable(w, []string{"check", "status", "findings", "ms", "note"}, rows); err != nil {
 		return err
 	}
+	writeForecast(w, fc)
 	s := summarize(rep, code)
 	fmt.Fprintf(w, "\n%d blocker(s), %d warning(s), %d inconclusive, %d error(s): exit %d\n",
 		s.Blockers, s.Warnings, s.Inconclusive, s.Errors, code)

@@ -36,6 +36,18 @@ type Calibration struct {
 	ApplyTotalMS        float64 `json:"apply_total_ms"`         // transactional apply: whole run
 	OnlineTotalMS       float64 `json:"online_total_ms"`        // apply --online: whole run
 	OnlineLongestWaitMS float64 `json:"online_longest_wait_ms"` // apply --online: the probe's longest wait
+
+	// Points: every size measured, when more than the one above (a sample
+	// calibration measures two, so the forecast fits a fixed cost and a
+	// per-row cost). Empty: the figures above are the only point.
+	Points []Point `json:"points,omitempty"`
+}
+
+// Point is one measured size: step_tasks rows and the timings on them.
+type Point struct {
+	StepTasks     int64   `json:"step_tasks"`
+	LockWindowMS  float64 `json:"lock_window_ms"`
+	OnlineTotalMS float64 `json:"online_total_ms"` // 0: not measured
 }
 
 // WriteCalibration writes c to path as indented JSON (replacing the file atomically).
@@ -69,8 +81,34 @@ func ReadCalibration(path string) (Calibration, error) {
 	if c.Format != CalibrationFormat {
 		return c, fmt.Errorf("reading the calibration file %s: format %d, this tool reads format %d; rerun the rehearsal with this version", path, c.Format, CalibrationFormat)
 	}
-	if c.StepTasks <= 0 || c.LockWindowMS <= 0 {
-		return c, fmt.Errorf("reading the calibration file %s: it holds no measured lock window or no rows; rerun the rehearsal", path)
+	if err := c.validate(); err != nil {
+		return c, fmt.Errorf("reading the calibration file %s: %w; rerun the rehearsal (or the sample calibration) that wrote it", path, err)
 	}
 	return c, nil
+}
+
+// validate: what a forecast needs from c (at least one size with rows and a
+// lock window; no negative timing).
+func (c Calibration) validate() error {
+	if c.StepTasks <= 0 || c.LockWindowMS <= 0 {
+		return fmt.Errorf("it holds no measured lock window or no rows (step_tasks %d, lock_window_ms %g)", c.StepTasks, c.LockWindowMS)
+	}
+	if c.ApplyTotalMS < 0 || c.OnlineTotalMS < 0 || c.OnlineLongestWaitMS < 0 {
+		return fmt.Errorf("it holds a negative timing")
+	}
+	for i, p := range c.Points {
+		if p.StepTasks <= 0 || p.LockWindowMS <= 0 || p.OnlineTotalMS < 0 {
+			return fmt.Errorf("point %d: step_tasks %d, lock_window_ms %g, online_total_ms %g: each point needs rows and a positive lock window",
+				i, p.StepTasks, p.LockWindowMS, p.OnlineTotalMS)
+		}
+	}
+	return nil
+}
+
+// points: c's measured sizes (Points, or the top-level figures as one).
+func (c Calibration) points() []Point {
+	if len(c.Points) > 0 {
+		return c.Points
+	}
+	return []Point{{StepTasks: c.StepTasks, LockWindowMS: c.LockWindowMS, OnlineTotalMS: c.OnlineTotalMS}}
 }
