@@ -74,9 +74,9 @@ func WriteJUnit(w io.Writer, suite string, started time.Time, results []Result) 
 		if len(r.Metrics) > 0 {
 			c.Properties = &junitProperties{}
 			for _, m := range r.Metrics {
-				c.Properties.Property = append(c.Properties.Property, junitProperty{m.Name + "_ms", fmt.Sprintf("%.3f", m.MS)})
+				c.Properties.Property = append(c.Properties.Property, junitProperty{m.Name + "_ms", fmt.Sprintf("%g", m.MS)})
 				if m.BudgetMS > 0 {
-					c.Properties.Property = append(c.Properties.Property, junitProperty{m.Name + "_budget_ms", fmt.Sprintf("%.3f", m.BudgetMS)})
+					c.Properties.Property = append(c.Properties.Property, junitProperty{m.Name + "_budget_ms", fmt.Sprintf("%g", m.BudgetMS)})
 				}
 			}
 		}

@@ -38,9 +38,9 @@ type Measurements struct {
 	ServerVersion string
 	// Sizes of the rehearsed database (exact counts, before the upgrade).
 	StepTasks, StepStates, Steps, Flows int64
-	LockWindow, ApplyTotal             time.Duration // transactional apply
-	OnlineTotal, OnlineLongestWait     time.Duration // apply --online and its probe
-	OnlineLockWindow                   time.Duration // the online run's longest lock window
+	LockWindow, ApplyTotal              time.Duration // transactional apply
+	OnlineTotal, OnlineLongestWait      time.Duration // apply --online and its probe
+	OnlineLockWindow                    time.Duration // the online run's longest lock window
 }
 
 // Measured returns what the scenarios measured.

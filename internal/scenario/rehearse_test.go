@@ -58,7 +58,7 @@ func TestRehearsalOnACustomizedCapture(t *testing.T) {
 	if err := scenario.WriteJUnit(&junit, "replay", time.Now(), results); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`<property name="lock_window_ms"`, `<property name="lock_window_budget_ms" value="3600000.000">`, `<property name="online_longest_wait_ms"`} {
+	for _, want := range []string{`<property name="lock_window_ms"`, `<property name="lock_window_budget_ms" value="3.6e+06">`, `<property name="online_longest_wait_ms"`} {
 		if !strings.Contains(junit.String(), want) {
 			t.Errorf("JUnit lacks %s:\n%s", want, junit.String())
 		}

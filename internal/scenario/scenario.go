@@ -129,7 +129,7 @@ func (e *Env) Measure(name string, d, budget time.Duration) error {
 	return nil
 }
 
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
 
 // Logf logs a progress line (stderr of replay, t.Log in tests).
 func (e *Env) Logf(format string, args ...any) {
