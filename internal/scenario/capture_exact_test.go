@@ -207,3 +207,56 @@ func loadInflight(t *testing.T, db *testdb.DB) {
 		t.Fatal(err)
 	}
 }
+
+// A version 1 file (rows only, written before the rehearsal) is still read
+// and restored into the project's own 0.16.0 baseline.
+func TestCaptureVersion1StillRestores(t *testing.T) {
+	ctx := context.Background()
+	file := gzipped(`{"format": "pgflow-upgrade-capture", "version": 1, "pgflow_state": "baseline", "created_at": "2026-12-02T12:00:00Z"}
+{"table": "pgflow.flows", "row": {"flow_slug": "old_file", "opt_max_attempts": 3, "opt_base_delay": 1, "opt_timeout": 60, "created_at": "2026-12-01T00:00:00Z"}}
+{"table": "pgmq.queue", "row": {"queue_name": "old_file", "is_partitioned": false, "is_unlogged": false, "created_at": "2026-12-01T00:00:00Z"}}
+{"table": "pgmq.q", "queue": "old_file", "row": {"msg_id": 7, "read_ct": 0, "enqueued_at": "2026-12-01T00:00:00Z", "vt": "2026-12-01T00:00:00Z", "message": {"k": 1}, "headers": null}}
+{"end": {"records": 3}}
+`)
+	c, err := scenario.ReadCapture(bytes.NewReader(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := testdb.Empty(t)
+	conn, err := pgx.Connect(ctx, dst.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := c.Restore(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	var flows, next int64
+	if err := dst.Pool.QueryRow(ctx, `select (select count(*) from pgflow.flows where flow_slug = 'old_file'), (select * from pgmq.send('old_file', '{}'))`).Scan(&flows, &next); err != nil {
+		t.Fatal(err)
+	}
+	if flows != 1 || next != 8 {
+		t.Fatalf("restored version 1 file: %d flows, next message id %d (want 1, 8)", flows, next)
+	}
+}
+
+func TestCaptureRefusesPartitionedTables(t *testing.T) {
+	ctx := context.Background()
+	src := testdb.Baseline(t)
+	if _, err := src.Pool.Exec(ctx, `create schema app; create table app.p (id int) partition by range (id)`); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, src.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var file bytes.Buffer
+	_, err = scenario.Capture(ctx, conn, &file, scenario.CaptureOptions{IncludeSchemas: []string{"app"}})
+	if err == nil || !strings.Contains(err.Error(), "app.p") {
+		t.Fatalf("capture of a partitioned table: %v", err)
+	}
+	if _, err := scenario.Capture(ctx, conn, &file, scenario.CaptureOptions{IncludeSchemas: []string{"pgmq"}}); err == nil {
+		t.Fatal("--include-schema pgmq accepted")
+	}
+}

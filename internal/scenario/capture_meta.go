@@ -35,6 +35,18 @@ func describe(ctx context.Context, tx pgx.Tx, h *Header, include []string) error
 		}
 		h.Schemas = append(h.Schemas, s)
 	}
+	// Partitioned and inheriting tables are not rebuilt: refuse rather
+	// than capture a parent's rows twice or a partition's DDL wrong.
+	var odd *string
+	if err := tx.QueryRow(ctx, `select pg_catalog.string_agg(pg_catalog.format('%I.%I', n.nspname, c.relname), ', ')
+		from pg_catalog.pg_class c join pg_catalog.pg_namespace n on n.oid operator(pg_catalog.=) c.relnamespace
+		where n.nspname operator(pg_catalog.=) any ($1) and (c.relkind operator(pg_catalog.=) 'p' or c.relispartition
+		   or exists (select 1 from pg_catalog.pg_inherits i where i.inhrelid operator(pg_catalog.=) c.oid or i.inhparent operator(pg_catalog.=) c.oid))`, h.Schemas).Scan(&odd); err != nil {
+		return fmt.Errorf("capture: looking for partitioned tables: %w", err)
+	}
+	if odd != nil {
+		return fmt.Errorf("capture: %s: partitioned or inheriting tables cannot be captured and rebuilt (leave that schema out)", *odd)
+	}
 	if err := tx.QueryRow(ctx, `select pg_catalog.current_setting('server_version'),
 			coalesce((select 'extension ' operator(pg_catalog.||) extversion from pg_catalog.pg_extension where extname operator(pg_catalog.=) 'pgmq'), 'stand-in')`).
 		Scan(&h.ServerVersion, &h.PGMQ); err != nil {
