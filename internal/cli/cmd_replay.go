@@ -74,6 +74,7 @@ func dsnValue(c *ucli.Context) string {
 type replayReport struct {
 	Provider  string            `json:"provider"`
 	From      string            `json:"from,omitempty"`
+	Capture   *scenario.Header  `json:"capture,omitempty"` // the capture's header: versions, table sizes
 	Rehearsal *rehearsalReport  `json:"rehearsal,omitempty"`
 	Scenarios []scenario.Result `json:"scenarios"`
 	Passed    int               `json:"passed"`
@@ -160,7 +161,14 @@ func (a *App) fixturesReplay(c *ucli.Context) error {
 	defer hb.stop()
 	r := &scenario.Runner{Server: srv, Parallel: parallel, Logf: hb.printf}
 	if captured != nil {
-		fmt.Fprintf(a.Stderr, "replay: restoring %s (captured %s, %d records)\n", from, captured.Header.CreatedAt.Format(time.RFC3339), captured.Records)
+		h := captured.Header
+		fmt.Fprintf(a.Stderr, "replay: restoring %s (captured %s, %d records", from, h.CreatedAt.Format(time.RFC3339), captured.Records)
+		if h.Version >= 2 {
+			fmt.Fprintf(a.Stderr, "; pgflow %s on pgmq %s, PostgreSQL %s, schemas %s, %d step_tasks rows", h.PgflowVersion, h.PGMQ, h.ServerVersion, strings.Join(h.Schemas, ", "), h.Rows("pgflow.step_tasks"))
+		} else {
+			fmt.Fprintf(a.Stderr, "; a version 1 file: its rows are restored into this tool's own pgflow 0.16.0 schema, not an exact rebuild")
+		}
+		fmt.Fprintln(a.Stderr, ")")
 		r.Baseline = func(ctx context.Context, conn *pgx.Conn) error {
 			return scenario.RestoreFile(ctx, conn, from, scenario.DefaultLimits)
 		}
@@ -186,6 +194,7 @@ func (a *App) fixturesReplay(c *ucli.Context) error {
 	rep.Failed = scenario.Failed(results)
 	rep.Passed = len(results) - rep.Failed
 	if captured != nil {
+		rep.Capture = &captured.Header
 		rep.Rehearsal = newRehearsalReport(rehearsal)
 		if path := c.String("calibration-out"); path != "" {
 			if err := writeCalibration(path, from, rehearsal.Measured()); err != nil {
