@@ -61,6 +61,9 @@ type TableStat struct {
 	Table string `json:"table"` // schema.table
 	Rows  int64  `json:"rows"`
 	Bytes int64  `json:"bytes"` // pg_total_relation_size: heap, indexes, TOAST
+	// Columns: the columns of its COPY rows, in order (not for pgmq's
+	// tables, whose messages are JSON rows).
+	Columns []string `json:"columns,omitempty"`
 }
 
 // Rows returns the captured row count of table ("pgflow.step_tasks"), -1 when absent.
@@ -82,6 +85,9 @@ type Record struct {
 	Table string          `json:"table,omitempty"`
 	Queue string          `json:"queue,omitempty"`
 	Row   json.RawMessage `json:"row,omitempty"`
+	// Copy is a row of a captured schema's table in COPY's text format,
+	// the columns those of the header's Tables (version 2).
+	Copy *string `json:"copy,omitempty"`
 	// DDL is one statement of Section "pre" or "post" (version 2).
 	DDL     string `json:"ddl,omitempty"`
 	Section string `json:"section,omitempty"`
@@ -197,11 +203,6 @@ func Capture(ctx context.Context, conn *pgx.Conn, w io.Writer, opts CaptureOptio
 			if err := rows.Scan(&raw); err != nil {
 				return fmt.Errorf("capture: reading %s %s: %w", table, queue, err)
 			}
-			if opts.Redact {
-				if raw, err = redact(table, raw); err != nil {
-					return err
-				}
-			}
 			if err := put(Record{Table: table, Queue: queue, Row: raw}); err != nil {
 				return err
 			}
@@ -212,11 +213,10 @@ func Capture(ctx context.Context, conn *pgx.Conn, w io.Writer, opts CaptureOptio
 		return n, err
 	}
 	for _, t := range h.Tables {
-		s, name, _ := strings.Cut(t.Table, ".")
-		if s == "pgmq" {
+		if strings.HasPrefix(t.Table, "pgmq.") {
 			continue
 		}
-		if err := emit(t.Table, "", "select pg_catalog.to_jsonb(t) from "+pgx.Identifier{s, name}.Sanitize()+" t"); err != nil {
+		if err := copyRows(ctx, tx, t, opts.Redact, put); err != nil {
 			return n, err
 		}
 	}
@@ -254,54 +254,4 @@ func Capture(ctx context.Context, conn *pgx.Conn, w io.Writer, opts CaptureOptio
 		return n, err
 	}
 	return n, nil
-}
-
-// redact replaces the user data of one row.
-func redact(table string, raw []byte) ([]byte, error) {
-	var cols []string
-	switch table {
-	case "pgflow.runs":
-		cols = []string{"input", "output"}
-	case "pgflow.step_states", "pgflow.step_tasks":
-		cols = []string{"output"}
-	default:
-		return raw, nil
-	}
-	var row map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &row); err != nil {
-		return nil, fmt.Errorf("capture: redacting %s: %w", table, err)
-	}
-	for _, c := range cols {
-		v, ok := row[c]
-		if !ok || string(v) == "null" {
-			continue
-		}
-		row[c] = placeholder(v)
-	}
-	return marshalPlain(row)
-}
-
-// marshalPlain is json.Marshal without HTML escaping ("<redacted>" stays readable).
-func marshalPlain(v any) ([]byte, error) {
-	var b strings.Builder
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return []byte(strings.TrimRight(b.String(), "\n")), nil
-}
-
-func placeholder(v json.RawMessage) json.RawMessage {
-	var arr []json.RawMessage
-	if json.Unmarshal(v, &arr) == nil {
-		out := make([]string, len(arr))
-		for i := range out {
-			out[i] = Redacted
-		}
-		b, _ := marshalPlain(out)
-		return b
-	}
-	b, _ := marshalPlain(Redacted)
-	return b
 }

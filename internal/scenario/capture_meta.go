@@ -128,6 +128,17 @@ func tableStats(ctx context.Context, tx pgx.Tx, h *Header, queues []physQueue) e
 			Scan(&st.Rows, &st.Bytes); err != nil {
 			return fmt.Errorf("capture: counting %s: %w", st.Table, err)
 		}
+		if id[0] != "pgmq" {
+			rows, err := tx.Query(ctx, `select a.attname::text from pg_catalog.pg_attribute a
+				where a.attrelid operator(pg_catalog.=) $1::pg_catalog.regclass and a.attnum operator(pg_catalog.>) 0
+				  and not a.attisdropped and a.attgenerated operator(pg_catalog.=) '' order by a.attnum`, id.Sanitize())
+			if err != nil {
+				return fmt.Errorf("capture: reading the columns of %s: %w", st.Table, err)
+			}
+			if st.Columns, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+				return fmt.Errorf("capture: reading the columns of %s: %w", st.Table, err)
+			}
+		}
 		h.Tables = append(h.Tables, st)
 	}
 	return nil

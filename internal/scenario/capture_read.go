@@ -82,6 +82,8 @@ type captureReader struct {
 	phase   int             // order of the sections: pgflow tables, queues, messages
 	queues  map[string]bool // lower(queue_name) of the queue records seen
 	ended   bool
+	// copyTables: the tables of the header with columns (version 2).
+	copyTables map[string]bool
 }
 
 // countingReader counts the decompressed bytes and stops at the limit.
@@ -231,7 +233,7 @@ func (cr *captureReader) check(rec Record) error {
 	var phase int
 	var err error
 	if cr.header.Version == 1 {
-		if rec.DDL != "" || rec.Seq != nil || rec.Section != "" {
+		if rec.DDL != "" || rec.Seq != nil || rec.Section != "" || rec.Copy != nil {
 			return bad("line %d: a DDL or sequence record in a version 1 file", cr.line)
 		}
 		phase, err = cr.phaseV1(rec)
@@ -335,24 +337,39 @@ func (cr *captureReader) phaseV2(rec Record) (int, error) {
 		}
 		return v2Sequences, nil
 	}
-	if rec.Section != "" || len(rec.Row) == 0 || rec.Row[0] != '{' {
-		return 0, bad("line %d: a record that is neither DDL, a sequence nor a row object", cr.line)
+	if rec.Section != "" {
+		return 0, bad("line %d: a row record with a section", cr.line)
 	}
 	switch rec.Table {
-	case "pgmq.queue":
-		return v2Queues, cr.queueRecord(rec)
-	case "pgmq.q", "pgmq.a":
+	case "pgmq.queue", "pgmq.q", "pgmq.a":
+		if rec.Copy != nil || len(rec.Row) == 0 || rec.Row[0] != '{' {
+			return 0, bad("line %d: a %s record whose row is not a JSON object", cr.line, rec.Table)
+		}
+		if rec.Table == "pgmq.queue" {
+			return v2Queues, cr.queueRecord(rec)
+		}
 		return v2Messages, cr.queueRecord(rec)
 	}
-	schema, table, ok := strings.Cut(rec.Table, ".")
-	if ok && table != "" {
+	if rec.Copy == nil || rec.Row != nil || !validCopyLine(*rec.Copy) {
+		return 0, bad("line %d: a row of %q that is not one line of COPY text", cr.line, rec.Table)
+	}
+	if cr.copyTables == nil {
+		cr.copyTables = map[string]bool{}
+		for _, t := range cr.header.Tables {
+			if s, _, _ := strings.Cut(t.Table, "."); s != "pgmq" && len(t.Columns) > 0 {
+				cr.copyTables[t.Table] = true
+			}
+		}
+	}
+	schema, _, _ := strings.Cut(rec.Table, ".")
+	if cr.copyTables[rec.Table] && schema != "pgmq" {
 		for _, s := range cr.header.Schemas {
 			if s == schema {
 				return v2Rows, nil
 			}
 		}
 	}
-	return 0, bad("line %d: a row of %q, which is not a table of the captured schemas %v", cr.line, rec.Table, cr.header.Schemas)
+	return 0, bad("line %d: a row of %q, which the header does not list among the captured schemas' tables", cr.line, rec.Table)
 }
 
 // ValidateCapture reads a whole capture file and checks it (format, order,

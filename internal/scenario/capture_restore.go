@@ -35,15 +35,30 @@ func restoreExact(ctx context.Context, conn *pgx.Conn, h Header, next func() (Re
 		return fmt.Errorf("restore: %w", err)
 	}
 	b := &batch{tx: tx, columns: map[string]string{}}
+	var pending *Record // read by a COPY that it ended
 	for {
-		r, ok, err := next()
-		if err != nil {
+		var r Record
+		var ok bool
+		if pending != nil {
+			r, ok, pending = *pending, true, nil
+		} else if r, ok, err = next(); err != nil {
 			return err
 		}
 		if !ok {
 			break
 		}
 		switch {
+		case r.Copy != nil:
+			if err := b.flush(ctx); err != nil {
+				return err
+			}
+			after, more, err := copyIn(ctx, tx, h, r, next)
+			if err != nil {
+				return err
+			}
+			if more { // else the file ended: next() says so again
+				pending = &after
+			}
 		case r.DDL != "":
 			if err := b.flush(ctx); err != nil {
 				return err

@@ -21,7 +21,7 @@ import (
 
 const fuzzHeader = `{"format": "pgflow-upgrade-capture", "version": 1, "pgflow_state": "baseline", "created_at": "2026-12-02T12:00:00Z"}`
 
-const fuzzHeader2 = `{"format": "pgflow-upgrade-capture", "version": 2, "pgflow_state": "baseline", "created_at": "2026-12-02T12:00:00Z", "schemas": ["pgflow", "app"]}`
+const fuzzHeader2 = `{"format": "pgflow-upgrade-capture", "version": 2, "pgflow_state": "baseline", "created_at": "2026-12-02T12:00:00Z", "schemas": ["pgflow", "app"], "tables": [{"table": "app.jobs", "rows": 1, "bytes": 8192, "columns": ["id"]}]}`
 
 func gzipped(s string) []byte {
 	var b bytes.Buffer
@@ -46,10 +46,12 @@ func FuzzReadCapture(f *testing.F) {
 		`{"some": "other tool"}` + "\n",
 		"",
 		"not json\n",
-		fuzzHeader2 + "\n" + `{"ddl": "create schema if not exists pgflow", "section": "pre"}` + "\n" + `{"table": "app.jobs", "row": {"id": 1}}` + "\n" +
+		fuzzHeader2 + "\n" + `{"ddl": "create schema if not exists pgflow", "section": "pre"}` + "\n" + `{"table": "app.jobs", "copy": "1"}` + "\n" +
 			`{"seq": {"sequence": "app.s", "last_value": 3, "is_called": true}}` + "\n" + `{"ddl": "create index i on app.jobs (id)", "section": "post"}` + "\n" + `{"end": {"records": 4}}` + "\n",
 		fuzzHeader2 + "\n" + `{"ddl": "x", "section": "post"}` + "\n" + `{"ddl": "y", "section": "pre"}` + "\n" + `{"end": {"records": 2}}` + "\n",
-		fuzzHeader2 + "\n" + `{"table": "other.t", "row": {}}` + "\n" + `{"end": {"records": 1}}` + "\n",
+		fuzzHeader2 + "\n" + `{"table": "other.t", "copy": "1"}` + "\n" + `{"end": {"records": 1}}` + "\n",
+		fuzzHeader2 + "\n" + `{"table": "app.jobs", "copy": "1\n2"}` + "\n" + `{"end": {"records": 1}}` + "\n",
+		fuzzHeader2 + "\n" + `{"table": "app.jobs", "row": {"id": 1}}` + "\n" + `{"end": {"records": 1}}` + "\n",
 		fuzzHeader2 + "\n" + `{"seq": {"last_value": 3}}` + "\n" + `{"end": {"records": 1}}` + "\n",
 		fuzzHeader + "\n" + `{"table": "pgflow.flows", "row": {"flow_slug": "it's \"quoted\"; drop table x; --"}}` + "\n" + `{"end": {"records": 1}}` + "\n",
 	} {
@@ -92,7 +94,11 @@ func FuzzReadCapture(f *testing.F) {
 				if s, _, _ := strings.Cut(r.Table, "."); !schemas[s] {
 					t.Fatalf("accepted a record of table %q (schemas %v)", r.Table, c.Header.Schemas)
 				}
-				if len(r.Row) == 0 || r.Row[0] != '{' || !json.Valid(r.Row) {
+				if r.Copy != nil {
+					if c.Header.Version == 1 || r.Row != nil || strings.ContainsAny(*r.Copy, "\n\r") || *r.Copy == `\.` {
+						t.Fatalf("accepted a COPY row that is not one line of a version 2 file: %+v", r)
+					}
+				} else if len(r.Row) == 0 || r.Row[0] != '{' || !json.Valid(r.Row) {
 					t.Fatalf("accepted a row that is not a JSON object: %q", r.Row)
 				}
 			}

@@ -223,8 +223,7 @@ func TestCaptureRedacts(t *testing.T) {
 	}
 	found := false
 	for _, r := range c.Records {
-		if r.Table == "pgflow.runs" && strings.Contains(string(r.Row), `"input": ["<redacted>", "<redacted>"]`) ||
-			r.Table == "pgflow.runs" && strings.Contains(string(r.Row), `"input":["<redacted>","<redacted>"]`) {
+		if r.Table == "pgflow.runs" && r.Copy != nil && strings.Contains(*r.Copy, `["<redacted>", "<redacted>"]`) {
 			found = true
 		}
 	}
