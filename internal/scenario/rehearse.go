@@ -3,6 +3,7 @@ package scenario
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -99,20 +100,20 @@ func (r *Rehearsal) survives(ctx context.Context, env *Env) error {
 		return err
 	}
 	var rep *upgrade.Report
-	up := env.Upgrade
-	env.Upgrade = func(ctx context.Context, db *DB) (*upgrade.Report, error) {
+	rows, err := keeps(ctx, db, "the upgrade", func() error {
 		var err error
-		rep, err = up(ctx, db)
-		return rep, err
-	}
-	before, err := survive(ctx, env, db)
+		if rep, err = env.Upgrade(ctx, db); err != nil {
+			return fmt.Errorf("the upgrade failed: %w", err)
+		}
+		return nil
+	})
 	if err != nil {
 		return err
 	}
 	if err := verifyUpgraded(ctx, db); err != nil {
 		return err
 	}
-	env.Notef("%d rows and messages identical", before.RowCount())
+	env.Notef("%d rows and messages identical", rows)
 	if rep == nil {
 		return nil
 	}
@@ -129,60 +130,50 @@ func (r *Rehearsal) onlineSurvives(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
-	before, err := fingerprint.Take(ctx, db.Pool)
-	if err != nil {
-		return err
-	}
 	p := &waitProbe{}
-	pctx, stop := context.WithCancel(ctx)
-	ready := make(chan struct{})
-	perr := make(chan error, 1)
-	go func() { perr <- p.run(pctx, db.DSN, ready) }()
-	select {
-	case <-ready:
-	case err := <-perr:
+	var rep *online.Report
+	var took time.Duration
+	rows, err := keeps(ctx, db, "apply --online", func() error {
+		pctx, stop := context.WithCancel(ctx)
+		defer stop()
+		ready := make(chan struct{})
+		perr := make(chan error, 1)
+		go func() { perr <- p.run(pctx, db.DSN, ready) }()
+		select {
+		case <-ready:
+		case err := <-perr:
+			return fmt.Errorf("the probe did not start: %w", err)
+		}
+		conn, err := pgx.Connect(ctx, db.DSN)
+		if err != nil {
+			stop()
+			<-perr
+			return err
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		started := time.Now()
+		rep, err = online.Apply(ctx, conn, online.Options{})
+		took = time.Since(started)
 		stop()
-		return fmt.Errorf("the probe did not start: %w", err)
-	}
-	conn, err := pgx.Connect(ctx, db.DSN)
-	if err != nil {
-		stop()
-		<-perr
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	started := time.Now()
-	rep, err := online.Apply(ctx, conn, online.Options{})
-	took := time.Since(started)
-	stop()
-	if perr := <-perr; perr != nil && err == nil {
-		return fmt.Errorf("the probe: %w", perr)
-	}
-	if err != nil {
-		return fmt.Errorf("apply --online failed: %w", err)
-	}
-	if rep.Outcome != upgrade.OutcomeApplied {
-		return fmt.Errorf("apply --online: outcome %s, want %s: %s", rep.Outcome, upgrade.OutcomeApplied, rep.Message)
-	}
-	after, err := fingerprint.Take(ctx, db.Pool)
+		if perr := <-perr; perr != nil && err == nil {
+			return fmt.Errorf("the probe: %w", perr)
+		}
+		if err != nil {
+			return fmt.Errorf("apply --online failed: %w", err)
+		}
+		if rep.Outcome != upgrade.OutcomeApplied {
+			return fmt.Errorf("apply --online: outcome %s, want %s: %s", rep.Outcome, upgrade.OutcomeApplied, rep.Message)
+		}
+		return nil
+	})
 	if err != nil {
 		return err
-	}
-	if d := fingerprint.Compare(before, after); len(d) > 0 {
-		return fmt.Errorf("%d differences in pre-existing state after apply --online:\n%s", len(d), fingerprint.Format(d, 20))
-	}
-	d, err := fingerprint.CheckNewColumns(ctx, db.Pool)
-	if err != nil {
-		return err
-	}
-	if len(d) > 0 {
-		return fmt.Errorf("new columns wrong after apply --online:\n%s", fingerprint.Format(d, 20))
 	}
 	if err := verifyUpgraded(ctx, db); err != nil {
 		return err
 	}
 	longest, n, fails := p.result()
-	env.Notef("%d rows and messages identical; probe: %d operations, %d failed", before.RowCount(), n, fails)
+	env.Notef("%d rows and messages identical; probe: %d operations, %d failed", rows, n, fails)
 	lockWindow := time.Duration(rep.LongestLockWindowMS) * time.Millisecond
 	r.record(func(m *Measurements) {
 		m.OnlineTotal, m.OnlineLongestWait, m.OnlineLockWindow = took, longest, lockWindow
@@ -190,6 +181,35 @@ func (r *Rehearsal) onlineSurvives(ctx context.Context, env *Env) error {
 	env.Measure("online_total", took, 0)
 	env.Measure("online_lock_window", lockWindow, 0)
 	return env.Measure("online_longest_wait", longest, r.MaxWait)
+}
+
+// keeps runs upgrade between two digests of db and checks that every
+// pre-existing row and message is still there, unchanged, and that the
+// new columns hold the right values. It returns the rows compared.
+func keeps(ctx context.Context, db *DB, what string, upgrade func() error) (int64, error) {
+	d, err := takeDigest(ctx, db.Pool)
+	if err != nil {
+		return 0, err
+	}
+	defer d.close()
+	if err := upgrade(); err != nil {
+		return 0, err
+	}
+	diffs, total, err := d.compare(ctx, db.Pool, 20)
+	if err != nil {
+		return 0, err
+	}
+	if total > 0 {
+		return 0, fmt.Errorf("%d differences in pre-existing state after %s:\n%s", total, what, strings.Join(diffs, "\n"))
+	}
+	nd, err := fingerprint.CheckNewColumns(ctx, db.Pool)
+	if err != nil {
+		return 0, err
+	}
+	if len(nd) > 0 {
+		return 0, fmt.Errorf("new columns wrong after %s:\n%s", what, fingerprint.Format(nd, 20))
+	}
+	return d.rows, nil
 }
 
 func captureFenced(ctx context.Context, env *Env) error {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
 // TestRehearsalOnACustomizedCapture: a 0.16.0 database with the owners'
@@ -78,5 +79,24 @@ func TestRehearsalOnACustomizedCapture(t *testing.T) {
 		if !over {
 			t.Errorf("%s: no metric marked over budget: %+v", res.Name, res.Metrics)
 		}
+	}
+
+	// An upgrade that changes one pre-existing row and loses one archived
+	// message is caught by the digest comparison.
+	broken := &scenario.Runner{Server: testdb.Server(t), Logf: t.Logf,
+		Baseline: func(ctx context.Context, conn *pgx.Conn) error { return c.Restore(ctx, conn) },
+		Upgrade: func(ctx context.Context, db *scenario.DB) (*upgrade.Report, error) {
+			rep, err := scenario.Apply(ctx, db)
+			if err != nil {
+				return rep, err
+			}
+			_, err = db.Pool.Exec(ctx, `update pgflow.runs set remaining_steps = remaining_steps + 1
+				where run_id = (select min(run_id::text)::uuid from pgflow.runs)`)
+			return rep, err
+		}}
+	defer broken.Close()
+	res := broken.Run(ctx, all[:1])[0]
+	if res.Passed || !strings.Contains(res.Error, "1 differences in pre-existing state") || !strings.Contains(res.Error, "pgflow.runs") {
+		t.Errorf("a broken upgrade: passed=%v error=%q", res.Passed, res.Error)
 	}
 }
