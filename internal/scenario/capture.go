@@ -52,8 +52,17 @@ type Header struct {
 	// Roles named by the schemas' grants and policies (replay creates the
 	// missing ones, NOLOGIN).
 	Roles []string `json:"roles,omitempty"`
+	// Extensions the captured schemas' objects use (a column's type, a
+	// function's argument...): replay creates them, in their schema.
+	Extensions []Extension `json:"extensions,omitempty"`
 	// Tables: every captured table with its exact row count and size on disk.
 	Tables []TableStat `json:"tables,omitempty"`
+}
+
+// Extension is an extension and the schema it was installed in.
+type Extension struct {
+	Name   string `json:"name"`
+	Schema string `json:"schema"`
 }
 
 // TableStat is one captured table's size in the source database.

@@ -32,6 +32,8 @@ const customizeSQL = `
 	grant execute on function pgflow.is_valid_slug(text) to w19r_capture_reader;
 	comment on index pgflow.w19r_runs_by_status is 'ours';
 	create schema app;
+	create schema extensions;
+	create extension citext with schema extensions;
 	create type app.priority as enum ('low', 'high');
 	create domain app.positive as integer check (value > 0);
 	create sequence app.ticket_seq start with 100;
@@ -42,6 +44,7 @@ const customizeSQL = `
 		weight app.positive,
 		ticket bigint default pg_catalog.nextval('app.ticket_seq'),
 		label text generated always as (flow_slug || '!') stored,
+		tag extensions.citext default 'Mixed',
 		primary key (id));
 	create unique index jobs_ticket on app.jobs (ticket);
 	create view app.open_runs as select run_id, flow_slug from pgflow.runs where status = 'started';
@@ -103,6 +106,9 @@ func TestCaptureRebuildsExactly(t *testing.T) {
 	h := c.Header
 	if h.Version != 2 || h.PgflowVersion != "0.16.0" || h.PGMQ == "" || len(h.Schemas) != 2 || h.Rows("pgflow.step_tasks") <= 0 || h.Rows("app.jobs") <= 0 {
 		t.Fatalf("header: %+v", h)
+	}
+	if len(h.Extensions) != 1 || h.Extensions[0] != (scenario.Extension{Name: "citext", Schema: "extensions"}) {
+		t.Fatalf("extensions %+v, want citext in extensions", h.Extensions)
 	}
 	if strings.Join(h.Roles, ",") != "w19r_capture_reader" {
 		t.Fatalf("roles %v, want the reader only", h.Roles)

@@ -57,7 +57,14 @@ func describe(ctx context.Context, tx pgx.Tx, h *Header, include []string) error
 		return fmt.Errorf("capture: detecting the pgflow version: %w", err)
 	}
 	h.PgflowVersion = det.Found
-	rows, err := tx.Query(ctx, expand(rolesSQL), h.Schemas)
+	rows, err := tx.Query(ctx, extensionsSQL, h.Schemas)
+	if err != nil {
+		return fmt.Errorf("capture: reading the extensions the schemas use: %w", err)
+	}
+	if h.Extensions, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Extension]); err != nil {
+		return fmt.Errorf("capture: reading the extensions the schemas use: %w", err)
+	}
+	rows, err = tx.Query(ctx, expand(rolesSQL), h.Schemas)
 	if err != nil {
 		return fmt.Errorf("capture: reading the roles the grants name: %w", err)
 	}
@@ -66,6 +73,33 @@ func describe(ctx context.Context, tx pgx.Tx, h *Header, include []string) error
 	}
 	return nil
 }
+
+// extensionsSQL: the extensions (pgmq and plpgsql aside) that own an
+// object the schemas' tables, columns, defaults, constraints, views,
+// functions or types depend on.
+const extensionsSQL = `with objs as (
+		select 'pg_catalog.pg_class'::pg_catalog.regclass as classid, c.oid as objid from pg_catalog.pg_class c
+			join pg_catalog.pg_namespace n on n.oid operator(pg_catalog.=) c.relnamespace where n.nspname operator(pg_catalog.=) any ($1)
+		union all select 'pg_catalog.pg_proc'::pg_catalog.regclass, p.oid from pg_catalog.pg_proc p
+			join pg_catalog.pg_namespace n on n.oid operator(pg_catalog.=) p.pronamespace where n.nspname operator(pg_catalog.=) any ($1)
+		union all select 'pg_catalog.pg_type'::pg_catalog.regclass, t.oid from pg_catalog.pg_type t
+			join pg_catalog.pg_namespace n on n.oid operator(pg_catalog.=) t.typnamespace where n.nspname operator(pg_catalog.=) any ($1)
+		union all select 'pg_catalog.pg_constraint'::pg_catalog.regclass, k.oid from pg_catalog.pg_constraint k
+			join pg_catalog.pg_namespace n on n.oid operator(pg_catalog.=) k.connamespace where n.nspname operator(pg_catalog.=) any ($1)
+		union all select 'pg_catalog.pg_attrdef'::pg_catalog.regclass, ad.oid from pg_catalog.pg_attrdef ad
+			join pg_catalog.pg_class c on c.oid operator(pg_catalog.=) ad.adrelid
+			join pg_catalog.pg_namespace n on n.oid operator(pg_catalog.=) c.relnamespace where n.nspname operator(pg_catalog.=) any ($1)
+		union all select 'pg_catalog.pg_rewrite'::pg_catalog.regclass, r.oid from pg_catalog.pg_rewrite r
+			join pg_catalog.pg_class c on c.oid operator(pg_catalog.=) r.ev_class
+			join pg_catalog.pg_namespace n on n.oid operator(pg_catalog.=) c.relnamespace where n.nspname operator(pg_catalog.=) any ($1)
+	)
+	select distinct e.extname::text, en.nspname::text
+	from objs o join pg_catalog.pg_depend d on d.classid operator(pg_catalog.=) o.classid and d.objid operator(pg_catalog.=) o.objid
+	join pg_catalog.pg_depend x on x.classid operator(pg_catalog.=) d.refclassid and x.objid operator(pg_catalog.=) d.refobjid and x.deptype operator(pg_catalog.=) 'e'
+	join pg_catalog.pg_extension e on e.oid operator(pg_catalog.=) x.refobjid
+	join pg_catalog.pg_namespace en on en.oid operator(pg_catalog.=) e.extnamespace
+	where e.extname operator(pg_catalog.<>) all (array['pgmq', 'plpgsql'])
+	order by 1`
 
 // rolesSQL: every role a grant or policy of the schemas names, but the
 // owners (the replaying role stands in for them).

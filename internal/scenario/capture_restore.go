@@ -124,6 +124,19 @@ func restorePrerequisites(ctx context.Context, tx pgx.Tx, h Header) error {
 			return fmt.Errorf("restore: %w", err)
 		}
 	}
+	for _, e := range h.Extensions {
+		var available bool
+		if err := tx.QueryRow(ctx, `select exists (select 1 from pg_catalog.pg_available_extensions where name operator(pg_catalog.=) $1)`, e.Name).Scan(&available); err != nil {
+			return fmt.Errorf("restore: looking for extension %s: %w", e.Name, err)
+		}
+		if !available {
+			return fmt.Errorf("restore: the captured schemas use extension %s, which this server does not offer: replay on a server that has it", e.Name)
+		}
+		schema := pgx.Identifier{e.Schema}.Sanitize()
+		if _, err := tx.Exec(ctx, "create schema if not exists "+schema+"; create extension if not exists "+pgx.Identifier{e.Name}.Sanitize()+" with schema "+schema); err != nil {
+			return fmt.Errorf("restore: creating extension %s in schema %s: %w", e.Name, e.Schema, err)
+		}
+	}
 	// Roles are the server's, not the database's: a grant to a role this
 	// server lacks needs the role. It is made NOLOGIN and kept.
 	for _, role := range h.Roles {
