@@ -34,7 +34,10 @@ func (a *App) fixturesReplayCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "dsn", Usage: "server for the throwaway databases (same as the global --dsn)"},
 			&ucli.StringFlag{Name: "junit", Usage: "also write the results as JUnit XML to `FILE`"},
 			&ucli.StringFlag{Name: "from", Usage: "replay the upgrade on the capture `FILE` (from `fixtures capture`) instead of the built-in scenarios"},
-			&ucli.IntFlag{Name: "parallel", Value: 4, Usage: "scenarios run at once"},
+			&ucli.IntFlag{Name: "parallel", Value: 4, Usage: "scenarios run at once (with --from the default is 1: the measured timings are not shared with other scenarios)"},
+			&ucli.DurationFlag{Name: "max-lock-window", Usage: "with --from: fail capture-upgrade-survives when the transactional apply holds its locks longer than `DURATION` (the figure is always reported)"},
+			&ucli.DurationFlag{Name: "max-wait", Usage: "with --from: fail capture-online-survives when the probe (a read and an update of a task row every 10 ms) waits longer than `DURATION` during apply --online (always reported)"},
+			&ucli.StringFlag{Name: "calibration-out", Usage: "with --from: write the rehearsal's measured sizes and timings to `FILE`, for `audit --calibration FILE`"},
 		},
 		Action: a.fixturesReplay,
 	}
@@ -48,7 +51,8 @@ func (a *App) fixturesCaptureCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "dsn", Usage: "the database to capture (same as the global --dsn)"},
 			&ucli.StringFlag{Name: "out", Usage: "write the capture to `FILE` (- for stdout): a new file, or with --force an existing regular file; anything else (symlink, FIFO, device, directory) is refused", Required: true},
 			&ucli.BoolFlag{Name: "force", Usage: "replace the --out file if it exists (a regular file only)"},
-			&ucli.BoolFlag{Name: "redact", Usage: "replace run inputs and step outputs with placeholders"},
+			&ucli.BoolFlag{Name: "redact", Usage: "replace run inputs and step outputs with placeholders (rows of --include-schema schemas are kept as they are)"},
+			&ucli.StringSliceFlag{Name: "include-schema", Usage: "also capture schema `NAME` (its DDL and rows), e.g. a schema of yours that references pgflow; repeatable"},
 		},
 		Action: a.fixturesCapture,
 	}
@@ -70,6 +74,8 @@ func dsnValue(c *ucli.Context) string {
 type replayReport struct {
 	Provider  string            `json:"provider"`
 	From      string            `json:"from,omitempty"`
+	Capture   *scenario.Header  `json:"capture,omitempty"` // the capture's header: versions, table sizes
+	Rehearsal *rehearsalReport  `json:"rehearsal,omitempty"`
 	Scenarios []scenario.Result `json:"scenarios"`
 	Passed    int               `json:"passed"`
 	Failed    int               `json:"failed"`
@@ -81,6 +87,10 @@ func (a *App) fixturesReplay(c *ucli.Context) error {
 	all := scenario.Builtin()
 	var captured *scenario.CaptureInfo
 	from := c.String("from")
+	rehearsal := &scenario.Rehearsal{MaxLockWindow: c.Duration("max-lock-window"), MaxWait: c.Duration("max-wait")}
+	if rehearsal.MaxLockWindow < 0 || rehearsal.MaxWait < 0 {
+		return usageErrorf("--max-lock-window and --max-wait must be positive durations (e.g. 2s, 500ms)")
+	}
 	if from != "" {
 		// Validated whole before any database is created, as a stream:
 		// memory stays bounded whatever the file's size (scenario.Limits).
@@ -99,13 +109,23 @@ func (a *App) fixturesReplay(c *ucli.Context) error {
 		if captured.Header.PgflowState != "baseline" {
 			return withCode(ExitFindings, fmt.Errorf("--from %s: %w (state %q): nothing to replay", from, scenario.ErrNotBaseline, captured.Header.PgflowState))
 		}
-		all = scenario.CaptureScenarios()
+		all = scenario.RehearsalScenarios(rehearsal)
+	} else {
+		for _, f := range []string{"max-lock-window", "max-wait", "calibration-out"} {
+			if c.IsSet(f) {
+				return usageErrorf("--%s needs --from CAPTURE: it budgets or records the rehearsal of a captured database", f)
+			}
+		}
 	}
 	selected, err := scenario.Select(all, c.Args().Slice())
 	if err != nil {
 		return withCode(ExitUsage, err)
 	}
-	if c.Int("parallel") < 1 {
+	parallel := c.Int("parallel")
+	if captured != nil && !c.IsSet("parallel") {
+		parallel = 1
+	}
+	if parallel < 1 {
 		return usageErrorf("--parallel must be at least 1")
 	}
 	junitPath := c.String("junit")
@@ -139,9 +159,16 @@ func (a *App) fixturesReplay(c *ucli.Context) error {
 	// heartbeat (progress.go) says the run is alive when they are quiet.
 	hb := a.startHeartbeat("replay: ", "scenarios running")
 	defer hb.stop()
-	r := &scenario.Runner{Server: srv, Parallel: c.Int("parallel"), Logf: hb.printf}
+	r := &scenario.Runner{Server: srv, Parallel: parallel, Logf: hb.printf}
 	if captured != nil {
-		fmt.Fprintf(a.Stderr, "replay: restoring %s (captured %s, %d records)\n", from, captured.Header.CreatedAt.Format(time.RFC3339), captured.Records)
+		h := captured.Header
+		fmt.Fprintf(a.Stderr, "replay: restoring %s (captured %s, %d records", from, h.CreatedAt.Format(time.RFC3339), captured.Records)
+		if h.Version >= 2 {
+			fmt.Fprintf(a.Stderr, "; pgflow %s on pgmq %s, PostgreSQL %s, schemas %s, %d step_tasks rows", h.PgflowVersion, h.PGMQ, h.ServerVersion, strings.Join(h.Schemas, ", "), h.Rows("pgflow.step_tasks"))
+		} else {
+			fmt.Fprintf(a.Stderr, "; a version 1 file: its rows are restored into this tool's own pgflow 0.16.0 schema, not an exact rebuild")
+		}
+		fmt.Fprintln(a.Stderr, ")")
 		r.Baseline = func(ctx context.Context, conn *pgx.Conn) error {
 			return scenario.RestoreFile(ctx, conn, from, scenario.DefaultLimits)
 		}
@@ -166,8 +193,18 @@ func (a *App) fixturesReplay(c *ucli.Context) error {
 	rep := replayReport{Provider: srv.Describe(), From: from, Scenarios: results, Seconds: time.Since(started).Seconds()}
 	rep.Failed = scenario.Failed(results)
 	rep.Passed = len(results) - rep.Failed
+	if captured != nil {
+		rep.Capture = &captured.Header
+		rep.Rehearsal = newRehearsalReport(rehearsal)
+		if path := c.String("calibration-out"); path != "" {
+			if err := writeCalibration(path, from, rehearsal.Measured()); err != nil {
+				return withCode(ExitEnvironment, err)
+			}
+			fmt.Fprintf(a.Stderr, "replay: calibration written to %s\n", path)
+		}
+	}
 	if junitPath != "" {
-		if err := writeJUnitFile(junitPath, started, results); err != nil {
+		if err := writeJUnitFile(junitPath, started, junitNames(results, from)); err != nil {
 			return withCode(ExitEnvironment, err)
 		}
 	}
@@ -190,6 +227,11 @@ func (a *App) fixturesReplay(c *ucli.Context) error {
 		}
 		if err := writeTable(a.Stdout, []string{"scenario", "result", "time", "what it proves"}, rows); err != nil {
 			return err
+		}
+		if rep.Rehearsal != nil {
+			if err := writeTable(a.Stdout, []string{"measured", "value", "budget"}, rep.Rehearsal.rows()); err != nil {
+				return err
+			}
 		}
 		fmt.Fprintf(a.Stdout, "%d passed, %d failed in %.1fs on %s\n", rep.Passed, rep.Failed, rep.Seconds, srv.Describe())
 	}
@@ -264,7 +306,7 @@ func (a *App) fixturesCapture(c *ucli.Context) error {
 	} else if kind == "" {
 		return withCode(ExitFindings, fmt.Errorf("fixtures capture: %s has no pgmq schema: not a pgflow database", dsn.Describe(t.config)))
 	}
-	opts := scenario.CaptureOptions{Redact: c.Bool("redact"), Source: dsn.Describe(t.config)}
+	opts := scenario.CaptureOptions{Redact: c.Bool("redact"), Source: dsn.Describe(t.config), IncludeSchemas: c.StringSlice("include-schema")}
 	var n int
 	if out == "-" {
 		n, err = scenario.Capture(ctx, conn, a.Stdout, opts)
@@ -292,7 +334,7 @@ func (a *App) fixturesCapture(c *ucli.Context) error {
 		return nil
 	}
 	if jsonOutput(c) {
-		return writeJSON(a.Stdout, map[string]any{"file": out, "records": n, "redacted": opts.Redact, "database": opts.Source})
+		return writeJSON(a.Stdout, map[string]any{"file": out, "records": n, "redacted": opts.Redact, "database": opts.Source, "schemas": append([]string{"pgflow"}, opts.IncludeSchemas...)})
 	}
 	fmt.Fprintf(a.Stdout, "captured %d records of %s into %s%s\n", n, opts.Source, out, map[bool]string{true: " (redacted)", false: ""}[opts.Redact])
 	return nil

@@ -17,6 +17,12 @@ import (
 // captureHeader is the first line of a capture file.
 const captureHeader = `{"format": "pgflow-upgrade-capture", "version": 1, "pgflow_state": "baseline", "created_at": "2026-12-02T12:00:00Z"}`
 
+// captureHeaderV2 and copyRow: a version 2 file's header and one row of
+// pgflow.runs in COPY text.
+const captureHeaderV2 = `{"format": "pgflow-upgrade-capture", "version": 2, "pgflow_state": "baseline", "created_at": "2026-12-02T12:00:00Z", "schemas": ["pgflow"], "tables": [{"table": "pgflow.runs", "rows": 1, "bytes": 1, "columns": ["run_id", "flow_slug", "input"]}]}`
+
+var copyRow = `{"table": "pgflow.runs", "copy": "00000000-0000-0000-0000-000000000000\tf\t{\"padding\": \"` + strings.Repeat("x", 400) + `\"}"}` + "\n"
+
 // writeMembers writes a capture file made of gzip members (a reader sees one
 // stream): each block compressed once, written times[i] times. A file of
 // gigabytes decompressed takes a few megabytes on disk.
@@ -61,6 +67,8 @@ func TestReplayFromHugeCaptureBoundedRSS(t *testing.T) {
 	}{
 		{"bomb.gz", "limit MaxLineBytes", []string{captureHeader + "\n", strings.Repeat("a", 64<<20)}, []int{1, 32}},
 		{"rows.gz", "the end record says 1 records", []string{captureHeader + "\n", strings.Repeat(row, perBlock), `{"end": {"records": 1}}` + "\n"}, []int{1, reps, 1}},
+		// Version 2: the rows of a captured schema as COPY text.
+		{"copyrows.gz", "the end record says 1 records", []string{captureHeaderV2 + "\n", strings.Repeat(copyRow, (64<<20)/len(copyRow)), `{"end": {"records": 1}}` + "\n"}, []int{1, (1 << 30) / (64 << 20), 1}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

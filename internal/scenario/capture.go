@@ -19,11 +19,19 @@ import (
 // The capture file (docs/fixtures.md "Capture file format"): gzip-compressed
 // JSON lines. Line 1 is the Header; then one Record per line; the last line
 // is the trailer {"end": {"records": N}} so a truncated file is detected.
+//
+// Version 2 (written since the rehearsal, issue 19) holds what rebuilds the
+// database exactly, in the order a restore needs it: the "pre" DDL of the
+// captured schemas, their rows, the pgmq queues and their messages, the
+// sequence positions, then the "post" DDL (constraints, indexes, triggers,
+// grants, comments). Version 1 files (rows only, restored into the
+// project's own 0.16.0 baseline) are still read.
 
-// CaptureFormat and CaptureVersion identify the file.
+// CaptureFormat and CaptureVersion identify the file; CaptureVersion is the
+// version Capture writes.
 const (
 	CaptureFormat  = "pgflow-upgrade-capture"
-	CaptureVersion = 1
+	CaptureVersion = 2
 )
 
 // Header is the first line of a capture file.
@@ -34,16 +42,76 @@ type Header struct {
 	CreatedAt   time.Time `json:"created_at"`
 	Redacted    bool      `json:"redacted"`
 	Source      string    `json:"source,omitempty"` // host/database, never a password
+
+	// Version 2.
+	// Schemas: the schemas whose DDL and rows the file holds, pgflow first.
+	Schemas       []string `json:"schemas,omitempty"`
+	PgflowVersion string   `json:"pgflow_version,omitempty"` // versions.Detect's Found ("0.16.0")
+	PGMQ          string   `json:"pgmq,omitempty"`           // "extension 1.5.1" or "stand-in"
+	ServerVersion string   `json:"server_version,omitempty"`
+	// Roles named by the schemas' grants and policies (replay creates the
+	// missing ones, NOLOGIN).
+	Roles []string `json:"roles,omitempty"`
+	// Extensions the captured schemas' objects use (a column's type, a
+	// function's argument...): replay creates them, in their schema.
+	Extensions []Extension `json:"extensions,omitempty"`
+	// Tables: every captured table with its exact row count and size on disk.
+	Tables []TableStat `json:"tables,omitempty"`
 }
 
-// Record is one line after the header: a pgflow row, a queue, or a queue or
-// archive message.
+// Extension is an extension and the schema it was installed in.
+type Extension struct {
+	Name   string `json:"name"`
+	Schema string `json:"schema"`
+}
+
+// TableStat is one captured table's size in the source database.
+type TableStat struct {
+	Table string `json:"table"` // schema.table
+	Rows  int64  `json:"rows"`
+	Bytes int64  `json:"bytes"` // pg_total_relation_size: heap, indexes, TOAST
+	// Columns: the columns of its COPY rows, in order (not for pgmq's
+	// tables, whose messages are JSON rows).
+	Columns []string `json:"columns,omitempty"`
+}
+
+// Rows returns the captured row count of table ("pgflow.step_tasks"), -1 when absent.
+func (h Header) Rows(table string) int64 {
+	for _, t := range h.Tables {
+		if t.Table == table {
+			return t.Rows
+		}
+	}
+	return -1
+}
+
+// Record is one line after the header: a DDL statement, a row, a queue, a
+// queue or archive message, or a sequence position.
 type Record struct {
-	// Table is "pgflow.<table>", "pgmq.queue" (a row of pgmq.list_queues()),
-	// "pgmq.q" or "pgmq.a" (a message of queue Queue, live or archived).
-	Table string          `json:"table"`
+	// Table is "<schema>.<table>" (a captured schema), "pgmq.queue" (a row
+	// of pgmq.list_queues()), "pgmq.q" or "pgmq.a" (a message of queue
+	// Queue, live or archived). Empty for DDL and sequence records.
+	Table string          `json:"table,omitempty"`
 	Queue string          `json:"queue,omitempty"`
-	Row   json.RawMessage `json:"row"`
+	Row   json.RawMessage `json:"row,omitempty"`
+	// Copy is a row of a captured schema's table in COPY's text format,
+	// the columns those of the header's Tables (version 2).
+	Copy *string `json:"copy,omitempty"`
+	// DDL is one statement of Section "pre" or "post" (version 2).
+	DDL     string `json:"ddl,omitempty"`
+	Section string `json:"section,omitempty"`
+	// Seq is a sequence's position (version 2).
+	Seq *SeqPos `json:"seq,omitempty"`
+}
+
+// SeqPos is where a sequence stood: Sequence by name, or the sequence of
+// Table's Column (a pgmq queue's msg_id, whatever pgmq named it).
+type SeqPos struct {
+	Sequence  string `json:"sequence,omitempty"`
+	Table     string `json:"table,omitempty"`
+	Column    string `json:"column,omitempty"`
+	LastValue int64  `json:"last_value"`
+	IsCalled  bool   `json:"is_called"`
 }
 
 type trailer struct {
@@ -52,7 +120,8 @@ type trailer struct {
 	} `json:"end"`
 }
 
-// captureTables are the pgflow tables in restore (foreign key) order.
+// captureTables are the pgflow tables in restore (foreign key) order (the
+// order of version 1 files).
 var captureTables = []string{"flows", "steps", "deps", "workers", "worker_functions", "runs", "step_states", "step_tasks"}
 
 // ErrBadCapture is wrapped by every error about a damaged or foreign file.
@@ -63,24 +132,34 @@ type CaptureOptions struct {
 	// Redact replaces runs.input and the outputs of step_states and
 	// step_tasks (and runs.output) with placeholders that keep their shape
 	// where the engine depends on it: an array keeps its length (a map step
-	// fans out over it), every other value becomes "<redacted>".
+	// fans out over it), every other value becomes "<redacted>". Rows of
+	// IncludeSchemas are not redacted.
 	Redact bool
 	Source string
+	// IncludeSchemas are more schemas captured with pgflow (DDL and rows):
+	// a schema of the user's that references pgflow.
+	IncludeSchemas []string
 }
 
 // Redacted is the placeholder value.
 const Redacted = "<redacted>"
 
-// Capture writes the pgflow state of conn's database, pgmq queues and their
-// live and archived messages included (pg_dump leaves those out), in one
-// REPEATABLE READ, READ ONLY snapshot. It returns the number of records.
+// reservedSchemas cannot be included: pgmq is rebuilt by pgmq itself.
+var reservedSchemas = map[string]bool{"pgflow": true, "pgmq": true, "pg_catalog": true, "information_schema": true, "pg_toast": true}
+
+// Capture writes the database of conn, in one REPEATABLE READ, READ ONLY
+// snapshot: the DDL of schema pgflow (and of opts.IncludeSchemas), their
+// rows, pgmq's queues with their live and archived messages and sequence
+// positions. It streams: memory holds one row at a time. It returns the
+// number of records.
 func Capture(ctx context.Context, conn *pgx.Conn, w io.Writer, opts CaptureOptions) (int, error) {
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return 0, fmt.Errorf("capture: opening a read-only snapshot: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if _, err := tx.Exec(ctx, "set local timezone to 'UTC'"); err != nil {
+	// search_path empty: every name the server prints carries its schema.
+	if _, err := tx.Exec(ctx, "set local timezone to 'UTC'; set local search_path to ''"); err != nil {
 		return 0, fmt.Errorf("capture: %w", err)
 	}
 	info, err := upgrade.DetectState(ctx, tx)
@@ -90,16 +169,38 @@ func Capture(ctx context.Context, conn *pgx.Conn, w io.Writer, opts CaptureOptio
 	if !info.HasTables {
 		return 0, fmt.Errorf("capture: the database has no pgflow tables (state %s)", info.State)
 	}
+	h := Header{Format: CaptureFormat, Version: CaptureVersion, PgflowState: string(info.State),
+		CreatedAt: time.Now().UTC().Truncate(time.Second), Redacted: opts.Redact, Source: opts.Source}
+	if err := describe(ctx, tx, &h, opts.IncludeSchemas); err != nil {
+		return 0, err
+	}
+	queues, err := queueNames(ctx, tx)
+	if err != nil {
+		return 0, err
+	}
+	phys := physicalQueues(queues)
+	if err := tableStats(ctx, tx, &h, phys); err != nil {
+		return 0, err
+	}
+
 	zw := gzip.NewWriter(w)
 	bw := bufio.NewWriter(zw)
 	enc := json.NewEncoder(bw)
 	enc.SetEscapeHTML(false)
-	h := Header{Format: CaptureFormat, Version: CaptureVersion, PgflowState: string(info.State),
-		CreatedAt: time.Now().UTC().Truncate(time.Second), Redacted: opts.Redact, Source: opts.Source}
 	if err := enc.Encode(h); err != nil {
 		return 0, err
 	}
 	n := 0
+	put := func(r Record) error {
+		if err := enc.Encode(r); err != nil {
+			return fmt.Errorf("capture: writing: %w", err)
+		}
+		n++
+		return nil
+	}
+	ddl := func(section string) func(string) error {
+		return func(stmt string) error { return put(Record{DDL: stmt, Section: section}) }
+	}
 	emit := func(table, queue, sql string) error {
 		rows, err := tx.Query(ctx, sql)
 		if err != nil {
@@ -111,51 +212,46 @@ func Capture(ctx context.Context, conn *pgx.Conn, w io.Writer, opts CaptureOptio
 			if err := rows.Scan(&raw); err != nil {
 				return fmt.Errorf("capture: reading %s %s: %w", table, queue, err)
 			}
-			if opts.Redact {
-				if raw, err = redact(table, raw); err != nil {
-					return err
-				}
-			}
-			if err := enc.Encode(Record{Table: table, Queue: queue, Row: raw}); err != nil {
+			if err := put(Record{Table: table, Queue: queue, Row: raw}); err != nil {
 				return err
 			}
-			n++
 		}
 		return rows.Err()
 	}
-	for _, t := range captureTables {
-		var exists bool
-		if err := tx.QueryRow(ctx, `select pg_catalog.to_regclass($1) is not null`, "pgflow."+t).Scan(&exists); err != nil {
-			return n, fmt.Errorf("capture: %w", err)
-		}
-		if !exists {
+	if err := schemaDDL(ctx, tx, h.Schemas, preDDL, ddl("pre")); err != nil {
+		return n, err
+	}
+	for _, t := range h.Tables {
+		if strings.HasPrefix(t.Table, "pgmq.") {
 			continue
 		}
-		if err := emit("pgflow."+t, "", "select to_jsonb(t) from "+pgx.Identifier{"pgflow", t}.Sanitize()+" t"); err != nil {
+		if err := copyRows(ctx, tx, t, opts.Redact, put); err != nil {
 			return n, err
 		}
 	}
-	queues, err := queueNames(ctx, tx)
-	if err != nil {
+	if err := emit("pgmq.queue", "", `select pg_catalog.to_jsonb(q) from pgmq.list_queues() q order by q.queue_name`); err != nil {
 		return n, err
 	}
-	if err := emit("pgmq.queue", "", `select to_jsonb(q) from pgmq.list_queues() q order by q.queue_name`); err != nil {
-		return n, err
-	}
-	// Case-only aliases share one physical table: write its rows once.
-	seen := map[string]bool{}
-	for _, q := range queues {
-		phys := strings.ToLower(q)
-		if seen[phys] {
-			continue
-		}
-		seen[phys] = true
+	// Case-only aliases share one physical table: its rows are written once.
+	for _, q := range phys {
 		for _, kind := range []string{"q", "a"} {
-			sql := "select to_jsonb(m) from " + pgx.Identifier{"pgmq", kind + "_" + phys}.Sanitize() + " m order by m.msg_id"
-			if err := emit("pgmq."+kind, q, sql); err != nil {
+			sql := "select pg_catalog.to_jsonb(m) from " + pgx.Identifier{"pgmq", kind + "_" + q.phys}.Sanitize() + " m order by m.msg_id"
+			if err := emit("pgmq."+kind, q.name, sql); err != nil {
 				return n, err
 			}
 		}
+	}
+	seqs, err := sequencePositions(ctx, tx, h.Schemas, phys)
+	if err != nil {
+		return n, err
+	}
+	for i := range seqs {
+		if err := put(Record{Seq: &seqs[i]}); err != nil {
+			return n, err
+		}
+	}
+	if err := schemaDDL(ctx, tx, h.Schemas, postDDL, ddl("post")); err != nil {
+		return n, err
 	}
 	if err := enc.Encode(map[string]any{"end": map[string]int{"records": n}}); err != nil {
 		return n, err
@@ -167,139 +263,4 @@ func Capture(ctx context.Context, conn *pgx.Conn, w io.Writer, opts CaptureOptio
 		return n, err
 	}
 	return n, nil
-}
-
-// redact replaces the user data of one row.
-func redact(table string, raw []byte) ([]byte, error) {
-	var cols []string
-	switch table {
-	case "pgflow.runs":
-		cols = []string{"input", "output"}
-	case "pgflow.step_states", "pgflow.step_tasks":
-		cols = []string{"output"}
-	default:
-		return raw, nil
-	}
-	var row map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &row); err != nil {
-		return nil, fmt.Errorf("capture: redacting %s: %w", table, err)
-	}
-	for _, c := range cols {
-		v, ok := row[c]
-		if !ok || string(v) == "null" {
-			continue
-		}
-		row[c] = placeholder(v)
-	}
-	return marshalPlain(row)
-}
-
-// marshalPlain is json.Marshal without HTML escaping ("<redacted>" stays readable).
-func marshalPlain(v any) ([]byte, error) {
-	var b strings.Builder
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
-		return nil, err
-	}
-	return []byte(strings.TrimRight(b.String(), "\n")), nil
-}
-
-func placeholder(v json.RawMessage) json.RawMessage {
-	var arr []json.RawMessage
-	if json.Unmarshal(v, &arr) == nil {
-		out := make([]string, len(arr))
-		for i := range out {
-			out[i] = Redacted
-		}
-		b, _ := marshalPlain(out)
-		return b
-	}
-	b, _ := marshalPlain(Redacted)
-	return b
-}
-
-// CaptureScenarios replay the upgrade and its invariants on a captured
-// state (every scenario's database is a clone of the restored capture).
-func CaptureScenarios() []Scenario {
-	return []Scenario{
-		{Name: "capture-upgrade-survives", Run: captureSurvives,
-			Proves: "the captured database upgrades: every row, queue and message identical, queue_name right, verify passes"},
-		{Name: "capture-old-worker-fenced", Run: captureFenced,
-			Proves: "after the upgrade of the captured database a 0.16.0 worker's claim, start_tasks(flow_slug =>, msg_ids =>, worker_id =>), fails with 42883 and claims nothing"},
-		{Name: "capture-new-worker-drains", Run: captureDrains,
-			Proves: "after the upgrade of the captured database the new worker drains every in-flight run that can finish"},
-	}
-}
-
-func captureSurvives(ctx context.Context, env *Env) error {
-	db, err := env.NewDB(ctx)
-	if err != nil {
-		return err
-	}
-	before, err := survive(ctx, env, db)
-	if err != nil {
-		return err
-	}
-	if err := verifyUpgraded(ctx, db); err != nil {
-		return err
-	}
-	env.Notef("%d rows and messages identical", before.RowCount())
-	return nil
-}
-
-func captureFenced(ctx context.Context, env *Env) error {
-	db, err := env.NewDB(ctx)
-	if err != nil {
-		return err
-	}
-	if _, err := env.Upgrade(ctx, db); err != nil {
-		return fmt.Errorf("the upgrade failed: %w", err)
-	}
-	state := `select count(*) filter (where status = 'started') || '/' || coalesce(sum(attempts_count), 0) from pgflow.step_tasks`
-	var before, after string
-	if err := db.Pool.QueryRow(ctx, state).Scan(&before); err != nil {
-		return err
-	}
-	// A 0.16.0 worker's claim, with every message id of the captured tasks.
-	_, callErr := db.Pool.Exec(ctx, `select * from pgflow.start_tasks(flow_slug => (select min(flow_slug) from pgflow.flows),
-		msg_ids => array(select message_id from pgflow.step_tasks where message_id is not null),
-		worker_id => '00000000-0000-0000-0000-000000000000'::uuid)`)
-	if code := pgCode(callErr); code != undefinedFunction {
-		return fmt.Errorf("a 0.16.0 start_tasks call after the upgrade: SQLSTATE %q, want %s (%v)", code, undefinedFunction, callErr)
-	}
-	if err := db.Pool.QueryRow(ctx, state).Scan(&after); err != nil {
-		return err
-	}
-	if after != before {
-		return errorf("the rejected claim changed tasks (started/attempts %s -> %s)", before, after)
-	}
-	return nil
-}
-
-func captureDrains(ctx context.Context, env *Env) error {
-	db, err := env.NewDB(ctx)
-	if err != nil {
-		return err
-	}
-	open, err := countRows(ctx, db, `select count(*) from pgflow.runs where status = 'started'`)
-	if err != nil {
-		return err
-	}
-	if _, err := env.Upgrade(ctx, db); err != nil {
-		return fmt.Errorf("the upgrade failed: %w", err)
-	}
-	rep, err := Drain(ctx, db, DrainOptions{FastForward: true, Timeout: 5 * time.Minute})
-	if err != nil {
-		return err
-	}
-	still, err := countRows(ctx, db, `select count(*) from pgflow.runs where status = 'started'`)
-	if err != nil {
-		return err
-	}
-	if still != len(rep.Stuck) {
-		return errorf("%d runs still started after the drain (%d stuck by design)", still, len(rep.Stuck))
-	}
-	env.Notef("%d in-flight runs, %d tasks completed, %d stuck by design (permanently stalled)", open, rep.Completed, len(rep.Stuck))
-	return nil
 }

@@ -82,6 +82,8 @@ type captureReader struct {
 	phase   int             // order of the sections: pgflow tables, queues, messages
 	queues  map[string]bool // lower(queue_name) of the queue records seen
 	ended   bool
+	// copyTables: the tables of the header with columns (version 2).
+	copyTables map[string]bool
 }
 
 // countingReader counts the decompressed bytes and stops at the limit.
@@ -145,8 +147,19 @@ func newCaptureReader(r io.Reader, lim Limits) (*captureReader, error) {
 	if cr.header.Format != CaptureFormat {
 		return nil, bad("format %q, want %q", cr.header.Format, CaptureFormat)
 	}
-	if cr.header.Version != CaptureVersion {
-		return nil, bad("version %d, this tool reads version %d", cr.header.Version, CaptureVersion)
+	switch cr.header.Version {
+	case 1:
+	case 2:
+		if len(cr.header.Schemas) == 0 || cr.header.Schemas[0] != "pgflow" {
+			return nil, bad("version 2 header without its schemas (pgflow first)")
+		}
+		for _, sc := range cr.header.Schemas[1:] {
+			if reservedSchemas[sc] || sc == "" {
+				return nil, bad("version 2 header names schema %q among the captured ones", sc)
+			}
+		}
+	default:
+		return nil, bad("version %d, this tool reads versions 1 and %d", cr.header.Version, CaptureVersion)
 	}
 	return cr, nil
 }
@@ -213,16 +226,44 @@ func (cr *captureReader) next() (rec Record, ok bool, err error) {
 }
 
 // check validates one record: a known table, an object row, and the order
-// Capture writes (pgflow tables in foreign key order, then the queues, then
-// the messages of declared queues), which lets Restore stream.
+// Capture writes (version 1: pgflow tables in foreign key order, then the
+// queues, then the messages of declared queues; version 2: pre DDL, rows,
+// queues, messages, sequences, post DDL), which lets a restore stream.
 func (cr *captureReader) check(rec Record) error {
-	if !validTable(rec.Table) || len(rec.Row) == 0 || rec.Row[0] != '{' {
-		return bad("line %d: unknown table %q or a row that is not an object", cr.line, rec.Table)
+	var phase int
+	var err error
+	if cr.header.Version == 1 {
+		if rec.DDL != "" || rec.Seq != nil || rec.Section != "" || rec.Copy != nil {
+			return bad("line %d: a DDL or sequence record in a version 1 file", cr.line)
+		}
+		phase, err = cr.phaseV1(rec)
+	} else {
+		phase, err = cr.phaseV2(rec)
 	}
-	phase := 0
+	if err != nil {
+		return err
+	}
+	if phase < cr.phase {
+		return bad("line %d: a %s record after later sections (the file is not in the order capture writes)", cr.line, kindOf(rec))
+	}
+	cr.phase = phase
+	return nil
+}
+
+func kindOf(rec Record) string {
+	switch {
+	case rec.DDL != "":
+		return rec.Section + " DDL"
+	case rec.Seq != nil:
+		return "sequence"
+	}
+	return rec.Table
+}
+
+// queueRecord validates a pgmq.queue or message record (both versions).
+func (cr *captureReader) queueRecord(rec Record) error {
 	switch rec.Table {
 	case "pgmq.queue":
-		phase = len(captureTables)
 		var q struct {
 			Name string `json:"queue_name"`
 		}
@@ -235,26 +276,100 @@ func (cr *captureReader) check(rec Record) error {
 				return limitErr("more than %d queues (limit MaxQueues)", cr.lim.MaxQueues)
 			}
 		}
-	case "pgmq.q", "pgmq.a":
-		phase = len(captureTables) + 1
+	default: // pgmq.q, pgmq.a
 		if rec.Queue == "" {
 			return bad("line %d: a queue message without its queue", cr.line)
 		}
 		if !cr.queues[strings.ToLower(rec.Queue)] {
 			return bad("line %d: a message of queue %q, which no queue record before it declares", cr.line, rec.Queue)
 		}
-	default:
-		for i, t := range captureTables {
-			if rec.Table == "pgflow."+t {
-				phase = i
+	}
+	return nil
+}
+
+func (cr *captureReader) phaseV1(rec Record) (int, error) {
+	if !validTable(rec.Table) || len(rec.Row) == 0 || rec.Row[0] != '{' {
+		return 0, bad("line %d: unknown table %q or a row that is not an object", cr.line, rec.Table)
+	}
+	switch rec.Table {
+	case "pgmq.queue":
+		return len(captureTables), cr.queueRecord(rec)
+	case "pgmq.q", "pgmq.a":
+		return len(captureTables) + 1, cr.queueRecord(rec)
+	}
+	for i, t := range captureTables {
+		if rec.Table == "pgflow."+t {
+			return i, nil
+		}
+	}
+	return 0, nil
+}
+
+// Version 2 sections, in file order.
+const (
+	v2Pre = iota
+	v2Rows
+	v2Queues
+	v2Messages
+	v2Sequences
+	v2Post
+)
+
+func (cr *captureReader) phaseV2(rec Record) (int, error) {
+	switch {
+	case rec.DDL != "":
+		if rec.Table != "" || rec.Row != nil || rec.Seq != nil {
+			return 0, bad("line %d: a DDL record with other fields", cr.line)
+		}
+		switch rec.Section {
+		case "pre":
+			return v2Pre, nil
+		case "post":
+			return v2Post, nil
+		}
+		return 0, bad("line %d: a DDL record of section %q (want pre or post)", cr.line, rec.Section)
+	case rec.Seq != nil:
+		if rec.Table != "" || rec.Row != nil || rec.Section != "" {
+			return 0, bad("line %d: a sequence record with other fields", cr.line)
+		}
+		if (rec.Seq.Sequence == "") == (rec.Seq.Table == "" || rec.Seq.Column == "") {
+			return 0, bad("line %d: a sequence record naming neither a sequence nor a table's column", cr.line)
+		}
+		return v2Sequences, nil
+	}
+	if rec.Section != "" {
+		return 0, bad("line %d: a row record with a section", cr.line)
+	}
+	switch rec.Table {
+	case "pgmq.queue", "pgmq.q", "pgmq.a":
+		if rec.Copy != nil || len(rec.Row) == 0 || rec.Row[0] != '{' {
+			return 0, bad("line %d: a %s record whose row is not a JSON object", cr.line, rec.Table)
+		}
+		if rec.Table == "pgmq.queue" {
+			return v2Queues, cr.queueRecord(rec)
+		}
+		return v2Messages, cr.queueRecord(rec)
+	}
+	if rec.Copy == nil || rec.Row != nil || !validCopyLine(*rec.Copy) {
+		return 0, bad("line %d: a row of %q that is not one line of COPY text", cr.line, rec.Table)
+	}
+	if cr.copyTables == nil {
+		cr.copyTables = map[string]bool{}
+		for _, t := range cr.header.Tables {
+			if s, _, _ := strings.Cut(t.Table, "."); s != "pgmq" && len(t.Columns) > 0 {
+				cr.copyTables[t.Table] = true
 			}
 		}
 	}
-	if phase < cr.phase {
-		return bad("line %d: a %s record after later sections (the file is not in the order capture writes)", cr.line, rec.Table)
+	schema, _, _ := strings.Cut(rec.Table, ".")
+	if cr.copyTables[rec.Table] && schema != "pgmq" {
+		for _, s := range cr.header.Schemas {
+			if s == schema {
+				return v2Rows, nil
+			}
+		}
 	}
-	cr.phase = phase
-	return nil
+	return 0, bad("line %d: a row of %q, which the header does not list among the captured schemas' tables", cr.line, rec.Table)
 }
 
 // ValidateCapture reads a whole capture file and checks it (format, order,
@@ -354,6 +469,9 @@ func RestoreFile(ctx context.Context, conn *pgx.Conn, path string, lim Limits) e
 func restore(ctx context.Context, conn *pgx.Conn, h Header, next func() (Record, bool, error)) error {
 	if h.PgflowState != string(audit.StateBaseline) {
 		return fmt.Errorf("%w (state %q): nothing to replay", ErrNotBaseline, h.PgflowState)
+	}
+	if h.Version >= 2 {
+		return restoreExact(ctx, conn, h, next)
 	}
 	tx, err := conn.Begin(ctx)
 	if err != nil {
@@ -459,6 +577,9 @@ type batch struct {
 	target string
 	buf    bytes.Buffer
 	rows   int
+	// columns: per table, the head of its insert (version 2); nil for
+	// version 1 files.
+	columns map[string]string
 }
 
 func (b *batch) add(ctx context.Context, target string, row json.RawMessage) error {
@@ -486,9 +607,10 @@ func (b *batch) flush(ctx context.Context) error {
 		return nil
 	}
 	b.buf.WriteByte(']')
-	table, _, _ := strings.Cut(b.target, " overriding")
-	sql := "insert into " + b.target + " select * from pg_catalog.jsonb_populate_recordset(null::" + table + ", $1::pg_catalog.jsonb)"
-	_, err := b.tx.Exec(ctx, sql, b.buf.Bytes())
+	table, sql, err := b.insertSQL(ctx)
+	if err == nil {
+		_, err = b.tx.Exec(ctx, sql, b.buf.Bytes())
+	}
 	b.buf.Reset()
 	b.rows = 0
 	if err != nil {

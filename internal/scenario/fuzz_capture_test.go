@@ -21,6 +21,8 @@ import (
 
 const fuzzHeader = `{"format": "pgflow-upgrade-capture", "version": 1, "pgflow_state": "baseline", "created_at": "2026-12-02T12:00:00Z"}`
 
+const fuzzHeader2 = `{"format": "pgflow-upgrade-capture", "version": 2, "pgflow_state": "baseline", "created_at": "2026-12-02T12:00:00Z", "schemas": ["pgflow", "app"], "tables": [{"table": "app.jobs", "rows": 1, "bytes": 8192, "columns": ["id"]}]}`
+
 func gzipped(s string) []byte {
 	var b bytes.Buffer
 	w := gzip.NewWriter(&b)
@@ -44,6 +46,13 @@ func FuzzReadCapture(f *testing.F) {
 		`{"some": "other tool"}` + "\n",
 		"",
 		"not json\n",
+		fuzzHeader2 + "\n" + `{"ddl": "create schema if not exists pgflow", "section": "pre"}` + "\n" + `{"table": "app.jobs", "copy": "1"}` + "\n" +
+			`{"seq": {"sequence": "app.s", "last_value": 3, "is_called": true}}` + "\n" + `{"ddl": "create index i on app.jobs (id)", "section": "post"}` + "\n" + `{"end": {"records": 4}}` + "\n",
+		fuzzHeader2 + "\n" + `{"ddl": "x", "section": "post"}` + "\n" + `{"ddl": "y", "section": "pre"}` + "\n" + `{"end": {"records": 2}}` + "\n",
+		fuzzHeader2 + "\n" + `{"table": "other.t", "copy": "1"}` + "\n" + `{"end": {"records": 1}}` + "\n",
+		fuzzHeader2 + "\n" + `{"table": "app.jobs", "copy": "1\n2"}` + "\n" + `{"end": {"records": 1}}` + "\n",
+		fuzzHeader2 + "\n" + `{"table": "app.jobs", "row": {"id": 1}}` + "\n" + `{"end": {"records": 1}}` + "\n",
+		fuzzHeader2 + "\n" + `{"seq": {"last_value": 3}}` + "\n" + `{"end": {"records": 1}}` + "\n",
 		fuzzHeader + "\n" + `{"table": "pgflow.flows", "row": {"flow_slug": "it's \"quoted\"; drop table x; --"}}` + "\n" + `{"end": {"records": 1}}` + "\n",
 	} {
 		f.Add(s, false)
@@ -65,19 +74,33 @@ func FuzzReadCapture(f *testing.F) {
 			}
 			return
 		}
-		if c.Header.Format != scenario.CaptureFormat || c.Header.Version != scenario.CaptureVersion {
+		if c.Header.Format != scenario.CaptureFormat || (c.Header.Version != 1 && c.Header.Version != scenario.CaptureVersion) {
 			t.Fatalf("accepted a foreign header %+v", c.Header)
+		}
+		schemas := map[string]bool{"pgflow": true, "pgmq": true}
+		for _, s := range c.Header.Schemas {
+			schemas[s] = true
 		}
 		var again strings.Builder
 		hdr, _ := json.Marshal(c.Header)
 		again.Write(hdr)
 		again.WriteByte('\n')
 		for _, r := range c.Records {
-			if !strings.HasPrefix(r.Table, "pgflow.") && !strings.HasPrefix(r.Table, "pgmq.") {
-				t.Fatalf("accepted a record of table %q", r.Table)
-			}
-			if len(r.Row) == 0 || r.Row[0] != '{' || !json.Valid(r.Row) {
-				t.Fatalf("accepted a row that is not a JSON object: %q", r.Row)
+			if r.DDL != "" || r.Seq != nil {
+				if c.Header.Version == 1 || r.Table != "" || r.Row != nil {
+					t.Fatalf("accepted a DDL or sequence record with a row, or in a version 1 file: %+v", r)
+				}
+			} else {
+				if s, _, _ := strings.Cut(r.Table, "."); !schemas[s] {
+					t.Fatalf("accepted a record of table %q (schemas %v)", r.Table, c.Header.Schemas)
+				}
+				if r.Copy != nil {
+					if c.Header.Version == 1 || r.Row != nil || strings.ContainsAny(*r.Copy, "\n\r") || *r.Copy == `\.` {
+						t.Fatalf("accepted a COPY row that is not one line of a version 2 file: %+v", r)
+					}
+				} else if len(r.Row) == 0 || r.Row[0] != '{' || !json.Valid(r.Row) {
+					t.Fatalf("accepted a row that is not a JSON object: %q", r.Row)
+				}
 			}
 			if (r.Table == "pgmq.q" || r.Table == "pgmq.a") && r.Queue == "" {
 				t.Fatalf("accepted a queue message without its queue: %+v", r)

@@ -33,11 +33,22 @@ type junitSuite struct {
 }
 
 type junitCase struct {
-	Name      string        `xml:"name,attr"`
-	Classname string        `xml:"classname,attr"`
-	Time      string        `xml:"time,attr"`
-	Failure   *junitFailure `xml:"failure,omitempty"`
-	SystemOut string        `xml:"system-out,omitempty"`
+	Name       string           `xml:"name,attr"`
+	Classname  string           `xml:"classname,attr"`
+	Time       string           `xml:"time,attr"`
+	Properties *junitProperties `xml:"properties,omitempty"`
+	Failure    *junitFailure    `xml:"failure,omitempty"`
+	SystemOut  string           `xml:"system-out,omitempty"`
+}
+
+// junitProperties carry a case's measured figures (<property name value>).
+type junitProperties struct {
+	Property []junitProperty `xml:"property"`
+}
+
+type junitProperty struct {
+	Name  string `xml:"name,attr"`
+	Value string `xml:"value,attr"`
 }
 
 type junitFailure struct {
@@ -60,6 +71,15 @@ func WriteJUnit(w io.Writer, suite string, started time.Time, results []Result) 
 			out += "\n" + strings.Join(r.Notes, "\n")
 		}
 		c.SystemOut = out
+		if len(r.Metrics) > 0 {
+			c.Properties = &junitProperties{}
+			for _, m := range r.Metrics {
+				c.Properties.Property = append(c.Properties.Property, junitProperty{m.Name + "_ms", fmt.Sprintf("%g", m.MS)})
+				if m.BudgetMS > 0 {
+					c.Properties.Property = append(c.Properties.Property, junitProperty{m.Name + "_budget_ms", fmt.Sprintf("%g", m.BudgetMS)})
+				}
+			}
+		}
 		if !r.Passed {
 			s.Failures++
 			c.Failure = &junitFailure{Message: firstLine(r.Error), Type: "ScenarioFailed", Body: r.Error}

@@ -41,6 +41,16 @@ type Result struct {
 	Seconds  float64       `json:"seconds"`
 	// Notes are measurements a scenario reports (e.g. the longest lock wait).
 	Notes []string `json:"notes,omitempty"`
+	// Metrics are the timed figures a scenario measured, with their budget.
+	Metrics []Metric `json:"metrics,omitempty"`
+}
+
+// Metric is one measured duration and the budget it is held to.
+type Metric struct {
+	Name       string  `json:"name"` // lock_window, online_longest_wait, ...
+	MS         float64 `json:"ms"`
+	BudgetMS   float64 `json:"budget_ms,omitempty"` // 0: no budget
+	OverBudget bool    `json:"over_budget,omitempty"`
 }
 
 // DB is a throwaway database of one scenario.
@@ -58,9 +68,10 @@ type Env struct {
 	template string
 	logf     func(string, ...any)
 
-	mu    sync.Mutex
-	dbs   []*DB
-	notes []string
+	mu      sync.Mutex
+	dbs     []*DB
+	notes   []string
+	metrics []Metric
 }
 
 // NewDB returns a fresh database cloned from the baseline template (the
@@ -97,6 +108,28 @@ func (e *Env) Notef(format string, args ...any) {
 	defer e.mu.Unlock()
 	e.notes = append(e.notes, fmt.Sprintf(format, args...))
 }
+
+// Measure records a measured duration (reported with the result, and as a
+// note) and returns an error when budget is positive and d exceeds it.
+func (e *Env) Measure(name string, d, budget time.Duration) error {
+	m := Metric{Name: name, MS: ms(d)}
+	note := fmt.Sprintf("%s %s", name, d.Round(time.Millisecond))
+	if budget > 0 {
+		m.BudgetMS = ms(budget)
+		m.OverBudget = d > budget
+		note += fmt.Sprintf(" (budget %s)", budget)
+	}
+	e.mu.Lock()
+	e.metrics = append(e.metrics, m)
+	e.notes = append(e.notes, note)
+	e.mu.Unlock()
+	if m.OverBudget {
+		return fmt.Errorf("%s %s exceeds the budget %s", name, d.Round(time.Millisecond), budget)
+	}
+	return nil
+}
+
+func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
 
 // Logf logs a progress line (stderr of replay, t.Log in tests).
 func (e *Env) Logf(format string, args ...any) {
@@ -229,6 +262,7 @@ func (r *Runner) RunOne(ctx context.Context, s Scenario) (res Result) {
 		err = s.Run(ctx, env)
 	}()
 	res.Notes = env.notes
+	res.Metrics = env.metrics
 	if err != nil {
 		res.Error = err.Error()
 		return res

@@ -210,7 +210,8 @@ func TestCaptureRedacts(t *testing.T) {
 	if _, err := plain.ReadFrom(zr); err != nil {
 		t.Fatal(err)
 	}
-	if strings.Contains(plain.String(), "secret") {
+	// The DDL names vault's secrets; the user's data is what must be gone.
+	if strings.Contains(plain.String(), "secret-a") || strings.Contains(plain.String(), "secret-b") || strings.Contains(plain.String(), "secret-out") {
 		t.Fatalf("redacted capture still holds user data:\n%s", plain.String())
 	}
 	c, err := scenario.ReadCapture(bytes.NewReader(file))
@@ -222,8 +223,7 @@ func TestCaptureRedacts(t *testing.T) {
 	}
 	found := false
 	for _, r := range c.Records {
-		if r.Table == "pgflow.runs" && strings.Contains(string(r.Row), `"input": ["<redacted>", "<redacted>"]`) ||
-			r.Table == "pgflow.runs" && strings.Contains(string(r.Row), `"input":["<redacted>","<redacted>"]`) {
+		if r.Table == "pgflow.runs" && r.Copy != nil && strings.Contains(*r.Copy, `["<redacted>", "<redacted>"]`) {
 			found = true
 		}
 	}

@@ -1,0 +1,269 @@
+package scenario
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+)
+
+// The rehearsal (`fixtures replay --from CAPTURE`): the upgrade and its
+// invariants replayed on a rebuilt copy of a user's database, with the
+// two figures an operator budgets for measured on it: the lock window of
+// the transactional apply and the longest wait a client saw during
+// `apply --online`.
+
+// Rehearsal configures the capture scenarios and collects what they
+// measured. Zero budgets are not checked (the figures are still reported).
+type Rehearsal struct {
+	// MaxLockWindow fails capture-upgrade-survives when the transactional
+	// apply holds its locks longer.
+	MaxLockWindow time.Duration
+	// MaxWait fails capture-online-survives when the probe (a SELECT and an
+	// UPDATE of one task row every 10 ms, lock_timeout 5 s) waits longer.
+	MaxWait time.Duration
+
+	mu sync.Mutex
+	m  Measurements
+}
+
+// Measurements are the rehearsal's figures (zero: not measured).
+type Measurements struct {
+	ServerVersion string
+	// Sizes of the rehearsed database (exact counts, before the upgrade).
+	StepTasks, StepStates, Steps, Flows int64
+	LockWindow, ApplyTotal              time.Duration // transactional apply
+	OnlineTotal, OnlineLongestWait      time.Duration // apply --online and its probe
+	OnlineLockWindow                    time.Duration // the online run's longest lock window
+}
+
+// Measured returns what the scenarios measured.
+func (r *Rehearsal) Measured() Measurements {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.m
+}
+
+func (r *Rehearsal) record(f func(m *Measurements)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f(&r.m)
+}
+
+// CaptureScenarios are RehearsalScenarios without budgets.
+func CaptureScenarios() []Scenario { return RehearsalScenarios(&Rehearsal{}) }
+
+// RehearsalScenarios replay the upgrade and its invariants on a captured
+// state (every scenario's database is a clone of the restored capture).
+func RehearsalScenarios(r *Rehearsal) []Scenario {
+	return []Scenario{
+		{Name: "capture-upgrade-survives", Run: r.survives,
+			Proves: "the captured database upgrades with the transactional apply: every row, queue and message identical, new columns right, verify passes; its lock window is measured (budget --max-lock-window)"},
+		{Name: "capture-online-survives", Run: r.onlineSurvives,
+			Proves: "the captured database upgrades with apply --online while a probe reads and updates a task row every 10 ms: every row, queue and message identical, new columns right, verify passes; the probe's longest wait is measured (budget --max-wait)"},
+		{Name: "capture-old-worker-fenced", Run: captureFenced,
+			Proves: "after the upgrade of the captured database a 0.16.0 worker's claim, start_tasks(flow_slug =>, msg_ids =>, worker_id =>), fails with 42883 and claims nothing"},
+		{Name: "capture-new-worker-drains", Run: captureDrains,
+			Proves: "after the upgrade of the captured database the new worker drains every in-flight run that can finish"},
+	}
+}
+
+// sizes counts the tables the forecast scales by.
+func (r *Rehearsal) sizes(ctx context.Context, db *DB) error {
+	var m Measurements
+	err := db.Pool.QueryRow(ctx, `select pg_catalog.current_setting('server_version'),
+		(select pg_catalog.count(*) from pgflow.step_tasks), (select pg_catalog.count(*) from pgflow.step_states),
+		(select pg_catalog.count(*) from pgflow.steps), (select pg_catalog.count(*) from pgflow.flows)`).
+		Scan(&m.ServerVersion, &m.StepTasks, &m.StepStates, &m.Steps, &m.Flows)
+	if err != nil {
+		return fmt.Errorf("counting the rehearsed tables: %w", err)
+	}
+	r.record(func(x *Measurements) {
+		x.ServerVersion, x.StepTasks, x.StepStates, x.Steps, x.Flows = m.ServerVersion, m.StepTasks, m.StepStates, m.Steps, m.Flows
+	})
+	return nil
+}
+
+func (r *Rehearsal) survives(ctx context.Context, env *Env) error {
+	db, err := env.NewDB(ctx)
+	if err != nil {
+		return err
+	}
+	if err := r.sizes(ctx, db); err != nil {
+		return err
+	}
+	var rep *upgrade.Report
+	rows, err := keeps(ctx, db, "the upgrade", func() error {
+		var err error
+		if rep, err = env.Upgrade(ctx, db); err != nil {
+			return fmt.Errorf("the upgrade failed: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := verifyUpgraded(ctx, db); err != nil {
+		return err
+	}
+	env.Notef("%d rows and messages identical", rows)
+	if rep == nil {
+		return nil
+	}
+	window := time.Duration(rep.LockWindowMS) * time.Millisecond
+	r.record(func(m *Measurements) {
+		m.LockWindow, m.ApplyTotal = window, time.Duration(rep.TotalMS)*time.Millisecond
+	})
+	env.Measure("apply_total", time.Duration(rep.TotalMS)*time.Millisecond, 0)
+	return env.Measure("lock_window", window, r.MaxLockWindow)
+}
+
+func (r *Rehearsal) onlineSurvives(ctx context.Context, env *Env) error {
+	db, err := env.NewDB(ctx)
+	if err != nil {
+		return err
+	}
+	p := &waitProbe{}
+	var rep *online.Report
+	var took time.Duration
+	rows, err := keeps(ctx, db, "apply --online", func() error {
+		pctx, stop := context.WithCancel(ctx)
+		defer stop()
+		ready := make(chan struct{})
+		perr := make(chan error, 1)
+		go func() { perr <- p.run(pctx, db.DSN, ready) }()
+		select {
+		case <-ready:
+		case err := <-perr:
+			return fmt.Errorf("the probe did not start: %w", err)
+		}
+		conn, err := pgx.Connect(ctx, db.DSN)
+		if err != nil {
+			stop()
+			<-perr
+			return err
+		}
+		defer conn.Close(context.WithoutCancel(ctx))
+		started := time.Now()
+		rep, err = online.Apply(ctx, conn, online.Options{})
+		took = time.Since(started)
+		stop()
+		if perr := <-perr; perr != nil && err == nil {
+			return fmt.Errorf("the probe: %w", perr)
+		}
+		if err != nil {
+			return fmt.Errorf("apply --online failed: %w", err)
+		}
+		if rep.Outcome != upgrade.OutcomeApplied {
+			return fmt.Errorf("apply --online: outcome %s, want %s: %s", rep.Outcome, upgrade.OutcomeApplied, rep.Message)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := verifyUpgraded(ctx, db); err != nil {
+		return err
+	}
+	longest, n, fails := p.result()
+	env.Notef("%d rows and messages identical; probe: %d operations, %d failed", rows, n, fails)
+	lockWindow := time.Duration(rep.LongestLockWindowMS) * time.Millisecond
+	r.record(func(m *Measurements) {
+		m.OnlineTotal, m.OnlineLongestWait, m.OnlineLockWindow = took, longest, lockWindow
+	})
+	env.Measure("online_total", took, 0)
+	env.Measure("online_lock_window", lockWindow, 0)
+	return env.Measure("online_longest_wait", longest, r.MaxWait)
+}
+
+// keeps runs upgrade between two digests of db and checks that every
+// pre-existing row and message is still there, unchanged, and that the
+// new columns hold the right values. It returns the rows compared.
+func keeps(ctx context.Context, db *DB, what string, upgrade func() error) (int64, error) {
+	d, err := takeDigest(ctx, db.Pool)
+	if err != nil {
+		return 0, err
+	}
+	defer d.close()
+	if err := upgrade(); err != nil {
+		return 0, err
+	}
+	diffs, total, err := d.compare(ctx, db.Pool, 20)
+	if err != nil {
+		return 0, err
+	}
+	if total > 0 {
+		return 0, fmt.Errorf("%d differences in pre-existing state after %s:\n%s", total, what, strings.Join(diffs, "\n"))
+	}
+	nd, err := fingerprint.CheckNewColumns(ctx, db.Pool)
+	if err != nil {
+		return 0, err
+	}
+	if len(nd) > 0 {
+		return 0, fmt.Errorf("new columns wrong after %s:\n%s", what, fingerprint.Format(nd, 20))
+	}
+	return d.rows, nil
+}
+
+func captureFenced(ctx context.Context, env *Env) error {
+	db, err := env.NewDB(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := env.Upgrade(ctx, db); err != nil {
+		return fmt.Errorf("the upgrade failed: %w", err)
+	}
+	state := `select count(*) filter (where status = 'started') || '/' || coalesce(sum(attempts_count), 0) from pgflow.step_tasks`
+	var before, after string
+	if err := db.Pool.QueryRow(ctx, state).Scan(&before); err != nil {
+		return err
+	}
+	// A 0.16.0 worker's claim (fixtures/oldworker's), with every message id of the captured tasks.
+	_, callErr := db.Pool.Exec(ctx, `select * from pgflow.start_tasks(flow_slug => (select min(flow_slug) from pgflow.flows),
+		msg_ids => array(select message_id from pgflow.step_tasks where message_id is not null),
+		worker_id => '00000000-0000-0000-0000-000000000000'::uuid)`)
+	if code := pgCode(callErr); code != undefinedFunction {
+		return fmt.Errorf("a 0.16.0 start_tasks call after the upgrade: SQLSTATE %q, want %s (%v)", code, undefinedFunction, callErr)
+	}
+	if err := db.Pool.QueryRow(ctx, state).Scan(&after); err != nil {
+		return err
+	}
+	if after != before {
+		return errorf("the rejected claim changed tasks (started/attempts %s -> %s)", before, after)
+	}
+	return nil
+}
+
+func captureDrains(ctx context.Context, env *Env) error {
+	db, err := env.NewDB(ctx)
+	if err != nil {
+		return err
+	}
+	open, err := countRows(ctx, db, `select count(*) from pgflow.runs where status = 'started'`)
+	if err != nil {
+		return err
+	}
+	if _, err := env.Upgrade(ctx, db); err != nil {
+		return fmt.Errorf("the upgrade failed: %w", err)
+	}
+	rep, err := Drain(ctx, db, DrainOptions{FastForward: true, Timeout: 5 * time.Minute})
+	if err != nil {
+		return err
+	}
+	still, err := countRows(ctx, db, `select count(*) from pgflow.runs where status = 'started'`)
+	if err != nil {
+		return err
+	}
+	if still != len(rep.Stuck) {
+		return errorf("%d runs still started after the drain (%d stuck by design)", still, len(rep.Stuck))
+	}
+	env.Notef("%d in-flight runs, %d tasks completed, %d stuck by design (permanently stalled)", open, rep.Completed, len(rep.Stuck))
+	return nil
+}
