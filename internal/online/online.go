@@ -262,13 +262,13 @@ func (e *engine) run(ctx context.Context) error {
 		return e.finishSwitch(ctx, s)
 	}
 
-	if err := e.phase(PhaseNone, "preflight: the shared check catalog, exact, no table locks", func() error {
+	if err := e.phase(PhaseNone, "preflight: the shared check catalog, exact, no table locks (duplicate message ids: by the index build)", func() error {
 		return e.preflightBefore(ctx)
 	}); err != nil {
 		return err
 	}
-	if s.Columns < len(Tables) || s.Triggers < len(Tables) || !s.Progress {
-		if err := e.phase(PhaseExpand, "steps.queue_name and step_tasks.queue_name nullable, insert triggers, progress table", func() error {
+	if s.Columns < len(Tables) || s.TriggersFull < len(Tables) || !s.Progress {
+		if err := e.phase(PhaseExpand, "steps.queue_name and step_tasks.queue_name nullable, insert/update triggers, progress table", func() error {
 			return e.expand(ctx)
 		}); err != nil {
 			return err
@@ -282,7 +282,7 @@ func (e *engine) run(ctx context.Context) error {
 		return err
 	}
 	if s.Checks == 0 && p.Phase != string(PhaseContract) {
-		if err := e.phase(PhaseBackfill, "steps in one statement, step_tasks in key-ordered batches", func() error { return e.backfill(ctx) }); err != nil {
+		if err := e.phase(PhaseBackfill, "steps in one statement, step_tasks in block-range (ctid) batches", func() error { return e.backfill(ctx) }); err != nil {
 			return err
 		}
 	}
@@ -297,7 +297,7 @@ func (e *engine) run(ctx context.Context) error {
 	return e.finishSwitch(ctx, s)
 }
 
-// preflightBefore runs the preflight checks exactly, before anything
+// preflightBefore runs the preflight checks (all but the duplicate scan) exactly, before anything
 // changes, in a transaction of its own without table locks: a blocker
 // refuses with the database unchanged (or, on a rerun, as it was).
 func (e *engine) preflightBefore(ctx context.Context) error {
@@ -310,7 +310,9 @@ func (e *engine) preflightBefore(ctx context.Context) error {
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	po := e.opts.Preflight
-	po.Checks = preflightIDs("schema.state")
+	// Not the duplicate (queue, message id) scan: the unique index build of
+	// the contract phase answers it (refuseDuplicates), at no extra cost.
+	po.Checks = preflightIDs("schema.state", "tasks.duplicate_message_id")
 	po.Extra = append(append([]audit.Check(nil), po.Extra...), stateCheck())
 	po.ApplicationName = "pgflow-upgrade apply --online"
 	res, err := preflight.Run(ctx, tx, po)
