@@ -377,12 +377,14 @@ func (e *engine) switchOptions() upgrade.Options {
 		o.Wait = e.opts.Wait
 	}
 	po := e.opts.Preflight
-	// Under the locks every check runs exact, except two answered from the
-	// catalog by preparedCheck: the schema state (partial by design here) and
-	// the duplicate (queue, message id) scan, which the validated checks
-	// (queue_name = lower(flow_slug) everywhere) and the valid unique index
-	// idx_step_tasks_queue_message prove without reading step_tasks.
-	po.Checks = preflightIDs("schema.state", "tasks.duplicate_message_id")
+	// Under the locks run only the blockers the prepared shape does not
+	// already prove, exact: the warnings ran in the first preflight (they
+	// cannot refuse); the case aliases and the duplicate (queue, message id)
+	// are proven by the valid unique indexes (and the validated checks:
+	// queue_name = lower(flow_slug) everywhere), which preparedCheck finds in
+	// the catalog; the schema state is partial by design here. Each check
+	// costs the application lock window time, whatever it finds.
+	po.Checks = switchChecks()
 	po.Extra = append(append([]audit.Check(nil), po.Extra...), preparedCheck())
 	po.CheckTimeout = e.opts.Switch.Preflight.CheckTimeout
 	if po.CheckTimeout <= 0 {
@@ -412,6 +414,18 @@ func (e *engine) switchOptions() upgrade.Options {
 		}
 	}
 	return o
+}
+
+// switchChecks: audit's Preflight blockers, minus the ones the prepared
+// shape proves (see switchOptions).
+func switchChecks() []string {
+	var out []string
+	for _, id := range preflightIDs("schema.state", "tasks.duplicate_message_id", "flows.case_alias", "steps.case_alias") {
+		if c, err := audit.Lookup(id); err == nil && c.Severity == audit.Blocker {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 func (e *engine) lockWindow(step string, attempts int, d time.Duration) {
