@@ -345,6 +345,7 @@ func (e *engine) finishSwitch(ctx context.Context, s Shape) error {
 		if err := e.hook(ctx, PointSwitch); err != nil {
 			return err
 		}
+		e.cancelAutovacuum(ctx)
 		var err error
 		sw, err = upgrade.Apply(ctx, e.conn, e.switchOptions())
 		return err
@@ -488,6 +489,7 @@ func (e *engine) ddlTx(ctx context.Context, step string, fn func(tx pgx.Tx) erro
 		},
 		func(attempt int) error {
 			attempts = attempt
+			e.cancelAutovacuum(ctx)
 			tx, err := e.conn.Begin(ctx)
 			if err != nil {
 				return fmt.Errorf("online %s: begin: %w", step, err)
