@@ -26,6 +26,7 @@ func init() {
 // probe runs a SELECT and an UPDATE of one live task row on step_tasks
 // every 10 ms, each bounded by lock_timeout 5s, and records the longest.
 type probe struct {
+	readOnly bool // SELECT only (the floor: see floor)
 	mu       sync.Mutex
 	longest  time.Duration
 	n, fails int
@@ -54,10 +55,14 @@ func (p *probe) run(ctx context.Context, dsn string) error {
 			return nil
 		case <-tick.C:
 		}
-		for _, q := range []string{
+		qs := []string{
 			`select count(*) from pgflow.step_tasks where run_id = $1::uuid and step_slug = $2 and task_index = $3`,
 			`update pgflow.step_tasks set requeued_count = requeued_count where run_id = $1::uuid and step_slug = $2 and task_index = $3`,
-		} {
+		}
+		if p.readOnly {
+			qs = qs[:1]
+		}
+		for _, q := range qs {
 			t := time.Now()
 			_, err := conn.Exec(ctx, q, run, step, idx)
 			d := time.Since(t)
@@ -83,6 +88,11 @@ func (p *probe) run(ctx context.Context, dsn string) error {
 // measured runs fn on a fresh clone of the real pgflow 0.16.0 with size
 // generated step_tasks rows, the probe running throughout.
 func measured(ctx context.Context, env *Env, size int64, fn func(ctx context.Context, conn *pgx.Conn) error) (took time.Duration, p *probe, err error) {
+	return measuredWith(ctx, env, size, &probe{}, fn)
+}
+
+// measuredWith is measured with a probe of the caller's.
+func measuredWith(ctx context.Context, env *Env, size int64, p *probe, fn func(ctx context.Context, conn *pgx.Conn) error) (took time.Duration, _ *probe, err error) {
 	dsn, drop, err := env.Clone(ctx, size)
 	if err != nil {
 		return 0, nil, err
@@ -93,7 +103,6 @@ func measured(ctx context.Context, env *Env, size int64, fn func(ctx context.Con
 		return 0, nil, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	p = &probe{}
 	pctx, stop := context.WithCancel(ctx)
 	perr := make(chan error, 1)
 	go func() { perr <- p.run(pctx, dsn) }()
@@ -134,7 +143,11 @@ func benchOnline(ctx context.Context, env *Env) ([]Row, error) {
 			onFails += p.fails
 
 			var fsteps map[string]time.Duration
-			took, p, err = measured(ctx, env, size, func(ctx context.Context, conn *pgx.Conn) error {
+			// The floor's probe only reads: an UPDATE of an unfilled row may
+			// put its new version (queue_name NULL) behind the floor's cursor,
+			// which has no trigger to fill it (apply --online's has), and the
+			// floor would then need a scan for NULLs it is measured without.
+			took, p, err = measuredWith(ctx, env, size, &probe{readOnly: true}, func(ctx context.Context, conn *pgx.Conn) error {
 				var err error
 				fsteps, err = floor(ctx, conn)
 				return err
@@ -171,7 +184,7 @@ func benchOnline(ctx context.Context, env *Env) ([]Row, error) {
 				{"probe errors", float64(onFails), ""},
 			}},
 			Row{Benchmark: "online", Case: fmt.Sprintf("floor (ctid batches, indexes concurrently, checks), %d step_tasks", size), Metrics: []Metric{
-				{"probe longest wait", float64(Median(flProbe).Microseconds()) / 1000, "ms"},
+				{"probe (SELECT only) longest wait", float64(Median(flProbe).Microseconds()) / 1000, "ms"},
 				{"total", fl.Seconds(), "s"},
 				{"probe errors", float64(flFails), ""},
 			}},
