@@ -56,7 +56,7 @@ const (
 func stateCheck() audit.Check {
 	return audit.Check{
 		ID: CheckStateID, Title: "pgflow 0.16.0, or 0.16.0 with an unfinished online upgrade", Severity: audit.Blocker, Preflight: true,
-		Meaning: "apply --online starts from the 0.16.0 baseline, or continues its own unfinished run (steps/step_tasks.queue_name, their insert triggers and checks, pgflow.is_valid_queue_name, the unique indexes); anything else blocks.",
+		Meaning: "apply --online starts from the 0.16.0 baseline, or continues its own unfinished run (steps/step_tasks.queue_name, their triggers and checks, pgflow.is_valid_queue_name, the unique indexes); anything else blocks.",
 		Remedy:  "Run `pgflow-upgrade status` and `pgflow-upgrade audit`: a partial schema must be repaired (or rolled back with `pgflow-upgrade apply --rollback-online` when it is an online upgrade's) first.",
 		Run: func(ctx context.Context, q audit.Querier, env audit.Env) ([]audit.Finding, error) {
 			if baselineOrOnline(env.Schema) {
