@@ -208,23 +208,23 @@ func logSwitch(env *Env, sw *upgrade.Report) {
 		steps = append(steps, fmt.Sprintf("%s %dms", st.Step, st.DurationMS))
 	}
 	stmts := append([]upgrade.StatementReport(nil), sw.Statements...)
-	sort.Slice(stmts, func(i, j int) bool { return stmts[i].DurationMS > stmts[j].DurationMS })
+	sort.Slice(stmts, func(i, j int) bool { return stmts[i].DurationUS > stmts[j].DurationUS })
 	var slow []string
 	var total int64
 	for _, st := range sw.Statements {
-		total += st.DurationMS
+		total += st.DurationUS
 	}
 	for _, st := range stmts[:min(8, len(stmts))] {
 		sum := st.Summary
 		if len(sum) > 60 {
 			sum = sum[:60]
 		}
-		slow = append(slow, fmt.Sprintf("#%d %dms %s", st.Index, st.DurationMS, sum))
+		slow = append(slow, fmt.Sprintf("#%d %dus %s", st.Index, st.DurationUS, sum))
 	}
 	var checks []string
 	for _, c := range sw.Preflight {
 		checks = append(checks, fmt.Sprintf("%s %dms", c.ID, c.DurationMS))
 	}
-	env.Logf("bench: switch window %dms; steps: %s; preflight: %s; %d statements, %dms in all; slowest: %s",
+	env.Logf("bench: switch window %dms; steps: %s; preflight: %s; %d statements, %dus in all; slowest: %s",
 		sw.LockWindowMS, strings.Join(steps, ", "), strings.Join(checks, ", "), len(sw.Statements), total, strings.Join(slow, " | "))
 }
