@@ -108,6 +108,11 @@ type Options struct {
 	// LiveWorker: heartbeat age under which a worker counts as alive
 	// (workers.legacy_alive; default 1 minute).
 	LiveWorker time.Duration
+	// Schema, if set, is the schema state RunPreflight gives the checks
+	// instead of reading it again (a catalog read of ~10 ms): the caller
+	// detected it in the same transaction (apply --online's switch, whose
+	// prepared shape the migration's guard checks again under the locks).
+	Schema *SchemaInfo
 }
 
 const (
@@ -321,7 +326,9 @@ func RunPreflight(ctx context.Context, tx pgx.Tx, opts Options) ([]CheckResult, 
 	if env.PGMQ, err = DetectPGMQ(ctx, tx); err != nil {
 		return nil, err
 	}
-	if env.Schema, err = DetectSchema(ctx, tx); err != nil {
+	if opts.Schema != nil {
+		env.Schema = *opts.Schema
+	} else if env.Schema, err = DetectSchema(ctx, tx); err != nil {
 		return nil, err
 	}
 	var out []CheckResult

@@ -40,7 +40,10 @@ func onlineOptions() online.Options {
 }
 
 // onlineUpgrade is `apply --online` as a scenario.UpgradeFunc: the report
-// is the switch's (the transactional apply the online path ends with).
+// is the switch's (the transactional apply the online path ends with), with
+// the preflight results and blockers of the whole run (the warnings come
+// from the first preflight: the switch runs only blockers under its locks;
+// duplicates are found by the index build, before any switch).
 func onlineUpgrade(ctx context.Context, db *scenario.DB) (*upgrade.Report, error) {
 	conn, err := pgx.Connect(ctx, db.DSN)
 	if err != nil {
@@ -48,13 +51,19 @@ func onlineUpgrade(ctx context.Context, db *scenario.DB) (*upgrade.Report, error
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	rep, err := online.Apply(ctx, conn, onlineOptions())
+	sw := &upgrade.Report{Outcome: rep.Outcome, Message: rep.Message}
+	if rep.Switch != nil {
+		c := *rep.Switch
+		sw = &c
+	}
+	sw.Preflight, sw.Blockers = rep.Preflight, rep.Blockers
 	if err != nil {
-		return rep.Switch, fmt.Errorf("apply --online (%s): %w", rep.Outcome, err)
+		return sw, fmt.Errorf("apply --online (%s): %w", rep.Outcome, err)
 	}
 	if rep.Outcome != upgrade.OutcomeApplied {
-		return rep.Switch, fmt.Errorf("apply --online: outcome %s: %s", rep.Outcome, rep.Message)
+		return sw, fmt.Errorf("apply --online: outcome %s: %s", rep.Outcome, rep.Message)
 	}
-	return rep.Switch, nil
+	return sw, nil
 }
 
 // TestScenariosOnline runs every built-in scenario (the state-survival

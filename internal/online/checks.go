@@ -56,7 +56,7 @@ const (
 func stateCheck() audit.Check {
 	return audit.Check{
 		ID: CheckStateID, Title: "pgflow 0.16.0, or 0.16.0 with an unfinished online upgrade", Severity: audit.Blocker, Preflight: true,
-		Meaning: "apply --online starts from the 0.16.0 baseline, or continues its own unfinished run (steps/step_tasks.queue_name, their insert triggers and checks, pgflow.is_valid_queue_name, the unique indexes); anything else blocks.",
+		Meaning: "apply --online starts from the 0.16.0 baseline, or continues its own unfinished run (steps/step_tasks.queue_name, their triggers and checks, pgflow.is_valid_queue_name, the unique indexes); anything else blocks.",
 		Remedy:  "Run `pgflow-upgrade status` and `pgflow-upgrade audit`: a partial schema must be repaired (or rolled back with `pgflow-upgrade apply --rollback-online` when it is an online upgrade's) first.",
 		Run: func(ctx context.Context, q audit.Querier, env audit.Env) ([]audit.Finding, error) {
 			if baselineOrOnline(env.Schema) {
@@ -75,17 +75,19 @@ func stateCheck() audit.Check {
 	}
 }
 
-// preparedCheck replaces schema.state and tasks.duplicate_message_id in the
-// switch transaction, under its locks: the shape is exactly what the
-// contract phase left, so the validated check (queue_name = lower(flow_slug)
-// on every row) and the valid unique index idx_step_tasks_queue_message
-// prove, from the catalog, that no two tasks share a (queue, message id) —
-// the exact answer the duplicate scan gives, without reading 5M rows while
-// the tables are locked.
+// preparedCheck replaces schema.state, tasks.duplicate_message_id,
+// flows.case_alias and steps.case_alias in the switch transaction, under its
+// locks: the shape is exactly what the contract phase left, so the validated
+// check (queue_name = lower(flow_slug) on every row) and the valid unique
+// indexes (idx_step_tasks_queue_message, idx_flows_normalized_slug,
+// idx_steps_normalized_slug, enforced on every write since they were built)
+// prove, from the catalog, that no two tasks share a (queue, message id) and
+// no slugs differ only by case — the answers those scans give, without
+// reading a table while the tables are locked.
 func preparedCheck() audit.Check {
 	return audit.Check{
 		ID: CheckPreparedID, Title: "online-prepared shape (columns, validated checks, valid unique indexes)", Severity: audit.Blocker, Preflight: true,
-		Meaning: "The switch starts only from the shape the contract phase prepared; its validated checks and valid unique indexes also prove that no two tasks share a (queue, message id).",
+		Meaning: "The switch starts only from the shape the contract phase prepared; its validated checks and valid unique indexes also prove that no two tasks share a (queue, message id) and no slugs differ only by case.",
 		Remedy:  "Run `pgflow-upgrade apply --online` again: it redoes what is missing.",
 		Run: func(ctx context.Context, q audit.Querier, env audit.Env) ([]audit.Finding, error) {
 			s, err := Detect(ctx, q)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgretry"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/preflight"
 )
 
 // backfillSteps fills pgflow.steps.queue_name: a small table (flow
@@ -72,18 +73,10 @@ func (e *engine) contract(ctx context.Context) error {
 		if err := e.hook(ctx, PointCheck); err != nil {
 			return err
 		}
-		// The checks are enforced on every write from now on, so no row may
-		// be NULL any more (a row updated by the application would fail).
-		var left bool
-		if err := e.conn.QueryRow(ctx, `select exists (select 1 from pgflow.steps s where s.queue_name is null)
-			or exists (select 1 from pgflow.step_tasks t where t.queue_name is null)`).Scan(&left); err != nil {
-			return fmt.Errorf("online contract: looking for rows without queue_name: %w", err)
-		}
-		if left {
-			if err := e.backfill(ctx); err != nil {
-				return err
-			}
-		}
+		// The checks are enforced on every write from now on. A row still
+		// NULL cannot make an application write fail: the triggers fill it
+		// first (INSERT, or UPDATE of an unfilled row). The backfill left none
+		// (VALIDATE proves it; if it finds one, validate fills and retries).
 		fn, err := functionStatement()
 		if err != nil {
 			return err
@@ -148,6 +141,26 @@ func (e *engine) contract(ctx context.Context) error {
 // with); waiting for it (behind autovacuum, say) blocks no one either, so
 // its lock wait is generous.
 func (e *engine) validate(ctx context.Context) error {
+	err := e.validateAll(ctx)
+	if errors.Is(err, errNullsLeft) {
+		// A row without queue_name (e.g. written while a trigger was missing
+		// and the pass not restarted): one more backfill pass, then again.
+		if err := e.backfill(ctx); err != nil {
+			return err
+		}
+		err = e.validateAll(ctx)
+		if errors.Is(err, errNullsLeft) {
+			e.rep.Outcome = upgrade.OutcomeRefused
+			return fmt.Errorf("%w: rows of pgflow.steps or pgflow.step_tasks still have no queue_name after another backfill pass; run apply --online again, or apply --rollback-online: %w", ErrRefused, err)
+		}
+	}
+	return err
+}
+
+// errNullsLeft: VALIDATE of the online check found a row without queue_name.
+var errNullsLeft = errors.New("a row without queue_name")
+
+func (e *engine) validateAll(ctx context.Context) error {
 	for _, t := range Tables {
 		for _, c := range []string{OnlineCheck, ValidCheck} {
 			var pending bool
@@ -177,6 +190,13 @@ func (e *engine) validateOne(ctx context.Context, table, check string) error {
 	}
 	if _, err := tx.Exec(ctx, `alter table pgflow.`+table+` validate constraint `+check); err != nil {
 		var pgErr *pgconn.PgError
+		_ = tx.Rollback(ctx) // the session is free for the look below
+		if errors.As(err, &pgErr) && pgErr.Code == "23514" && check == OnlineCheck {
+			var nulls bool
+			if qerr := e.conn.QueryRow(ctx, `select exists (select 1 from pgflow.`+table+` t where t.queue_name is null)`).Scan(&nulls); qerr == nil && nulls {
+				return fmt.Errorf("online validate: %s on pgflow.%s: %w: %w", check, table, errNullsLeft, err)
+			}
+		}
 		if errors.As(err, &pgErr) && pgErr.Code == "23514" {
 			// Cannot happen after a clean backfill; if it does, the rows say
 			// what is wrong: a queue_name set by hand, or a slug 0.17.0 refuses.
@@ -220,11 +240,47 @@ func (e *engine) buildIndex(ctx context.Context, ix Index, exists bool) error {
 		}
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
-			e.rep.Outcome = upgrade.OutcomeRefused
-			return fmt.Errorf("%w: %w: pgflow.%s (%s); %s; `pgflow-upgrade audit` lists them under %s: %w",
-				ErrRefused, ErrDuplicate, ix.Name, pgErr.Detail, dropped, ix.Check, err)
+			return e.refuseDuplicates(ctx, ix, fmt.Errorf("%w: pgflow.%s (%s); %s: %w", ErrDuplicate, ix.Name, pgErr.Detail, dropped, err))
 		}
 		return fmt.Errorf("online index: create unique index concurrently pgflow.%s failed; %s: %w", ix.Name, dropped, err)
 	}
 	return nil
+}
+
+// refuseDuplicates answers a unique index build that met duplicates (the
+// question the first preflight no longer scans for): the audit check that
+// explains the index (ix.Check) runs now, its findings become the report's
+// blockers exactly as a preflight refusal's would, and the online upgrade is
+// rolled back, so the database is the 0.16.0 it was before the run (as
+// apply --rollback-online leaves it). The outcome is refused (exit 1).
+func (e *engine) refuseDuplicates(ctx context.Context, ix Index, cause error) error {
+	e.rep.Outcome = upgrade.OutcomeRefused
+	summary := "see `pgflow-upgrade audit`, check " + ix.Check
+	err := pgx.BeginFunc(ctx, e.conn, func(tx pgx.Tx) error {
+		po := e.opts.Preflight
+		po.Checks = []string{ix.Check}
+		po.ApplicationName = "pgflow-upgrade apply --online"
+		res, err := preflight.Run(ctx, tx, po)
+		e.rep.Preflight = append(e.rep.Preflight, res.Checks...)
+		if err != nil {
+			return err
+		}
+		b := res.Blockers()
+		e.rep.Blockers = append(e.rep.Blockers, b...)
+		summary = res.Summary() + " (" + ix.Check + ")"
+		if len(b) > 0 {
+			summary += ": " + b[0].Message
+		}
+		return nil
+	})
+	if err != nil {
+		summary += fmt.Sprintf(" (listing them failed: %v)", err)
+	}
+	rr, rerr := Rollback(ctx, e.conn, RollbackOptions{LockTimeout: e.opts.LockTimeout, LockRetries: e.opts.LockRetries, Wait: e.opts.Wait, Progress: e.opts.Progress})
+	undone := "the online upgrade was rolled back: the database is the 0.16.0 it was before"
+	if rerr != nil {
+		undone = fmt.Sprintf("rolling the online upgrade back failed (%s: %v): run apply --rollback-online", rr.Outcome, rerr)
+	}
+	e.rep.Message = fmt.Sprintf("%s: %s; %s", upgrade.ErrPreflight, summary, undone)
+	return fmt.Errorf("%w: %w: %s; %s: %w", ErrRefused, upgrade.ErrPreflight, summary, undone, cause)
 }

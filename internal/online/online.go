@@ -262,13 +262,13 @@ func (e *engine) run(ctx context.Context) error {
 		return e.finishSwitch(ctx, s)
 	}
 
-	if err := e.phase(PhaseNone, "preflight: the shared check catalog, exact, no table locks", func() error {
+	if err := e.phase(PhaseNone, "preflight: the shared check catalog, exact, no table locks (duplicate message ids: by the index build)", func() error {
 		return e.preflightBefore(ctx)
 	}); err != nil {
 		return err
 	}
-	if s.Columns < len(Tables) || s.Triggers < len(Tables) || !s.Progress {
-		if err := e.phase(PhaseExpand, "steps.queue_name and step_tasks.queue_name nullable, insert triggers, progress table", func() error {
+	if s.Columns < len(Tables) || s.TriggersFull < len(Tables) || !s.Progress {
+		if err := e.phase(PhaseExpand, "steps.queue_name and step_tasks.queue_name nullable, insert/update triggers, progress table", func() error {
 			return e.expand(ctx)
 		}); err != nil {
 			return err
@@ -282,7 +282,7 @@ func (e *engine) run(ctx context.Context) error {
 		return err
 	}
 	if s.Checks == 0 && p.Phase != string(PhaseContract) {
-		if err := e.phase(PhaseBackfill, "steps in one statement, step_tasks in key-ordered batches", func() error { return e.backfill(ctx) }); err != nil {
+		if err := e.phase(PhaseBackfill, "steps in one statement, step_tasks in block-range (ctid) batches", func() error { return e.backfill(ctx) }); err != nil {
 			return err
 		}
 	}
@@ -297,7 +297,7 @@ func (e *engine) run(ctx context.Context) error {
 	return e.finishSwitch(ctx, s)
 }
 
-// preflightBefore runs the preflight checks exactly, before anything
+// preflightBefore runs the preflight checks (all but the duplicate scan) exactly, before anything
 // changes, in a transaction of its own without table locks: a blocker
 // refuses with the database unchanged (or, on a rerun, as it was).
 func (e *engine) preflightBefore(ctx context.Context) error {
@@ -310,7 +310,9 @@ func (e *engine) preflightBefore(ctx context.Context) error {
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 	po := e.opts.Preflight
-	po.Checks = preflightIDs("schema.state")
+	// Not the duplicate (queue, message id) scan: the unique index build of
+	// the contract phase answers it (refuseDuplicates), at no extra cost.
+	po.Checks = preflightIDs("schema.state", "tasks.duplicate_message_id")
 	po.Extra = append(append([]audit.Check(nil), po.Extra...), stateCheck())
 	po.ApplicationName = "pgflow-upgrade apply --online"
 	res, err := preflight.Run(ctx, tx, po)
@@ -343,6 +345,7 @@ func (e *engine) finishSwitch(ctx context.Context, s Shape) error {
 		if err := e.hook(ctx, PointSwitch); err != nil {
 			return err
 		}
+		e.cancelAutovacuum(ctx)
 		var err error
 		sw, err = upgrade.Apply(ctx, e.conn, e.switchOptions())
 		return err
@@ -375,12 +378,14 @@ func (e *engine) switchOptions() upgrade.Options {
 		o.Wait = e.opts.Wait
 	}
 	po := e.opts.Preflight
-	// Under the locks every check runs exact, except two answered from the
-	// catalog by preparedCheck: the schema state (partial by design here) and
-	// the duplicate (queue, message id) scan, which the validated checks
-	// (queue_name = lower(flow_slug) everywhere) and the valid unique index
-	// idx_step_tasks_queue_message prove without reading step_tasks.
-	po.Checks = preflightIDs("schema.state", "tasks.duplicate_message_id")
+	// Under the locks run only the blockers the prepared shape does not
+	// already prove, exact: the warnings ran in the first preflight (they
+	// cannot refuse); the case aliases and the duplicate (queue, message id)
+	// are proven by the valid unique indexes (and the validated checks:
+	// queue_name = lower(flow_slug) everywhere), which preparedCheck finds in
+	// the catalog; the schema state is partial by design here. Each check
+	// costs the application lock window time, whatever it finds.
+	po.Checks = switchChecks()
 	po.Extra = append(append([]audit.Check(nil), po.Extra...), preparedCheck())
 	po.CheckTimeout = e.opts.Switch.Preflight.CheckTimeout
 	if po.CheckTimeout <= 0 {
@@ -410,6 +415,18 @@ func (e *engine) switchOptions() upgrade.Options {
 		}
 	}
 	return o
+}
+
+// switchChecks: audit's Preflight blockers, minus the ones the prepared
+// shape proves (see switchOptions).
+func switchChecks() []string {
+	var out []string
+	for _, id := range preflightIDs("schema.state", "tasks.duplicate_message_id", "flows.case_alias", "steps.case_alias") {
+		if c, err := audit.Lookup(id); err == nil && c.Severity == audit.Blocker {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 func (e *engine) lockWindow(step string, attempts int, d time.Duration) {
@@ -472,6 +489,7 @@ func (e *engine) ddlTx(ctx context.Context, step string, fn func(tx pgx.Tx) erro
 		},
 		func(attempt int) error {
 			attempts = attempt
+			e.cancelAutovacuum(ctx)
 			tx, err := e.conn.Begin(ctx)
 			if err != nil {
 				return fmt.Errorf("online %s: begin: %w", step, err)

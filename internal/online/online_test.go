@@ -20,13 +20,13 @@ import (
 
 // inflight returns a fresh real pgflow 0.16.0 database with runs in flight,
 // driven through its own engine: a mixed-case flow (queue 'Legacy_Flow',
-// 0.17.0 queue_name 'legacy_flow'), a root map of 40 tasks (several
-// backfill batches of 7), started, completed, retried and failed tasks.
+// 0.17.0 queue_name 'legacy_flow'), a root map of 400 tasks (about ten
+// blocks: backfill batches of one block at --batch-size 7), started, completed, retried and failed tasks.
 func inflight(t *testing.T) *testdb.DB {
 	t.Helper()
 	db := testdb.Baseline(t)
 	ctx := context.Background()
-	items := make([]string, 40)
+	items := make([]string, 400) // about ten blocks of step_tasks
 	for i := range items {
 		items[i] = fmt.Sprint(i)
 	}
@@ -413,8 +413,8 @@ func TestOnlineRefusesForeignCheck(t *testing.T) {
 }
 
 // A unique index build that meets duplicates (two flows differing only by
-// case, written after the preflight) drops its invalid index and refuses,
-// naming the audit check that lists them.
+// case, written after the preflight) drops its invalid index, refuses with
+// the audit check's findings and rolls the online upgrade back.
 func TestOnlineIndexDuplicatesRefused(t *testing.T) {
 	ctx := context.Background()
 	db := inflight(t)
@@ -429,8 +429,11 @@ func TestOnlineIndexDuplicatesRefused(t *testing.T) {
 	if !errors.Is(err, online.ErrDuplicate) || rep.Outcome != upgrade.OutcomeRefused || !strings.Contains(err.Error(), "flows.case_alias") {
 		t.Fatalf("want a refusal naming flows.case_alias: %v (%s)", err, rep.Outcome)
 	}
-	if s := mustShape(t, db); s.HasIndex("idx_flows_normalized_slug") {
-		t.Fatalf("the invalid index was left after the refused build: %+v", s)
+	if s := mustShape(t, db); s.Started() {
+		t.Fatalf("the online upgrade was not rolled back after the refused build: %+v", s)
+	}
+	if len(rep.Blockers) == 0 || rep.Blockers[0].CheckID != "flows.case_alias" {
+		t.Fatalf("want the findings of flows.case_alias as blockers: %+v", rep.Blockers)
 	}
 	// The alias removed, a rerun finishes.
 	if _, err := db.Pool.Exec(ctx, `delete from pgflow.flows where flow_slug = 'ROOT_MAP'`); err != nil {

@@ -16,7 +16,8 @@ import (
 // expand: one short transaction. Our schema first (no pgflow lock), then
 // ACCESS EXCLUSIVE on steps and step_tasks (in the documented order) under
 // lock_timeout: ADD COLUMN without a default is a catalog change, and so are
-// the triggers, so the locks are held for milliseconds.
+// the triggers (INSERT, and UPDATE of a row still unfilled), so the locks
+// are held for milliseconds.
 func (e *engine) expand(ctx context.Context) error {
 	if err := e.hook(ctx, PointExpand); err != nil {
 		return err
@@ -46,12 +47,22 @@ func (e *engine) expand(ctx context.Context) error {
 			}
 		}
 		for _, t := range Tables {
-			var col, trg bool
+			var col, trg, full bool
 			if err := tx.QueryRow(ctx, `
 				select exists (select 1 from pg_catalog.pg_attribute a where a.attrelid = $1::pg_catalog.regclass and a.attname = 'queue_name' and not a.attisdropped),
-				       exists (select 1 from pg_catalog.pg_trigger g where g.tgrelid = $1::pg_catalog.regclass and g.tgname = $2 and not g.tgisinternal)`,
-				"pgflow."+t, TriggerName).Scan(&col, &trg); err != nil {
+				       exists (select 1 from pg_catalog.pg_trigger g where g.tgrelid = $1::pg_catalog.regclass and g.tgname = $2 and not g.tgisinternal),
+				       exists (select 1 from pg_catalog.pg_trigger g where g.tgrelid = $1::pg_catalog.regclass and g.tgname = $2 and not g.tgisinternal
+				                 and g.tgtype::int & 20 = 20)`,
+				"pgflow."+t, TriggerName).Scan(&col, &trg, &full); err != nil {
 				return fmt.Errorf("online expand: reading pgflow.%s: %w", t, err)
+			}
+			if trg && !full {
+				// An earlier pgflow-upgrade's insert-only trigger: rows it let
+				// through unfilled may sit behind the cursor, so the pass restarts.
+				if _, err := tx.Exec(ctx, `drop trigger `+TriggerName+` on pgflow.`+t); err != nil {
+					return fmt.Errorf("online expand: replacing the insert-only trigger on pgflow.%s: %w", t, err)
+				}
+				trg = false
 			}
 			if !col {
 				if _, err := tx.Exec(ctx, `alter table pgflow.`+t+` add column queue_name text`); err != nil {
@@ -59,11 +70,11 @@ func (e *engine) expand(ctx context.Context) error {
 				}
 			}
 			if !trg {
-				// Rows inserted while the trigger was missing (it was dropped by
-				// hand) have no queue_name: the backfill starts over then.
+				// Rows written while the trigger was missing (it was dropped by
+				// hand) may have no queue_name: the backfill starts over then.
 				restart = restart || col
-				if _, err := tx.Exec(ctx, `create trigger `+TriggerName+` before insert on pgflow.`+t+`
-					for each row execute function `+TriggerFunc+`()`); err != nil {
+				if _, err := tx.Exec(ctx, `create trigger `+TriggerName+` before insert or update on pgflow.`+t+`
+					for each row when (new.queue_name is null) execute function `+TriggerFunc+`()`); err != nil {
 					return fmt.Errorf("online expand: creating the insert trigger on pgflow.%s: %w", t, err)
 				}
 			}
@@ -78,7 +89,7 @@ func (e *engine) expand(ctx context.Context) error {
 		}
 		if restart {
 			if _, err := tx.Exec(ctx, `update pgflow_upgrade.online_progress
-				set last_run_id = null, last_step_slug = null, last_task_index = null, pass = pass + 1 where id`); err != nil {
+				set next_block = 0, end_block = 0, pass = pass + 1 where id`); err != nil {
 				return fmt.Errorf("online expand: restarting the backfill: %w", err)
 			}
 		}
@@ -86,24 +97,24 @@ func (e *engine) expand(ctx context.Context) error {
 	})
 }
 
-// The start key of a pass: below every real key (” sorts before any slug).
-const zeroUUID = "00000000-0000-0000-0000-000000000000"
-
-type key struct {
-	runID, step string
-	index       int32
-}
-
-var startKey = key{zeroUUID, "", -1 << 31}
-
 // backfill fills steps.queue_name (backfillSteps), then
-// step_tasks.queue_name in primary-key order. Each batch is one short
-// transaction that also records its end key, so after a kill the next run
-// starts exactly after the last committed batch. Rows an application
-// transaction holds are skipped (SKIP LOCKED: the backfill never waits for
-// the application, so it can never be in a deadlock with it) and the same
-// range is retried; a pass that ends with rows still NULL anywhere is
-// followed by another.
+// step_tasks.queue_name in physical order: TID range scans over runs of
+// blocks ([b, b+n), PostgreSQL 14+), so a batch reads only its own pages,
+// with no index to walk and no range end to find first. Each batch is one
+// short transaction that also records the next block, so after a kill the
+// next run starts exactly after the last committed batch. Rows an
+// application transaction holds are skipped (SKIP LOCKED: the backfill never
+// waits for the application, so it can never be in a deadlock with it) and
+// the same blocks are retried.
+//
+// A pass ends at the table's size when it began: rows written during the
+// pass, wherever they land (behind the cursor too: an UPDATE writes its new
+// version in any block with room), are filled already, by the backfill's
+// own UPDATE or by the triggers (an INSERT, or an UPDATE of a row still
+// unfilled). So a pass that swept every block from 0 without leaving a row
+// skipped leaves no NULL; any other pass ends with one look for NULLs (a
+// scan) and, if some are left, another pass. VALIDATE of the online check
+// proves it.
 func (e *engine) backfill(ctx context.Context) error {
 	if err := e.backfillSteps(ctx); err != nil {
 		return err
@@ -112,13 +123,25 @@ func (e *engine) backfill(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	k := startKey
-	if p.LastRunID != nil && p.LastStepSlug != nil && p.LastTaskIndex != nil {
-		k = key{*p.LastRunID, *p.LastStepSlug, *p.LastTaskIndex}
+	blk, end := p.NextBlock, p.EndBlock
+	if p.Phase == string(PhaseContract) {
+		blk, end = 0, 0 // a finished backfill run again (VALIDATE found a NULL): a new pass
+		p.Pass++
 	}
 	pass := int(p.Pass)
+	clean := blk == 0 // this run sees the whole pass
+	if end == 0 {
+		if end, err = e.startPass(ctx, pass); err != nil {
+			return err
+		}
+	}
 	done := p.RowsDone
-	sz := &sizer{size: min(1000, e.opts.BatchSize), max: e.opts.BatchSize, target: e.opts.BatchTime}
+	rpb, err := rowsPerBlock(ctx, e.conn)
+	if err != nil {
+		return err
+	}
+	maxBlocks := max(1, int((float64(e.opts.BatchSize)+rpb-1)/rpb))
+	sz := &sizer{size: min(max(1, int(1000/rpb)), maxBlocks), max: maxBlocks, target: e.opts.BatchTime}
 	th := &throttle{maxRate: e.opts.MaxRate, pause: e.opts.Pause, start: time.Now()}
 	start := time.Now()
 	retries := 0
@@ -134,12 +157,13 @@ func (e *engine) backfill(ctx context.Context) error {
 			return err
 		}
 		t := time.Now()
-		b, err := e.batch(ctx, k, sz.size)
+		n := int64(sz.size)
+		b, err := e.batch(ctx, blk, n)
 		took := time.Since(t)
 		if err != nil {
 			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "57014" && ctx.Err() == nil && sz.size > minBatch {
-				sz.size = max(sz.size/4, minBatch) // statement_timeout: much smaller, again
+			if errors.As(err, &pgErr) && pgErr.Code == "57014" && ctx.Err() == nil && sz.size > 1 {
+				sz.size = max(sz.size/4, 1) // statement_timeout: much smaller, again
 				continue
 			}
 			return err
@@ -152,14 +176,16 @@ func (e *engine) backfill(ctx context.Context) error {
 		if skipped > 0 {
 			e.rep.Backfill.SkippedLocked += skipped
 		}
-		// Advance past the range unless rows were skipped (retry it soon:
-		// application transactions are short), at most 20 times.
+		// Advance past the blocks unless rows were skipped (retry them soon:
+		// application transactions are short), at most 20 times; rows
+		// skipped for good make the pass unclean (a look for NULLs at its end).
 		advance := skipped <= 0 || retries >= 20
 		if advance {
-			retries = 0
-			if b.end != nil {
-				k = *b.end
+			if skipped > 0 {
+				clean = false
 			}
+			retries = 0
+			blk += n
 		} else {
 			retries++
 		}
@@ -169,33 +195,29 @@ func (e *engine) backfill(ctx context.Context) error {
 			rate = float64(e.rep.Backfill.Rows) / elapsed
 		}
 		e.rep.Backfill.Rate = rate
-		var saveKey *key
-		if advance && b.end != nil {
-			saveKey = &k
-		}
-		if err := e.saveProgress(ctx, b, saveKey, rate); err != nil {
+		last := advance && blk >= end
+		if err := e.saveProgress(ctx, b, blk, rate); err != nil {
 			return err
 		}
-		if time.Since(lastReport) > time.Second || (advance && b.end == nil) {
+		if time.Since(lastReport) > time.Second || last {
 			lastReport = time.Now()
-			e.event(Event{Phase: PhaseBackfill, Detail: fmt.Sprintf("pass %d, batch of %d", pass, sz.size), Rows: done, Total: p.RowsTotal, Rate: rate})
+			e.event(Event{Phase: PhaseBackfill, Detail: fmt.Sprintf("pass %d, block %d of %d, batch of %d blocks", pass, blk, end, n), Rows: done, Total: p.RowsTotal, Rate: rate})
 		}
-		if advance && b.end == nil {
-			// End of the pass: anything still NULL (skipped for good, or
-			// inserted while the trigger was missing) gets another pass.
-			var left bool
-			if err := e.conn.QueryRow(ctx, `select exists (select 1 from pgflow.step_tasks t where t.queue_name is null)`).Scan(&left); err != nil {
-				return fmt.Errorf("online backfill: looking for rows still without queue_name: %w", err)
-			}
+		if last {
 			e.rep.Backfill.Passes++
+			left := false
+			if !clean {
+				if err := e.conn.QueryRow(ctx, `select exists (select 1 from pgflow.step_tasks t where t.queue_name is null)`).Scan(&left); err != nil {
+					return fmt.Errorf("online backfill: looking for rows still without queue_name: %w", err)
+				}
+			}
 			if !left {
 				return setPhase(ctx, e.conn, PhaseContract)
 			}
 			pass++
-			k = startKey
-			if _, err := e.conn.Exec(ctx, `update pgflow_upgrade.online_progress
-				set last_run_id = null, last_step_slug = null, last_task_index = null, pass = $1 where id`, pass); err != nil {
-				return fmt.Errorf("online backfill: starting pass %d: %w", pass, err)
+			blk, clean = 0, true
+			if end, err = e.startPass(ctx, pass); err != nil {
+				return err
 			}
 			continue
 		}
@@ -206,16 +228,40 @@ func (e *engine) backfill(ctx context.Context) error {
 	}
 }
 
+// startPass records a new pass from block 0 to the table's present end.
+func (e *engine) startPass(ctx context.Context, pass int) (end int64, err error) {
+	if err := e.conn.QueryRow(ctx, `update pgflow_upgrade.online_progress
+		set next_block = 0, pass = $1, phase = 'backfill',
+		    end_block = pg_catalog.pg_relation_size('pgflow.step_tasks'::pg_catalog.regclass) / pg_catalog.current_setting('block_size')::bigint
+		where id returning end_block`, pass).Scan(&end); err != nil {
+		return 0, fmt.Errorf("online backfill: starting pass %d: %w", pass, err)
+	}
+	return end, nil
+}
+
+// rowsPerBlock estimates step_tasks rows per block from the statistics
+// (50 when the table was never analyzed), to turn --batch-size rows into blocks.
+func rowsPerBlock(ctx context.Context, q Querier) (float64, error) {
+	var rpb float64
+	if err := q.QueryRow(ctx, `select case when c.relpages > 0 and c.reltuples > 0 then c.reltuples / c.relpages else 50 end
+		from pg_catalog.pg_class c where c.oid = 'pgflow.step_tasks'::pg_catalog.regclass`).Scan(&rpb); err != nil {
+		return 0, fmt.Errorf("online backfill: reading the statistics of pgflow.step_tasks: %w", err)
+	}
+	return max(rpb, 1), nil
+}
+
 type batchResult struct {
-	end     *key // the range's last key; nil: the range ran to the end of the table
 	updated int64
-	nulls   int64 // NULL rows in the range as the statement saw them (updated + skipped)
+	nulls   int64 // NULL rows in the blocks as the statement saw them (updated + skipped)
 	tx      pgx.Tx
 }
 
-// batch fills the range (k, k+size] in one transaction, which stays open
+// tid is the first tuple address of block b ('(b,0)'; no tuple has offset 0).
+func tid(b int64) string { return fmt.Sprintf("(%d,0)", b) }
+
+// batch fills the blocks [blk, blk+n) in one transaction, which stays open
 // for saveProgress to record the result in.
-func (e *engine) batch(ctx context.Context, k key, size int) (*batchResult, error) {
+func (e *engine) batch(ctx context.Context, blk, n int64) (*batchResult, error) {
 	tx, err := e.conn.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("online backfill: begin: %w", err)
@@ -229,90 +275,41 @@ func (e *engine) batch(ctx context.Context, k key, size int) (*batchResult, erro
 	// A batch never waits for a row lock (SKIP LOCKED); the timeouts only
 	// bound a batch that is slower than it should be (then it gets smaller).
 	st := max(20*e.opts.BatchTime, 5*time.Second)
-	// The batch is a key range: index scans and nested loops by primary
-	// key, never a hash join over the whole table (the planner's estimate
-	// of a row-comparison range is poor, and a wrong guess costs a scan of
-	// millions of rows per batch).
 	if _, err := tx.Exec(ctx, `select pg_catalog.set_config('statement_timeout', $1, true),
 	                                  pg_catalog.set_config('lock_timeout', $2, true),
-	                                  pg_catalog.set_config('enable_seqscan', 'off', true),
-	                                  pg_catalog.set_config('enable_hashjoin', 'off', true),
-	                                  pg_catalog.set_config('enable_mergejoin', 'off', true),
 	                                  pg_catalog.set_config('idle_in_transaction_session_timeout', $3, true)`, pgretry.Millis(st), pgretry.Millis(e.opts.LockTimeout), pgretry.Millis(idleTimeout)); err != nil {
 		return nil, fmt.Errorf("online backfill: setting timeouts: %w", err)
 	}
 	b := &batchResult{tx: tx}
-	var end key
-	err = tx.QueryRow(ctx, `
-		select t.run_id::text, t.step_slug, t.task_index from pgflow.step_tasks t
-		where (t.run_id, t.step_slug, t.task_index) > ($1::uuid, $2::text, $3::integer)
-		order by t.run_id, t.step_slug, t.task_index
-		offset $4 limit 1`, k.runID, k.step, k.index, size-1).Scan(&end.runID, &end.step, &end.index)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		// Fewer than size rows left: this range runs to the end.
-	case err != nil:
-		return nil, fmt.Errorf("online backfill: finding the end of the batch after (%s, %s, %d): %w", k.runID, k.step, k.index, err)
-	default:
-		b.end = &end
-	}
-	// One statement: lock the range's NULL rows that no one holds, fill
-	// them, and count the NULL rows the statement's snapshot saw in the range.
-	var q string
-	args := []any{k.runID, k.step, k.index}
-	if b.end != nil {
-		q = `with l as materialized (
-		       select t.run_id, t.step_slug, t.task_index from pgflow.step_tasks t
-		       where (t.run_id, t.step_slug, t.task_index) > ($1::uuid, $2::text, $3::integer)
-		         and (t.run_id, t.step_slug, t.task_index) <= ($4::uuid, $5::text, $6::integer)
-		         and t.queue_name is null
+	// One statement: lock the blocks' NULL rows that no one holds (TID range
+	// scan), fill them by address (TID scan), and count the NULL rows the
+	// statement's snapshot saw in the blocks. FOR UPDATE returns the address
+	// of the row's latest version, which the UPDATE then finds.
+	if err := tx.QueryRow(ctx, `
+		with l as materialized (
+		       select t.ctid from pgflow.step_tasks t
+		       where t.ctid >= $1::pg_catalog.tid and t.ctid < $2::pg_catalog.tid and t.queue_name is null
 		       for update of t skip locked),
 		     u as (
 		       update pgflow.step_tasks t set queue_name = pg_catalog.lower(t.flow_slug)
-		       from l where t.run_id = l.run_id and t.step_slug = l.step_slug and t.task_index = l.task_index
+		       where t.ctid = any (array(select l.ctid from l))
 		       returning 1)
-		     select (select pg_catalog.count(*) from u),
-		            (select pg_catalog.count(*) from pgflow.step_tasks t
-		             where (t.run_id, t.step_slug, t.task_index) > ($1::uuid, $2::text, $3::integer)
-		               and (t.run_id, t.step_slug, t.task_index) <= ($4::uuid, $5::text, $6::integer)
-		               and t.queue_name is null)`
-		args = append(args, end.runID, end.step, end.index)
-	} else {
-		q = `with l as materialized (
-		       select t.run_id, t.step_slug, t.task_index from pgflow.step_tasks t
-		       where (t.run_id, t.step_slug, t.task_index) > ($1::uuid, $2::text, $3::integer)
-		         and t.queue_name is null
-		       for update of t skip locked),
-		     u as (
-		       update pgflow.step_tasks t set queue_name = pg_catalog.lower(t.flow_slug)
-		       from l where t.run_id = l.run_id and t.step_slug = l.step_slug and t.task_index = l.task_index
-		       returning 1)
-		     select (select pg_catalog.count(*) from u),
-		            (select pg_catalog.count(*) from pgflow.step_tasks t
-		             where (t.run_id, t.step_slug, t.task_index) > ($1::uuid, $2::text, $3::integer)
-		               and t.queue_name is null)`
-	}
-	if err := tx.QueryRow(ctx, q, args...).Scan(&b.updated, &b.nulls); err != nil {
-		return nil, fmt.Errorf("online backfill: filling the batch after (%s, %s, %d): %w", k.runID, k.step, k.index, err)
+		select (select pg_catalog.count(*) from u),
+		       (select pg_catalog.count(*) from pgflow.step_tasks t
+		        where t.ctid >= $1::pg_catalog.tid and t.ctid < $2::pg_catalog.tid and t.queue_name is null)`,
+		tid(blk), tid(blk+n)).Scan(&b.updated, &b.nulls); err != nil {
+		return nil, fmt.Errorf("online backfill: filling blocks %d to %d of pgflow.step_tasks: %w", blk, blk+n-1, err)
 	}
 	ok = true
 	return b, nil
 }
 
 // saveProgress records the batch in its own transaction and commits both.
-func (e *engine) saveProgress(ctx context.Context, b *batchResult, k *key, rate float64) error {
+func (e *engine) saveProgress(ctx context.Context, b *batchResult, next int64, rate float64) error {
 	defer b.tx.Rollback(context.WithoutCancel(ctx))
-	var err error
-	if k != nil {
-		_, err = b.tx.Exec(ctx, `update pgflow_upgrade.online_progress
-			set last_run_id = $1::uuid, last_step_slug = $2, last_task_index = $3,
-			    rows_done = rows_done + $4, batches = batches + 1, rate = $5, updated_at = pg_catalog.now()
-			where id`, k.runID, k.step, k.index, b.updated, rate)
-	} else {
-		_, err = b.tx.Exec(ctx, `update pgflow_upgrade.online_progress
-			set rows_done = rows_done + $1, batches = batches + 1, rate = $2, updated_at = pg_catalog.now()
-			where id`, b.updated, rate)
-	}
+	_, err := b.tx.Exec(ctx, `update pgflow_upgrade.online_progress
+		set next_block = $1, rows_done = rows_done + $2, batches = batches + 1, rate = $3, updated_at = pg_catalog.now()
+		where id`, next, b.updated, rate)
 	if err != nil {
 		return fmt.Errorf("online backfill: recording progress: %w", err)
 	}

@@ -14,17 +14,21 @@ import (
 // Progress is the row of pgflow_upgrade.online_progress.
 type Progress struct {
 	Phase string `json:"phase"`
-	// The last step_tasks key the backfill finished (primary key order); nil: from the start.
-	LastRunID     *string   `json:"last_run_id"`
-	LastStepSlug  *string   `json:"last_step_slug"`
-	LastTaskIndex *int32    `json:"last_task_index"`
-	Pass          int32     `json:"pass"`       // backfill pass (a second pass revisits rows skipped as locked)
-	RowsDone      int64     `json:"rows_done"`  // rows the backfill has filled so far
-	RowsTotal     int64     `json:"rows_total"` // step_tasks rows when the backfill started (estimate)
-	Batches       int64     `json:"batches"`
-	Rate          float64   `json:"rate"` // rows/s of the most recent run
-	StartedAt     time.Time `json:"started_at"`
-	UpdatedAt     time.Time `json:"updated_at"`
+	// NextBlock: the step_tasks block (physical page) the backfill's current
+	// pass continues from; every block before it has been swept.
+	NextBlock int64 `json:"next_block"`
+	// EndBlock: the table's size in blocks when the pass began (0: not yet
+	// known). Rows past it were written during the pass: by the backfill
+	// itself (an UPDATE moves a row to wherever there is room) or through the
+	// triggers, so they are filled and the pass ends there.
+	EndBlock  int64     `json:"end_block"`
+	Pass      int32     `json:"pass"`       // backfill pass (a second pass revisits rows skipped as locked)
+	RowsDone  int64     `json:"rows_done"`  // rows the backfill has filled so far
+	RowsTotal int64     `json:"rows_total"` // step_tasks rows when the backfill started (estimate)
+	Batches   int64     `json:"batches"`
+	Rate      float64   `json:"rate"` // rows/s of the most recent run
+	StartedAt time.Time `json:"started_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // RowsLeft is an estimate (the total is pg_class.reltuples at the start).
@@ -44,9 +48,8 @@ create schema if not exists pgflow_upgrade;
 create table if not exists pgflow_upgrade.online_progress (
   id              boolean primary key default true check (id), -- one row
   phase           text not null,
-  last_run_id     uuid,
-  last_step_slug  text,
-  last_task_index integer,
+  next_block      bigint not null default 0,
+  end_block       bigint not null default 0,
   pass            integer not null default 1,
   rows_done       bigint not null default 0,
   rows_total      bigint not null default 0,
@@ -55,10 +58,16 @@ create table if not exists pgflow_upgrade.online_progress (
   started_at      timestamptz not null default pg_catalog.now(),
   updated_at      timestamptz not null default pg_catalog.now()
 );
+-- A progress row of an earlier pgflow-upgrade (key-ordered batches) gains
+-- the block cursor; expand then restarts the pass.
+alter table pgflow_upgrade.online_progress add column if not exists next_block bigint not null default 0,
+  add column if not exists end_block bigint not null default 0;
 -- Rows the 0.16.0 engine inserts into steps and step_tasks while the online
--- upgrade runs get 0.17.0's flow-mode queue, lower(flow_slug). Inserts only:
--- step_tasks updates are the hot path and get no trigger. The switch drops
--- the triggers; 0.17.0 has none.
+-- upgrade runs get 0.17.0's flow-mode queue, lower(flow_slug), and so does a
+-- row it updates while still unfilled: an UPDATE writes a new row version
+-- wherever there is room, possibly in a block the backfill has passed. The
+-- triggers fire only WHEN (new.queue_name is null), so an update of a filled
+-- row never enters PL/pgSQL. The switch drops the triggers; 0.17.0 has none.
 create or replace function pgflow_upgrade.online_fill_queue_name()
 returns trigger
 language plpgsql
@@ -87,9 +96,9 @@ func ReadProgress(ctx context.Context, q Querier) (p Progress, ok bool, err erro
 		return p, false, nil
 	}
 	err = q.QueryRow(ctx, `
-		select phase, last_run_id::text, last_step_slug, last_task_index, pass, rows_done, rows_total, batches, rate, started_at, updated_at
+		select phase, next_block, end_block, pass, rows_done, rows_total, batches, rate, started_at, updated_at
 		from pgflow_upgrade.online_progress where id`).Scan(
-		&p.Phase, &p.LastRunID, &p.LastStepSlug, &p.LastTaskIndex, &p.Pass, &p.RowsDone, &p.RowsTotal, &p.Batches, &p.Rate, &p.StartedAt, &p.UpdatedAt)
+		&p.Phase, &p.NextBlock, &p.EndBlock, &p.Pass, &p.RowsDone, &p.RowsTotal, &p.Batches, &p.Rate, &p.StartedAt, &p.UpdatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return p, false, nil
 	}

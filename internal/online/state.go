@@ -5,19 +5,24 @@
 //
 //  1. expand: one short transaction adds steps.queue_name and
 //     step_tasks.queue_name nullable (catalog only) and a temporary BEFORE
-//     INSERT trigger on both that fills queue_name = lower(flow_slug) for the
-//     rows the 0.16.0 engine keeps inserting; the progress table
+//     INSERT OR UPDATE trigger on both that fills queue_name =
+//     lower(flow_slug) in the rows the 0.16.0 engine inserts, or updates
+//     while unfilled (wherever their new version lands); the progress table
 //     pgflow_upgrade.online_progress records where the backfill is;
-//  2. backfill: steps in one short statement, step_tasks in primary-key
-//     batches of bounded size and time (SKIP LOCKED), each its own short
-//     transaction that records how far it got, so a killed run continues
-//     where it stopped; throttled, and waiting while replicas lag;
+//  2. backfill: steps in one short statement, step_tasks by physical
+//     position, in runs of blocks (TID range scans) of bounded size and time
+//     (SKIP LOCKED), each its own short transaction that records the next
+//     block, so a killed run continues where it stopped; throttled, and
+//     waiting while replicas lag;
 //  3. contract: pgflow.is_valid_queue_name (the migration file's own
 //     statement), on both tables CHECK queue_name_is_valid (0.17.0's) and the
 //     temporary CHECK queue_name_online_check (NOT NULL and = lower(flow_slug))
 //     NOT VALID, then VALIDATE (SHARE UPDATE EXCLUSIVE: the application goes
 //     on), then the three unique indexes of 0.17.0 CONCURRENTLY, with the
-//     migration file's own definitions;
+//     migration file's own definitions. The duplicate (queue, message id)
+//     question is answered by that build, not by a scan before anything
+//     starts: a build that fails (23505) drops its invalid index, reports the
+//     rows (the audit check, run then) and rolls the online upgrade back;
 //  4. switch: internal/upgrade.Apply, the transactional apply, on the
 //     prepared shape: the same advisory lock, ordered table locks, preflight
 //     under those locks, the migration file (its guard A1b recognises the
@@ -116,8 +121,11 @@ type Shape struct {
 	// ColumnsOK: every one that exists is nullable text.
 	Columns   int  `json:"columns"`
 	ColumnsOK bool `json:"columns_ok"`
-	Triggers  int  `json:"triggers"` // insert triggers (0..2)
-	Function  bool `json:"function"` // pgflow.is_valid_queue_name(text)
+	Triggers  int  `json:"triggers"` // our triggers by name (0..2)
+	// TriggersFull: of those, the ones firing on INSERT and on UPDATE (an
+	// earlier pgflow-upgrade made insert-only ones; expand replaces them).
+	TriggersFull int  `json:"triggers_full"`
+	Function     bool `json:"function"` // pgflow.is_valid_queue_name(text)
 	// Checks: of the four (two per table) with the expected definition,
 	// how many exist and how many are validated.
 	Checks      int `json:"checks"`
@@ -200,6 +208,8 @@ func Detect(ctx context.Context, q Querier) (Shape, error) {
 		       (select pg_catalog.count(*) from col)::int,
 		       coalesce((select pg_catalog.bool_and(not attnotnull and atttypid = 'pg_catalog.text'::pg_catalog.regtype) from col), true),
 		       (select pg_catalog.count(*) from pg_catalog.pg_trigger g join t on g.tgrelid = t.oid where g.tgname = $3 and not g.tgisinternal)::int,
+		       (select pg_catalog.count(*) from pg_catalog.pg_trigger g join t on g.tgrelid = t.oid where g.tgname = $3 and not g.tgisinternal
+		          and g.tgtype::int & 20 = 20)::int, -- TRIGGER_TYPE_INSERT (4) | TRIGGER_TYPE_UPDATE (16)
 		       pg_catalog.to_regprocedure('pgflow.is_valid_queue_name(text)') is not null,
 		       (select pg_catalog.count(*) from con where contype = 'c' and def = case conname when $1 then $6 else $7 end)::int,
 		       (select pg_catalog.count(*) from con where contype = 'c' and def = case conname when $1 then $6 else $7 end and convalidated)::int,
@@ -208,7 +218,7 @@ func Detect(ctx context.Context, q Querier) (Shape, error) {
 		       coalesce((select pg_catalog.array_agg(name order by name) from idx where ok), '{}'),
 		       pg_catalog.to_regclass($4) is not null`,
 		OnlineCheck, ValidCheck, TriggerName, ProgressTable, names, onlineCheckDef, strings.ReplaceAll(validCheckDef, "pgflow.", "")).Scan(
-		&s.Pgflow, &s.Upgraded, &s.Columns, &s.ColumnsOK, &s.Triggers, &s.Function,
+		&s.Pgflow, &s.Upgraded, &s.Columns, &s.ColumnsOK, &s.Triggers, &s.TriggersFull, &s.Function,
 		&s.Checks, &s.ChecksValid, &s.CheckForeign, &s.Indexes, &s.IndexesValid, &s.Progress)
 	if err != nil {
 		return s, fmt.Errorf("online: reading the catalog: %w", err)
