@@ -1620,10 +1620,11 @@ set search_path = ''
 as $$
 declare
   v_mode text;
-  v_keys record;
-  v_updated integer;
+  v_flow_timeout integer;
+  v_out record;
 begin
-  select f.queue_mode into v_mode from pgflow.flows f where f.flow_slug = start_tasks.flow_slug;
+  select f.queue_mode, f.opt_timeout into v_mode, v_flow_timeout
+    from pgflow.flows f where f.flow_slug = start_tasks.flow_slug;
   if not found then
     return;
   end if;
@@ -1643,14 +1644,17 @@ begin
       using errcode = 'invalid_parameter_value';
   end if;
 
-  -- The guarded claim: a row that stopped being queued meanwhile is skipped.
+  -- One statement claims (the guarded update: a row that stopped being
+  -- queued meanwhile is skipped), builds each task's input from the rows it
+  -- already joined, and hides the claimed messages. Every part is planned
+  -- on its own (few joins each): this function is re-planned at every call.
   with claimed as (
     update pgflow.step_tasks t
        set status = 'started',
            attempts_count = t.attempts_count + 1,
            started_at = pg_catalog.now(),
            last_worker_id = start_tasks.worker_id
-      from pgflow.runs r, pgflow.step_states ss, pgflow.steps s, pgflow.flows f
+      from pgflow.runs r, pgflow.step_states ss
      where t.flow_slug = start_tasks.flow_slug
        and t.queue_name = start_tasks.queue_name
        and (start_tasks.step_slug is null or t.step_slug = start_tasks.step_slug)
@@ -1658,56 +1662,60 @@ begin
        and t.status = 'queued'
        and r.run_id = t.run_id and r.status = 'started'
        and ss.run_id = t.run_id and ss.step_slug = t.step_slug and ss.status = 'started'
-       and s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
-       and f.flow_slug = t.flow_slug
-    returning t.run_id, t.step_slug, t.task_index, t.message_id,
-              coalesce(s.opt_timeout, f.opt_timeout) + 2 as vt
+    returning t.run_id, t.step_slug, t.task_index, t.message_id, r.input as run_input
+  ), tasks as (
+    select c.run_id, c.step_slug, c.task_index, c.message_id,
+           coalesce(s.opt_timeout, v_flow_timeout) + 2 as vt,
+           case
+             when s.step_type = 'map' and s.deps_count = 0 then c.run_input -> c.task_index
+             when s.step_type = 'map' then
+               (select ds.output -> c.task_index
+                  from pgflow.deps d
+                  join pgflow.step_states ds on ds.run_id = c.run_id and ds.step_slug = d.dep_slug
+                 where d.flow_slug = start_tasks.flow_slug and d.step_slug = c.step_slug
+                 limit 1)
+             when s.deps_count = 0 then '{}'::jsonb
+             else coalesce((select pg_catalog.jsonb_object_agg(d.dep_slug, ds.output)
+                              from pgflow.deps d
+                              join pgflow.step_states ds
+                                on ds.run_id = c.run_id and ds.step_slug = d.dep_slug and ds.status = 'completed'
+                             where d.flow_slug = start_tasks.flow_slug and d.step_slug = c.step_slug), '{}'::jsonb)
+           end as input,
+           case when s.step_type = 'single' and s.deps_count = 0 then c.run_input end as flow_input
+      from claimed c
+      join pgflow.steps s on s.flow_slug = start_tasks.flow_slug and s.step_slug = c.step_slug
+  ), agg as (
+    select pg_catalog.array_agg(k.run_id order by k.message_id) as run_ids,
+           pg_catalog.array_agg(k.step_slug order by k.message_id) as step_slugs,
+           pg_catalog.array_agg(k.input order by k.message_id) as inputs,
+           pg_catalog.array_agg(k.message_id order by k.message_id) as ids,
+           pg_catalog.array_agg(k.task_index order by k.message_id) as task_indexes,
+           pg_catalog.array_agg(k.flow_input order by k.message_id) as flow_inputs,
+           pg_catalog.array_agg(k.vt order by k.message_id) as vts
+      from tasks k
   )
-  select pg_catalog.array_agg(c.run_id order by c.message_id) as run_ids,
-         pg_catalog.array_agg(c.step_slug order by c.message_id) as step_slugs,
-         pg_catalog.array_agg(c.task_index order by c.message_id) as task_indexes,
-         pg_catalog.array_agg(c.message_id order by c.message_id) as ids,
-         pg_catalog.array_agg(c.vt order by c.message_id) as vts
-    into v_keys
-    from claimed c;
+  select a.run_ids, a.step_slugs, a.inputs, a.ids, a.task_indexes, a.flow_inputs,
+         (select pg_catalog.count(*)::integer
+            from pgflow.set_vt_batch(start_tasks.queue_name, a.ids, a.vts)) as hidden
+    from agg a
+   where a.ids is not null
+    into v_out;
 
-  if v_keys.ids is null then
-    return;
+  if not found then
+    return;  -- nothing claimed
   end if;
-
-  select pg_catalog.count(*)::integer into v_updated
-    from pgflow.set_vt_batch(start_tasks.queue_name, v_keys.ids, v_keys.vts);
-  if v_updated < pg_catalog.cardinality(v_keys.ids) then
+  if v_out.hidden < pg_catalog.cardinality(v_out.ids) then
     raise exception 'start_tasks: % tasks claimed but only % messages of queue % found to hide',
-      pg_catalog.cardinality(v_keys.ids), v_updated, start_tasks.queue_name
+      pg_catalog.cardinality(v_out.ids), v_out.hidden, start_tasks.queue_name
       using errcode = 'object_not_in_prerequisite_state';
   end if;
 
   return query
-  select t.flow_slug, t.run_id, t.step_slug,
-         case
-           when s.step_type = 'map' and s.deps_count = 0 then r.input -> t.task_index
-           when s.step_type = 'map' then
-             (select ds.output -> t.task_index
-                from pgflow.deps d
-                join pgflow.step_states ds on ds.run_id = t.run_id and ds.step_slug = d.dep_slug
-               where d.flow_slug = t.flow_slug and d.step_slug = t.step_slug
-               limit 1)
-           else coalesce((select pg_catalog.jsonb_object_agg(d.dep_slug, ds.output)
-                            from pgflow.deps d
-                            join pgflow.step_states ds
-                              on ds.run_id = t.run_id and ds.step_slug = d.dep_slug and ds.status = 'completed'
-                           where d.flow_slug = t.flow_slug and d.step_slug = t.step_slug), '{}'::jsonb)
-         end as input,
-         t.message_id as msg_id,
-         t.task_index,
-         case when s.step_type = 'single' and s.deps_count = 0 then r.input end as flow_input
+  select start_tasks.flow_slug, o.run_id, o.step_slug, o.input, o.msg_id, o.task_index, o.flow_input
     -- unnest of several arrays is FROM-clause syntax and cannot be schema-qualified.
-    from unnest(v_keys.run_ids, v_keys.step_slugs, v_keys.task_indexes) as k(run_id, step_slug, task_index)
-    join pgflow.step_tasks t on t.run_id = k.run_id and t.step_slug = k.step_slug and t.task_index = k.task_index
-    join pgflow.runs r on r.run_id = t.run_id
-    join pgflow.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
-   order by t.message_id;
+    from unnest(v_out.run_ids, v_out.step_slugs, v_out.inputs, v_out.ids, v_out.task_indexes, v_out.flow_inputs)
+           as o(run_id, step_slug, input, msg_id, task_index, flow_input)
+   order by o.msg_id;
 end
 $$;
 
