@@ -861,24 +861,26 @@ begin
      and t.task_index = complete_task.task_index and t.status = 'started';
 
   if found then
+    -- One update counts the step down and, with its last task, completes
+    -- it with its output: a single step's task output, a map's task outputs
+    -- in task_index order (one row version, not two).
     update pgflow.step_states ss
-       set remaining_tasks = ss.remaining_tasks - 1
+       set remaining_tasks = ss.remaining_tasks - 1,
+           status = case when ss.remaining_tasks = 1 then 'completed' else ss.status end,
+           completed_at = case when ss.remaining_tasks = 1 then pg_catalog.now() else ss.completed_at end,
+           output = case
+                      when ss.remaining_tasks is distinct from 1 then ss.output
+                      when v_step.step_type = 'map'
+                        then coalesce((select pg_catalog.jsonb_agg(t.output order by t.task_index)
+                                         from pgflow.step_tasks t
+                                        where t.run_id = complete_task.run_id
+                                          and t.step_slug = complete_task.step_slug), '[]'::jsonb)
+                      else complete_task.output end
      where ss.run_id = complete_task.run_id and ss.step_slug = complete_task.step_slug
     returning * into v_state;
 
     if v_state.remaining_tasks = 0 then
-      -- The step completes with its output: a single step's task output, a
-      -- map's task outputs in task_index order.
-      update pgflow.step_states ss
-         set status = 'completed', completed_at = pg_catalog.now(),
-             output = case when v_step.step_type = 'map'
-                           then coalesce((select pg_catalog.jsonb_agg(t.output order by t.task_index)
-                                            from pgflow.step_tasks t
-                                           where t.run_id = complete_task.run_id
-                                             and t.step_slug = complete_task.step_slug), '[]'::jsonb)
-                           else complete_task.output end
-       where ss.run_id = complete_task.run_id and ss.step_slug = complete_task.step_slug
-      returning * into v_completed;
+      v_completed := v_state;
 
       -- Dependents lose one dependency; a dependent map learns its size.
       update pgflow.step_states child
