@@ -391,51 +391,47 @@ language plpgsql
 set search_path = ''
 as $$
 declare
+  v_status text;
   v_step record;
+  v_started pgflow.step_states;
   v_ids bigint[];
 begin
-  if exists (select 1 from pgflow.runs r
-              where r.run_id = start_ready_steps.run_id and r.status in ('completed', 'failed')) then
+  select r.status into v_status from pgflow.runs r where r.run_id = start_ready_steps.run_id;
+  if v_status in ('completed', 'failed') then
     return;
   end if;
 
+  -- The ready steps, locked, in slug order (usually none: then this indexed
+  -- read is the whole call). Each is started, broadcast, sent and recorded.
   for v_step in
-    with ready as (
-      select ss.run_id, ss.step_slug
-        from pgflow.step_states ss
-       where ss.run_id = start_ready_steps.run_id
-         and ss.status = 'created'
-         and ss.remaining_deps = 0
-         and ss.initial_tasks is not null
-         and ss.initial_tasks > 0
-       order by ss.step_slug
-         for update
-    ), started as (
-      update pgflow.step_states ss
-         set status = 'started',
-             started_at = pg_catalog.now(),
-             remaining_tasks = ss.initial_tasks
-        from ready
-       where ss.run_id = ready.run_id and ss.step_slug = ready.step_slug
-      returning ss.flow_slug, ss.run_id, ss.step_slug, ss.status, ss.started_at,
-                ss.remaining_tasks, ss.remaining_deps, ss.initial_tasks
-    )
-    select st.*, s.queue_name, coalesce(s.opt_start_delay, 0) as start_delay
-      from started st
-      join pgflow.steps s on s.flow_slug = st.flow_slug and s.step_slug = st.step_slug
-     order by st.step_slug
+    select ss.flow_slug, ss.step_slug, s.queue_name, coalesce(s.opt_start_delay, 0) as start_delay
+      from pgflow.step_states ss
+      join pgflow.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+     where ss.run_id = start_ready_steps.run_id
+       and ss.status = 'created'
+       and ss.remaining_deps = 0
+       and ss.initial_tasks > 0
+     order by ss.step_slug
+       for update of ss
   loop
+    update pgflow.step_states ss
+       set status = 'started',
+           started_at = pg_catalog.now(),
+           remaining_tasks = ss.initial_tasks
+     where ss.run_id = start_ready_steps.run_id and ss.step_slug = v_step.step_slug
+    returning * into v_started;
+
     perform realtime.send(
       pg_catalog.jsonb_build_object(
         'event_type', 'step:started',
-        'run_id', v_step.run_id,
-        'step_slug', v_step.step_slug,
-        'status', v_step.status,
-        'started_at', v_step.started_at,
-        'remaining_tasks', v_step.remaining_tasks,
-        'remaining_deps', v_step.remaining_deps),
-      'step:' || v_step.step_slug || ':started',
-      'pgflow:run:' || v_step.run_id,
+        'run_id', v_started.run_id,
+        'step_slug', v_started.step_slug,
+        'status', v_started.status,
+        'started_at', v_started.started_at,
+        'remaining_tasks', v_started.remaining_tasks,
+        'remaining_deps', v_started.remaining_deps),
+      'step:' || v_started.step_slug || ':started',
+      'pgflow:run:' || v_started.run_id,
       false);
 
     select pg_catalog.array_agg(m.id order by m.ord) into v_ids
@@ -443,15 +439,15 @@ begin
              v_step.queue_name,
              array(select pg_catalog.jsonb_build_object(
                             'flow_slug', v_step.flow_slug,
-                            'run_id', v_step.run_id,
+                            'run_id', v_started.run_id,
                             'step_slug', v_step.step_slug,
                             'task_index', i)
-                     from pg_catalog.generate_series(0, v_step.initial_tasks - 1) i
+                     from pg_catalog.generate_series(0, v_started.initial_tasks - 1) i
                     order by i),
              v_step.start_delay) with ordinality as m(id, ord);
 
     insert into pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, message_id, queue_name)
-    select v_step.flow_slug, v_step.run_id, v_step.step_slug, (m.ord - 1)::integer, m.id, v_step.queue_name
+    select v_step.flow_slug, v_started.run_id, v_step.step_slug, (m.ord - 1)::integer, m.id, v_step.queue_name
       from pg_catalog.unnest(v_ids) with ordinality as m(id, ord);
   end loop;
 end
@@ -922,7 +918,13 @@ begin
     end if;
   end if;
 
-  perform pgflow._archive_task_message(complete_task.run_id, complete_task.step_slug, complete_task.task_index);
+  -- The task's message, archived in the task's own queue (what
+  -- _archive_task_message does, written out on this path taken once per
+  -- task: a SQL function is planned afresh at every call).
+  perform pgmq.archive(t.queue_name, t.message_id)
+     from pgflow.step_tasks t
+    where t.run_id = complete_task.run_id and t.step_slug = complete_task.step_slug
+      and t.task_index = complete_task.task_index and t.message_id is not null;
   perform pgflow.start_ready_steps(complete_task.run_id);
   perform pgflow.maybe_complete_run(complete_task.run_id);
 
