@@ -1649,9 +1649,11 @@ begin
   end if;
 
   -- One statement claims (the guarded update: a row that stopped being
-  -- queued meanwhile is skipped), builds each task's input from the rows it
-  -- already joined, and hides the claimed messages. Every part is planned
-  -- on its own (few joins each): this function is re-planned at every call.
+  -- queued meanwhile is skipped), takes a root step's input from the run
+  -- row it already joined, and hides the claimed messages. This function is
+  -- planned afresh at every call (force_custom_plan), so the statements are
+  -- kept small: few joins each, and the dependency lookups only planned
+  -- (below) when a claimed step has dependencies.
   with claimed as (
     update pgflow.step_tasks t
        set status = 'started',
@@ -1670,20 +1672,11 @@ begin
   ), tasks as (
     select c.run_id, c.step_slug, c.task_index, c.message_id,
            coalesce(s.opt_timeout, v_flow_timeout) + 2 as vt,
+           s.deps_count > 0 as has_deps,
            case
-             when s.step_type = 'map' and s.deps_count = 0 then c.run_input -> c.task_index
-             when s.step_type = 'map' then
-               (select ds.output -> c.task_index
-                  from pgflow.deps d
-                  join pgflow.step_states ds on ds.run_id = c.run_id and ds.step_slug = d.dep_slug
-                 where d.flow_slug = start_tasks.flow_slug and d.step_slug = c.step_slug
-                 limit 1)
-             when s.deps_count = 0 then '{}'::jsonb
-             else coalesce((select pg_catalog.jsonb_object_agg(d.dep_slug, ds.output)
-                              from pgflow.deps d
-                              join pgflow.step_states ds
-                                on ds.run_id = c.run_id and ds.step_slug = d.dep_slug and ds.status = 'completed'
-                             where d.flow_slug = start_tasks.flow_slug and d.step_slug = c.step_slug), '{}'::jsonb)
+             when s.deps_count > 0 then null  -- filled in below
+             when s.step_type = 'map' then c.run_input -> c.task_index
+             else '{}'::jsonb
            end as input,
            case when s.step_type = 'single' and s.deps_count = 0 then c.run_input end as flow_input
       from claimed c
@@ -1695,10 +1688,11 @@ begin
            pg_catalog.array_agg(k.message_id order by k.message_id) as ids,
            pg_catalog.array_agg(k.task_index order by k.message_id) as task_indexes,
            pg_catalog.array_agg(k.flow_input order by k.message_id) as flow_inputs,
-           pg_catalog.array_agg(k.vt order by k.message_id) as vts
+           pg_catalog.array_agg(k.vt order by k.message_id) as vts,
+           pg_catalog.bool_or(k.has_deps) as has_deps
       from tasks k
   )
-  select a.run_ids, a.step_slugs, a.inputs, a.ids, a.task_indexes, a.flow_inputs,
+  select a.run_ids, a.step_slugs, a.inputs, a.ids, a.task_indexes, a.flow_inputs, a.has_deps,
          (select pg_catalog.count(*)::integer
             from pgflow.set_vt_batch(start_tasks.queue_name, a.ids, a.vts)) as hidden
     from agg a
@@ -1714,11 +1708,38 @@ begin
       using errcode = 'object_not_in_prerequisite_state';
   end if;
 
+  -- unnest of several arrays is FROM-clause syntax and cannot be schema-qualified.
+  if not v_out.has_deps then
+    return query
+    select start_tasks.flow_slug, o.run_id, o.step_slug, o.input, o.msg_id, o.task_index, o.flow_input
+      from unnest(v_out.run_ids, v_out.step_slugs, v_out.inputs, v_out.ids, v_out.task_indexes, v_out.flow_inputs)
+             as o(run_id, step_slug, input, msg_id, task_index, flow_input)
+     order by o.msg_id;
+    return;
+  end if;
+
+  -- A dependent step's input: a map's element of its dependency's output
+  -- array, else the completed dependencies' outputs keyed by slug.
   return query
-  select start_tasks.flow_slug, o.run_id, o.step_slug, o.input, o.msg_id, o.task_index, o.flow_input
-    -- unnest of several arrays is FROM-clause syntax and cannot be schema-qualified.
+  select start_tasks.flow_slug, o.run_id, o.step_slug,
+         case
+           when s.deps_count = 0 then o.input
+           when s.step_type = 'map' then
+             (select ds.output -> o.task_index
+                from pgflow.deps d
+                join pgflow.step_states ds on ds.run_id = o.run_id and ds.step_slug = d.dep_slug
+               where d.flow_slug = start_tasks.flow_slug and d.step_slug = o.step_slug
+               limit 1)
+           else coalesce((select pg_catalog.jsonb_object_agg(d.dep_slug, ds.output)
+                            from pgflow.deps d
+                            join pgflow.step_states ds
+                              on ds.run_id = o.run_id and ds.step_slug = d.dep_slug and ds.status = 'completed'
+                           where d.flow_slug = start_tasks.flow_slug and d.step_slug = o.step_slug), '{}'::jsonb)
+         end,
+         o.msg_id, o.task_index, o.flow_input
     from unnest(v_out.run_ids, v_out.step_slugs, v_out.inputs, v_out.ids, v_out.task_indexes, v_out.flow_inputs)
            as o(run_id, step_slug, input, msg_id, task_index, flow_input)
+    join pgflow.steps s on s.flow_slug = start_tasks.flow_slug and s.step_slug = o.step_slug
    order by o.msg_id;
 end
 $$;
