@@ -1648,26 +1648,43 @@ begin
       using errcode = 'invalid_parameter_value';
   end if;
 
-  -- One statement claims (the guarded update: a row that stopped being
-  -- queued meanwhile is skipped), takes a root step's input from the run
-  -- row it already joined, and hides the claimed messages. This function is
-  -- planned afresh at every call (force_custom_plan), so the statements are
-  -- kept small: few joins each, and the dependency lookups only planned
-  -- (below) when a claimed step has dependencies.
-  with claimed as (
+  -- One statement claims, takes a root step's input from the run row it
+  -- joined, and hides the claimed messages. This function is planned
+  -- afresh at every call (force_custom_plan), so the statements are kept
+  -- small: few joins each, and the dependency lookups only planned (below)
+  -- when a claimed step has dependencies.
+  --
+  -- The claim is guarded: the rows are found by their message through the
+  -- unique (queue_name, message_id) index alone and locked, the conditions
+  -- are checked on the locked (latest) rows, and only those still queued on
+  -- a started run and step are updated, by primary key. Finding them by
+  -- that index alone keeps the plan cheap whatever the statistics say
+  -- (after a burst of new runs they are stale, and a plan chosen from them
+  -- can scan every queued task).
+  with locked as materialized (
+    select k.run_id, k.step_slug, k.task_index, k.flow_slug, k.status
+      from pgflow.step_tasks k
+     where k.queue_name = start_tasks.queue_name
+       and k.message_id = any (start_tasks.msg_ids)
+       for update of k
+  ), claimable as materialized (
+    select l.run_id, l.step_slug, l.task_index
+      from locked l
+     where l.flow_slug = start_tasks.flow_slug
+       and (start_tasks.step_slug is null or l.step_slug = start_tasks.step_slug)
+       and l.status = 'queued'
+       and exists (select 1 from pgflow.runs r where r.run_id = l.run_id and r.status = 'started')
+       and exists (select 1 from pgflow.step_states ss
+                    where ss.run_id = l.run_id and ss.step_slug = l.step_slug and ss.status = 'started')
+  ), claimed as (
     update pgflow.step_tasks t
        set status = 'started',
            attempts_count = t.attempts_count + 1,
            started_at = pg_catalog.now(),
            last_worker_id = start_tasks.worker_id
-      from pgflow.runs r, pgflow.step_states ss
-     where t.flow_slug = start_tasks.flow_slug
-       and t.queue_name = start_tasks.queue_name
-       and (start_tasks.step_slug is null or t.step_slug = start_tasks.step_slug)
-       and t.message_id = any (start_tasks.msg_ids)
-       and t.status = 'queued'
-       and r.run_id = t.run_id and r.status = 'started'
-       and ss.run_id = t.run_id and ss.step_slug = t.step_slug and ss.status = 'started'
+      from claimable c, pgflow.runs r
+     where t.run_id = c.run_id and t.step_slug = c.step_slug and t.task_index = c.task_index
+       and r.run_id = t.run_id
     returning t.run_id, t.step_slug, t.task_index, t.message_id, r.input as run_input
   ), tasks as (
     select c.run_id, c.step_slug, c.task_index, c.message_id,

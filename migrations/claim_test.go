@@ -84,4 +84,18 @@ func TestStartTasksLeaseAndGuard(t *testing.T) {
 	if n := scalar[int](t, p, `select count(*) from pgflow.step_tasks where status = 'started' and attempts_count = 1 and last_worker_id = $1::uuid`, workerID); n != 3 {
 		t.Fatalf("%d tasks started by the claim, want 3", n)
 	}
+	// A second claim of the same messages finds their tasks started: no
+	// row, no change (the guard reads the locked rows).
+	if n := scalar[int](t, p, `select count(*) from pgflow.start_tasks('Lease_Flow', $1, $2::uuid, 'lease_flow')`, rest, workerID); n != 0 {
+		t.Fatalf("a second claim returned %d rows, want 0", n)
+	}
+	if n := scalar[int](t, p, `select count(*) from pgflow.step_tasks where attempts_count > 1`); n != 0 {
+		t.Fatalf("%d tasks counted twice", n)
+	}
+	// A task whose run failed is not claimed either.
+	exec(t, p, `update pgflow.step_tasks set status = 'queued' where message_id = $1`, rest[0])
+	exec(t, p, `update pgflow.runs set status = 'failed', failed_at = now() where run_id = (select run_id from pgflow.step_tasks where message_id = $1)`, rest[0])
+	if n := scalar[int](t, p, `select count(*) from pgflow.start_tasks('Lease_Flow', $1, $2::uuid, 'lease_flow')`, []int64{rest[0]}, workerID); n != 0 {
+		t.Fatalf("a task of a failed run was claimed (%d rows)", n)
+	}
 }
