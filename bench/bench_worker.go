@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -123,6 +124,11 @@ type workerSample struct {
 	// for a CPU (from /proc/<pid>/schedstat; 0 when the server is not local).
 	// Less sensitive to other load on the machine than the wall time.
 	ServerCPU, RunQueue time.Duration
+	// ClientCPU is this process's CPU time over the same interval: the
+	// workers' Go side (plus the benchmark's own 20 ms progress query, the
+	// same on both paths). It competes with the server for the same cores
+	// when both run on one machine.
+	ClientCPU time.Duration
 }
 
 func (s workerSample) rate() float64 { return float64(s.Tasks) / s.Elapsed.Seconds() }
@@ -146,9 +152,9 @@ func benchWorker(ctx context.Context, env *Env) ([]Row, error) {
 					if err != nil {
 						return nil, fmt.Errorf("%s, %s, %d workers: %w", shape.Name, p, n, err)
 					}
-					env.Logf("bench: worker: %s, %s, %d workers: %.0f tasks/s (%s, extra reads %d, tasks/claim %.2f, server CPU %s = %.3f ms/task, run queue %s)",
+					env.Logf("bench: worker: %s, %s, %d workers: %.0f tasks/s (%s, extra reads %d, tasks/claim %.2f, server CPU %s = %.3f ms/task, run queue %s, client CPU %.3f ms/task)",
 						shape.Name, p, n, s.rate(), s.Elapsed.Round(time.Millisecond), s.ExtraReads, s.ClaimedMean,
-						s.ServerCPU.Round(time.Millisecond), cpuPerTask(s), s.RunQueue.Round(time.Millisecond))
+						s.ServerCPU.Round(time.Millisecond), cpuPerTask(s), s.RunQueue.Round(time.Millisecond), perTask(s.ClientCPU, s))
 					samples[p][n] = append(samples[p][n], s)
 				}
 			}
@@ -165,6 +171,8 @@ func benchWorker(ctx context.Context, env *Env) ([]Row, error) {
 					{"tasks per claim new", nw.ClaimedMean, ""},
 					{"server CPU/task old", cpuPerTask(o), "ms"},
 					{"server CPU/task new", cpuPerTask(nw), "ms"},
+					{"client CPU/task old", perTask(o.ClientCPU, o), "ms"},
+					{"client CPU/task new", perTask(nw.ClientCPU, nw), "ms"},
 				}})
 		}
 	}
@@ -202,8 +210,20 @@ func wbSelection() ([]workerShape, []int, error) {
 	return shapes, counts, nil
 }
 
-func cpuPerTask(s workerSample) float64 {
-	return float64(s.ServerCPU) / float64(time.Millisecond) / float64(s.Tasks)
+func cpuPerTask(s workerSample) float64 { return perTask(s.ServerCPU, s) }
+
+func perTask(d time.Duration, s workerSample) float64 {
+	return float64(d) / float64(time.Millisecond) / float64(s.Tasks)
+}
+
+// processCPU is this process's user + system CPU time so far (0 where
+// getrusage is not available).
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // medianSample is the sample of median throughput.
@@ -284,7 +304,9 @@ func measureWorkers(ctx context.Context, env *Env, p protocol, shape workerShape
 		return workerSample{}, err
 	}
 	cpu0 := backendCPU(ctx, admin)
+	client0 := processCPU()
 
+	var s workerSample
 	// Wait for the last run (a bounded guard, never part of the result).
 	guard := time.Now().Add(10 * time.Minute)
 	for {
@@ -308,12 +330,12 @@ func measureWorkers(ctx context.Context, env *Env, p protocol, shape workerShape
 		}
 	}
 	cpu1 := backendCPU(ctx, admin)
+	s.ClientCPU = processCPU() - client0
 	stopped = true
 	if err := ws.stop(); err != nil {
 		return workerSample{}, err
 	}
 
-	var s workerSample
 	var tEnd time.Time
 	var tasks, completedOnce int64
 	if err := admin.QueryRow(ctx, `select max(completed_at), count(*),

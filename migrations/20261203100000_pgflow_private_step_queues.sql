@@ -391,51 +391,47 @@ language plpgsql
 set search_path = ''
 as $$
 declare
+  v_status text;
   v_step record;
+  v_started pgflow.step_states;
   v_ids bigint[];
 begin
-  if exists (select 1 from pgflow.runs r
-              where r.run_id = start_ready_steps.run_id and r.status in ('completed', 'failed')) then
+  select r.status into v_status from pgflow.runs r where r.run_id = start_ready_steps.run_id;
+  if v_status in ('completed', 'failed') then
     return;
   end if;
 
+  -- The ready steps, locked, in slug order (usually none: then this indexed
+  -- read is the whole call). Each is started, broadcast, sent and recorded.
   for v_step in
-    with ready as (
-      select ss.run_id, ss.step_slug
-        from pgflow.step_states ss
-       where ss.run_id = start_ready_steps.run_id
-         and ss.status = 'created'
-         and ss.remaining_deps = 0
-         and ss.initial_tasks is not null
-         and ss.initial_tasks > 0
-       order by ss.step_slug
-         for update
-    ), started as (
-      update pgflow.step_states ss
-         set status = 'started',
-             started_at = pg_catalog.now(),
-             remaining_tasks = ss.initial_tasks
-        from ready
-       where ss.run_id = ready.run_id and ss.step_slug = ready.step_slug
-      returning ss.flow_slug, ss.run_id, ss.step_slug, ss.status, ss.started_at,
-                ss.remaining_tasks, ss.remaining_deps, ss.initial_tasks
-    )
-    select st.*, s.queue_name, coalesce(s.opt_start_delay, 0) as start_delay
-      from started st
-      join pgflow.steps s on s.flow_slug = st.flow_slug and s.step_slug = st.step_slug
-     order by st.step_slug
+    select ss.flow_slug, ss.step_slug, s.queue_name, coalesce(s.opt_start_delay, 0) as start_delay
+      from pgflow.step_states ss
+      join pgflow.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+     where ss.run_id = start_ready_steps.run_id
+       and ss.status = 'created'
+       and ss.remaining_deps = 0
+       and ss.initial_tasks > 0
+     order by ss.step_slug
+       for update of ss
   loop
+    update pgflow.step_states ss
+       set status = 'started',
+           started_at = pg_catalog.now(),
+           remaining_tasks = ss.initial_tasks
+     where ss.run_id = start_ready_steps.run_id and ss.step_slug = v_step.step_slug
+    returning * into v_started;
+
     perform realtime.send(
       pg_catalog.jsonb_build_object(
         'event_type', 'step:started',
-        'run_id', v_step.run_id,
-        'step_slug', v_step.step_slug,
-        'status', v_step.status,
-        'started_at', v_step.started_at,
-        'remaining_tasks', v_step.remaining_tasks,
-        'remaining_deps', v_step.remaining_deps),
-      'step:' || v_step.step_slug || ':started',
-      'pgflow:run:' || v_step.run_id,
+        'run_id', v_started.run_id,
+        'step_slug', v_started.step_slug,
+        'status', v_started.status,
+        'started_at', v_started.started_at,
+        'remaining_tasks', v_started.remaining_tasks,
+        'remaining_deps', v_started.remaining_deps),
+      'step:' || v_started.step_slug || ':started',
+      'pgflow:run:' || v_started.run_id,
       false);
 
     select pg_catalog.array_agg(m.id order by m.ord) into v_ids
@@ -443,15 +439,15 @@ begin
              v_step.queue_name,
              array(select pg_catalog.jsonb_build_object(
                             'flow_slug', v_step.flow_slug,
-                            'run_id', v_step.run_id,
+                            'run_id', v_started.run_id,
                             'step_slug', v_step.step_slug,
                             'task_index', i)
-                     from pg_catalog.generate_series(0, v_step.initial_tasks - 1) i
+                     from pg_catalog.generate_series(0, v_started.initial_tasks - 1) i
                     order by i),
              v_step.start_delay) with ordinality as m(id, ord);
 
     insert into pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, message_id, queue_name)
-    select v_step.flow_slug, v_step.run_id, v_step.step_slug, (m.ord - 1)::integer, m.id, v_step.queue_name
+    select v_step.flow_slug, v_started.run_id, v_step.step_slug, (m.ord - 1)::integer, m.id, v_step.queue_name
       from pg_catalog.unnest(v_ids) with ordinality as m(id, ord);
   end loop;
 end
@@ -861,24 +857,26 @@ begin
      and t.task_index = complete_task.task_index and t.status = 'started';
 
   if found then
+    -- One update counts the step down and, with its last task, completes
+    -- it with its output: a single step's task output, a map's task outputs
+    -- in task_index order (one row version, not two).
     update pgflow.step_states ss
-       set remaining_tasks = ss.remaining_tasks - 1
+       set remaining_tasks = ss.remaining_tasks - 1,
+           status = case when ss.remaining_tasks = 1 then 'completed' else ss.status end,
+           completed_at = case when ss.remaining_tasks = 1 then pg_catalog.now() else ss.completed_at end,
+           output = case
+                      when ss.remaining_tasks is distinct from 1 then ss.output
+                      when v_step.step_type = 'map'
+                        then coalesce((select pg_catalog.jsonb_agg(t.output order by t.task_index)
+                                         from pgflow.step_tasks t
+                                        where t.run_id = complete_task.run_id
+                                          and t.step_slug = complete_task.step_slug), '[]'::jsonb)
+                      else complete_task.output end
      where ss.run_id = complete_task.run_id and ss.step_slug = complete_task.step_slug
     returning * into v_state;
 
     if v_state.remaining_tasks = 0 then
-      -- The step completes with its output: a single step's task output, a
-      -- map's task outputs in task_index order.
-      update pgflow.step_states ss
-         set status = 'completed', completed_at = pg_catalog.now(),
-             output = case when v_step.step_type = 'map'
-                           then coalesce((select pg_catalog.jsonb_agg(t.output order by t.task_index)
-                                            from pgflow.step_tasks t
-                                           where t.run_id = complete_task.run_id
-                                             and t.step_slug = complete_task.step_slug), '[]'::jsonb)
-                           else complete_task.output end
-       where ss.run_id = complete_task.run_id and ss.step_slug = complete_task.step_slug
-      returning * into v_completed;
+      v_completed := v_state;
 
       -- Dependents lose one dependency; a dependent map learns its size.
       update pgflow.step_states child
@@ -920,7 +918,13 @@ begin
     end if;
   end if;
 
-  perform pgflow._archive_task_message(complete_task.run_id, complete_task.step_slug, complete_task.task_index);
+  -- The task's message, archived in the task's own queue (what
+  -- _archive_task_message does, written out on this path taken once per
+  -- task: a SQL function is planned afresh at every call).
+  perform pgmq.archive(t.queue_name, t.message_id)
+     from pgflow.step_tasks t
+    where t.run_id = complete_task.run_id and t.step_slug = complete_task.step_slug
+      and t.task_index = complete_task.task_index and t.message_id is not null;
   perform pgflow.start_ready_steps(complete_task.run_id);
   perform pgflow.maybe_complete_run(complete_task.run_id);
 
@@ -1620,10 +1624,11 @@ set search_path = ''
 as $$
 declare
   v_mode text;
-  v_keys record;
-  v_updated integer;
+  v_flow_timeout integer;
+  v_out record;
 begin
-  select f.queue_mode into v_mode from pgflow.flows f where f.flow_slug = start_tasks.flow_slug;
+  select f.queue_mode, f.opt_timeout into v_mode, v_flow_timeout
+    from pgflow.flows f where f.flow_slug = start_tasks.flow_slug;
   if not found then
     return;
   end if;
@@ -1643,71 +1648,116 @@ begin
       using errcode = 'invalid_parameter_value';
   end if;
 
-  -- The guarded claim: a row that stopped being queued meanwhile is skipped.
-  with claimed as (
+  -- One statement claims, takes a root step's input from the run row it
+  -- joined, and hides the claimed messages. This function is planned
+  -- afresh at every call (force_custom_plan), so the statements are kept
+  -- small: few joins each, and the dependency lookups only planned (below)
+  -- when a claimed step has dependencies.
+  --
+  -- The claim is guarded: the rows are found by their message through the
+  -- unique (queue_name, message_id) index alone and locked, the conditions
+  -- are checked on the locked (latest) rows, and only those still queued on
+  -- a started run and step are updated, by primary key. Finding them by
+  -- that index alone keeps the plan cheap whatever the statistics say
+  -- (after a burst of new runs they are stale, and a plan chosen from them
+  -- can scan every queued task).
+  with locked as materialized (
+    select k.run_id, k.step_slug, k.task_index, k.flow_slug, k.status
+      from pgflow.step_tasks k
+     where k.queue_name = start_tasks.queue_name
+       and k.message_id = any (start_tasks.msg_ids)
+       for update of k
+  ), claimable as materialized (
+    select l.run_id, l.step_slug, l.task_index
+      from locked l
+     where l.flow_slug = start_tasks.flow_slug
+       and (start_tasks.step_slug is null or l.step_slug = start_tasks.step_slug)
+       and l.status = 'queued'
+       and exists (select 1 from pgflow.runs r where r.run_id = l.run_id and r.status = 'started')
+       and exists (select 1 from pgflow.step_states ss
+                    where ss.run_id = l.run_id and ss.step_slug = l.step_slug and ss.status = 'started')
+  ), claimed as (
     update pgflow.step_tasks t
        set status = 'started',
            attempts_count = t.attempts_count + 1,
            started_at = pg_catalog.now(),
            last_worker_id = start_tasks.worker_id
-      from pgflow.runs r, pgflow.step_states ss, pgflow.steps s, pgflow.flows f
-     where t.flow_slug = start_tasks.flow_slug
-       and t.queue_name = start_tasks.queue_name
-       and (start_tasks.step_slug is null or t.step_slug = start_tasks.step_slug)
-       and t.message_id = any (start_tasks.msg_ids)
-       and t.status = 'queued'
-       and r.run_id = t.run_id and r.status = 'started'
-       and ss.run_id = t.run_id and ss.step_slug = t.step_slug and ss.status = 'started'
-       and s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
-       and f.flow_slug = t.flow_slug
-    returning t.run_id, t.step_slug, t.task_index, t.message_id,
-              coalesce(s.opt_timeout, f.opt_timeout) + 2 as vt
+      from claimable c, pgflow.runs r
+     where t.run_id = c.run_id and t.step_slug = c.step_slug and t.task_index = c.task_index
+       and r.run_id = t.run_id
+    returning t.run_id, t.step_slug, t.task_index, t.message_id, r.input as run_input
+  ), tasks as (
+    select c.run_id, c.step_slug, c.task_index, c.message_id,
+           coalesce(s.opt_timeout, v_flow_timeout) + 2 as vt,
+           s.deps_count > 0 as has_deps,
+           case
+             when s.deps_count > 0 then null  -- filled in below
+             when s.step_type = 'map' then c.run_input -> c.task_index
+             else '{}'::jsonb
+           end as input,
+           case when s.step_type = 'single' and s.deps_count = 0 then c.run_input end as flow_input
+      from claimed c
+      join pgflow.steps s on s.flow_slug = start_tasks.flow_slug and s.step_slug = c.step_slug
+  ), agg as (
+    select pg_catalog.array_agg(k.run_id order by k.message_id) as run_ids,
+           pg_catalog.array_agg(k.step_slug order by k.message_id) as step_slugs,
+           pg_catalog.array_agg(k.input order by k.message_id) as inputs,
+           pg_catalog.array_agg(k.message_id order by k.message_id) as ids,
+           pg_catalog.array_agg(k.task_index order by k.message_id) as task_indexes,
+           pg_catalog.array_agg(k.flow_input order by k.message_id) as flow_inputs,
+           pg_catalog.array_agg(k.vt order by k.message_id) as vts,
+           pg_catalog.bool_or(k.has_deps) as has_deps
+      from tasks k
   )
-  select pg_catalog.array_agg(c.run_id order by c.message_id) as run_ids,
-         pg_catalog.array_agg(c.step_slug order by c.message_id) as step_slugs,
-         pg_catalog.array_agg(c.task_index order by c.message_id) as task_indexes,
-         pg_catalog.array_agg(c.message_id order by c.message_id) as ids,
-         pg_catalog.array_agg(c.vt order by c.message_id) as vts
-    into v_keys
-    from claimed c;
+  select a.run_ids, a.step_slugs, a.inputs, a.ids, a.task_indexes, a.flow_inputs, a.has_deps,
+         (select pg_catalog.count(*)::integer
+            from pgflow.set_vt_batch(start_tasks.queue_name, a.ids, a.vts)) as hidden
+    from agg a
+   where a.ids is not null
+    into v_out;
 
-  if v_keys.ids is null then
-    return;
+  if not found then
+    return;  -- nothing claimed
   end if;
-
-  select pg_catalog.count(*)::integer into v_updated
-    from pgflow.set_vt_batch(start_tasks.queue_name, v_keys.ids, v_keys.vts);
-  if v_updated < pg_catalog.cardinality(v_keys.ids) then
+  if v_out.hidden < pg_catalog.cardinality(v_out.ids) then
     raise exception 'start_tasks: % tasks claimed but only % messages of queue % found to hide',
-      pg_catalog.cardinality(v_keys.ids), v_updated, start_tasks.queue_name
+      pg_catalog.cardinality(v_out.ids), v_out.hidden, start_tasks.queue_name
       using errcode = 'object_not_in_prerequisite_state';
   end if;
 
+  -- unnest of several arrays is FROM-clause syntax and cannot be schema-qualified.
+  if not v_out.has_deps then
+    return query
+    select start_tasks.flow_slug, o.run_id, o.step_slug, o.input, o.msg_id, o.task_index, o.flow_input
+      from unnest(v_out.run_ids, v_out.step_slugs, v_out.inputs, v_out.ids, v_out.task_indexes, v_out.flow_inputs)
+             as o(run_id, step_slug, input, msg_id, task_index, flow_input)
+     order by o.msg_id;
+    return;
+  end if;
+
+  -- A dependent step's input: a map's element of its dependency's output
+  -- array, else the completed dependencies' outputs keyed by slug.
   return query
-  select t.flow_slug, t.run_id, t.step_slug,
+  select start_tasks.flow_slug, o.run_id, o.step_slug,
          case
-           when s.step_type = 'map' and s.deps_count = 0 then r.input -> t.task_index
+           when s.deps_count = 0 then o.input
            when s.step_type = 'map' then
-             (select ds.output -> t.task_index
+             (select ds.output -> o.task_index
                 from pgflow.deps d
-                join pgflow.step_states ds on ds.run_id = t.run_id and ds.step_slug = d.dep_slug
-               where d.flow_slug = t.flow_slug and d.step_slug = t.step_slug
+                join pgflow.step_states ds on ds.run_id = o.run_id and ds.step_slug = d.dep_slug
+               where d.flow_slug = start_tasks.flow_slug and d.step_slug = o.step_slug
                limit 1)
            else coalesce((select pg_catalog.jsonb_object_agg(d.dep_slug, ds.output)
                             from pgflow.deps d
                             join pgflow.step_states ds
-                              on ds.run_id = t.run_id and ds.step_slug = d.dep_slug and ds.status = 'completed'
-                           where d.flow_slug = t.flow_slug and d.step_slug = t.step_slug), '{}'::jsonb)
-         end as input,
-         t.message_id as msg_id,
-         t.task_index,
-         case when s.step_type = 'single' and s.deps_count = 0 then r.input end as flow_input
-    -- unnest of several arrays is FROM-clause syntax and cannot be schema-qualified.
-    from unnest(v_keys.run_ids, v_keys.step_slugs, v_keys.task_indexes) as k(run_id, step_slug, task_index)
-    join pgflow.step_tasks t on t.run_id = k.run_id and t.step_slug = k.step_slug and t.task_index = k.task_index
-    join pgflow.runs r on r.run_id = t.run_id
-    join pgflow.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
-   order by t.message_id;
+                              on ds.run_id = o.run_id and ds.step_slug = d.dep_slug and ds.status = 'completed'
+                           where d.flow_slug = start_tasks.flow_slug and d.step_slug = o.step_slug), '{}'::jsonb)
+         end,
+         o.msg_id, o.task_index, o.flow_input
+    from unnest(v_out.run_ids, v_out.step_slugs, v_out.inputs, v_out.ids, v_out.task_indexes, v_out.flow_inputs)
+           as o(run_id, step_slug, input, msg_id, task_index, flow_input)
+    join pgflow.steps s on s.flow_slug = start_tasks.flow_slug and s.step_slug = o.step_slug
+   order by o.msg_id;
 end
 $$;
 
