@@ -191,21 +191,5 @@ func TestOnlineDuplicateMessageIDsFoundByIndexBuild(t *testing.T) {
 		t.Fatalf("want it found by the index build (the last point reached): %v", phases)
 	}
 	sameCatalog(t, "after the refused online run, against the 0.16.0 catalog before", cat016, readCatalog(t, db.Pool))
-	if s := mustShape(t, db); s.Started() {
-		t.Fatalf("online leftovers: %+v", s)
-	}
-	var schema bool
-	if err := db.Pool.QueryRow(ctx, `select exists (select 1 from pg_namespace where nspname = 'pgflow_upgrade')`).Scan(&schema); err != nil || schema {
-		t.Fatalf("schema pgflow_upgrade left (%v)", err)
-	}
-	after, err := fingerprint.Take(ctx, db.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d := fingerprint.Compare(before, after); len(d) > 0 {
-		t.Fatalf("rows changed:\n%s", fingerprint.Format(d, 20))
-	}
-	if d := fingerprint.Added(before, after); len(d) > 0 {
-		t.Fatalf("rows or tables added:\n%s", fingerprint.Format(d, 20))
-	}
+	assertNothingLeft(t, db, before, "after the refused online run")
 }

@@ -84,6 +84,31 @@ func readCatalog(t *testing.T, pool *pgxpool.Pool) *catalog.Catalog {
 
 // sameCatalog fails unless got equals want exactly (pgmq's version aside:
 // it is the test server's).
+// assertNothingLeft fails unless the online upgrade left nothing behind:
+// no online object in pgflow, no schema pgflow_upgrade, and every row as it
+// was in before (none changed, none added).
+func assertNothingLeft(t *testing.T, db *testdb.DB, before *fingerprint.Fingerprint, when string) {
+	t.Helper()
+	ctx := context.Background()
+	if s := mustShape(t, db); s.Started() {
+		t.Fatalf("online leftovers %s: %+v", when, s)
+	}
+	var schema bool
+	if err := db.Pool.QueryRow(ctx, `select exists (select 1 from pg_namespace where nspname = 'pgflow_upgrade')`).Scan(&schema); err != nil || schema {
+		t.Fatalf("schema pgflow_upgrade left %s (%v)", when, err)
+	}
+	after, err := fingerprint.Take(ctx, db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := fingerprint.Compare(before, after); len(d) > 0 {
+		t.Fatalf("rows changed %s:\n%s", when, fingerprint.Format(d, 20))
+	}
+	if d := fingerprint.Added(before, after); len(d) > 0 {
+		t.Fatalf("rows or tables added %s:\n%s", when, fingerprint.Format(d, 20))
+	}
+}
+
 func sameCatalog(t *testing.T, what string, want, got *catalog.Catalog) {
 	t.Helper()
 	got.PGMQ = want.PGMQ
@@ -268,23 +293,7 @@ func TestRollbackOnline(t *testing.T) {
 			if st.State != "baseline" {
 				t.Fatalf("after rollback: state %s %v", st.State, st.Differences)
 			}
-			if s := mustShape(t, db); s.Started() {
-				t.Fatalf("leftovers after rollback: %+v", s)
-			}
-			var schema bool
-			if err := db.Pool.QueryRow(ctx, `select exists (select 1 from pg_namespace where nspname = 'pgflow_upgrade')`).Scan(&schema); err != nil || schema {
-				t.Fatalf("schema pgflow_upgrade left after rollback (%v)", err)
-			}
-			after, err := fingerprint.Take(ctx, db.Pool)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if d := fingerprint.Compare(before, after); len(d) > 0 {
-				t.Fatalf("rollback changed rows:\n%s", fingerprint.Format(d, 20))
-			}
-			if d := fingerprint.Added(before, after); len(d) > 0 {
-				t.Fatalf("rollback left rows or tables:\n%s", fingerprint.Format(d, 20))
-			}
+			assertNothingLeft(t, db, before, "after rollback")
 			rr, err = online.Rollback(ctx, conn, online.RollbackOptions{})
 			if err != nil || rr.Outcome != "nothing_to_do" {
 				t.Fatalf("second rollback: %v %+v", err, rr)
