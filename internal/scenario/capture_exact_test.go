@@ -114,15 +114,7 @@ func TestCaptureRebuildsExactly(t *testing.T) {
 		t.Fatalf("roles %v, want the reader only", h.Roles)
 	}
 
-	dst := testdb.Empty(t)
-	dconn, err := pgx.Connect(ctx, dst.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer dconn.Close(ctx)
-	if err := c.Restore(ctx, dconn); err != nil {
-		t.Fatal(err)
-	}
+	dst := restored(t, c)
 	for _, schema := range []string{"pgflow", "app"} {
 		want, err := catalog.Read(ctx, src.Pool, schema)
 		if err != nil {
@@ -228,15 +220,7 @@ func TestCaptureVersion1StillRestores(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dst := testdb.Empty(t)
-	conn, err := pgx.Connect(ctx, dst.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if err := c.Restore(ctx, conn); err != nil {
-		t.Fatal(err)
-	}
+	dst := restored(t, c)
 	var flows, next int64
 	if err := dst.Pool.QueryRow(ctx, `select (select count(*) from pgflow.flows where flow_slug = 'old_file'), (select * from pgmq.send('old_file', '{}'))`).Scan(&flows, &next); err != nil {
 		t.Fatal(err)

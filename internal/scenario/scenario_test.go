@@ -122,6 +122,23 @@ func capture(t *testing.T, db *testdb.DB, redact bool) []byte {
 	return buf.Bytes()
 }
 
+// restored rebuilds c on a new empty throwaway database (Capture.Restore, as
+// fixtures replay --from does) and returns that database.
+func restored(t *testing.T, c *scenario.Captured) *testdb.DB {
+	t.Helper()
+	ctx := context.Background()
+	dst := testdb.Empty(t)
+	conn, err := pgx.Connect(ctx, dst.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := c.Restore(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	return dst
+}
+
 func TestCaptureRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	src := testdb.Baseline(t)
@@ -140,15 +157,7 @@ func TestCaptureRoundTrip(t *testing.T) {
 	if c.Header.PgflowState != "baseline" || c.Header.Redacted {
 		t.Fatalf("header %+v", c.Header)
 	}
-	dst := testdb.Empty(t)
-	conn, err := pgx.Connect(ctx, dst.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if err := c.Restore(ctx, conn); err != nil {
-		t.Fatal(err)
-	}
+	dst := restored(t, c)
 	a, err := fingerprint.Take(ctx, src.Pool)
 	if err != nil {
 		t.Fatal(err)
