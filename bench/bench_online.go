@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/waitprobe"
 )
 
 // online: apply --online against the transactional apply, with a probe.
@@ -23,90 +23,34 @@ func init() {
 	})
 }
 
-// probe runs a SELECT and an UPDATE of one live task row on step_tasks
-// every 10 ms, each bounded by lock_timeout 5s, and records the longest.
-type probe struct {
-	readOnly bool // SELECT only (the floor: see floor)
-	mu       sync.Mutex
-	longest  time.Duration
-	n, fails int
-	errs     []string
-}
-
-func (p *probe) run(ctx context.Context, dsn string) error {
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	var run, step string
-	var idx int
-	if err := conn.QueryRow(ctx, `select run_id::text, step_slug, task_index from pgflow.step_tasks where status = 'queued' limit 1`).Scan(&run, &step, &idx); err != nil {
-		return fmt.Errorf("probe: picking a live task: %w", err)
-	}
-	if _, err := conn.Exec(ctx, `set lock_timeout = '5s'`); err != nil {
-		return err
-	}
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-		}
-		qs := []string{
-			`select count(*) from pgflow.step_tasks where run_id = $1::uuid and step_slug = $2 and task_index = $3`,
-			`update pgflow.step_tasks set requeued_count = requeued_count where run_id = $1::uuid and step_slug = $2 and task_index = $3`,
-		}
-		if p.readOnly {
-			qs = qs[:1]
-		}
-		for _, q := range qs {
-			t := time.Now()
-			_, err := conn.Exec(ctx, q, run, step, idx)
-			d := time.Since(t)
-			if ctx.Err() != nil {
-				return nil
-			}
-			p.mu.Lock()
-			p.n++
-			if d > p.longest {
-				p.longest = d
-			}
-			if err != nil {
-				p.fails++
-				if len(p.errs) < 3 {
-					p.errs = append(p.errs, err.Error())
-				}
-			}
-			p.mu.Unlock()
-		}
-	}
-}
-
 // measured runs fn on a fresh clone of the real pgflow 0.16.0 with size
 // generated step_tasks rows, the probe running throughout.
-func measured(ctx context.Context, env *Env, size int64, fn func(ctx context.Context, conn *pgx.Conn) error) (took time.Duration, p *probe, err error) {
-	return measuredWith(ctx, env, size, &probe{}, fn)
+func measured(ctx context.Context, env *Env, size int64, fn func(ctx context.Context, conn *pgx.Conn) error) (took time.Duration, p waitprobe.Result, err error) {
+	return measuredWith(ctx, env, size, &waitprobe.Probe{}, fn)
 }
 
 // measuredWith is measured with a probe of the caller's.
-func measuredWith(ctx context.Context, env *Env, size int64, p *probe, fn func(ctx context.Context, conn *pgx.Conn) error) (took time.Duration, _ *probe, err error) {
+func measuredWith(ctx context.Context, env *Env, size int64, p *waitprobe.Probe, fn func(ctx context.Context, conn *pgx.Conn) error) (took time.Duration, _ waitprobe.Result, err error) {
 	dsn, drop, err := env.Clone(ctx, size)
 	if err != nil {
-		return 0, nil, err
+		return 0, waitprobe.Result{}, err
 	}
 	defer drop()
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
-		return 0, nil, err
+		return 0, waitprobe.Result{}, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	pctx, stop := context.WithCancel(ctx)
+	defer stop()
 	perr := make(chan error, 1)
-	go func() { perr <- p.run(pctx, dsn) }()
-	time.Sleep(200 * time.Millisecond) // the probe is connected and running
+	ready := make(chan struct{})
+	go func() { perr <- p.Run(pctx, dsn, ready) }()
+	select { // the probe is connected and has made its first round
+	case <-ready:
+	case err := <-perr:
+		return 0, waitprobe.Result{}, fmt.Errorf("the wait probe did not start: %w", err)
+	}
 	start := time.Now()
 	err = fn(ctx, conn)
 	took = time.Since(start)
@@ -114,7 +58,7 @@ func measuredWith(ctx context.Context, env *Env, size int64, p *probe, fn func(c
 	if e := <-perr; e != nil && err == nil {
 		err = e
 	}
-	return took, p, err
+	return took, p.Result(), err
 }
 
 func benchOnline(ctx context.Context, env *Env) ([]Row, error) {
@@ -136,18 +80,18 @@ func benchOnline(ctx context.Context, env *Env) ([]Row, error) {
 				return nil, fmt.Errorf("apply --online at %d rows: %w", size, err)
 			}
 			env.Logf("bench: online at %d: %s, phases %+v, locks %+v, backfill %+v, probe longest %s over %d ops (%d failed %v)",
-				size, took.Round(time.Millisecond), rep.Phases, rep.Locks, rep.Backfill, p.longest, p.n, p.fails, p.errs)
+				size, took.Round(time.Millisecond), rep.Phases, rep.Locks, rep.Backfill, p.Longest, p.Statements, p.Failures, p.Errors)
 			logSwitch(env, rep.Switch)
-			onTotal, onProbe = append(onTotal, took), append(onProbe, p.longest)
+			onTotal, onProbe = append(onTotal, took), append(onProbe, p.Longest)
 			onWindow = append(onWindow, time.Duration(rep.LongestLockWindowMS)*time.Millisecond)
-			onFails += p.fails
+			onFails += p.Failures
 
 			var fsteps map[string]time.Duration
 			// The floor's probe only reads: an UPDATE of an unfilled row may
 			// put its new version (queue_name NULL) behind the floor's cursor,
 			// which has no trigger to fill it (apply --online's has), and the
 			// floor would then need a scan for NULLs it is measured without.
-			took, p, err = measuredWith(ctx, env, size, &probe{readOnly: true}, func(ctx context.Context, conn *pgx.Conn) error {
+			took, p, err = measuredWith(ctx, env, size, &waitprobe.Probe{ReadOnly: true}, func(ctx context.Context, conn *pgx.Conn) error {
 				var err error
 				fsteps, err = floor(ctx, conn)
 				return err
@@ -155,9 +99,9 @@ func benchOnline(ctx context.Context, env *Env) ([]Row, error) {
 			if err != nil {
 				return nil, fmt.Errorf("floor at %d rows: %w", size, err)
 			}
-			env.Logf("bench: floor at %d: %s (%v), probe longest %s over %d ops", size, took.Round(time.Millisecond), fsteps, p.longest, p.n)
-			flTotal, flProbe = append(flTotal, took), append(flProbe, p.longest)
-			flFails += p.fails
+			env.Logf("bench: floor at %d: %s (%v), probe longest %s over %d ops", size, took.Round(time.Millisecond), fsteps, p.Longest, p.Statements)
+			flTotal, flProbe = append(flTotal, took), append(flProbe, p.Longest)
+			flFails += p.Failures
 
 			took, p, err = measured(ctx, env, size, func(ctx context.Context, conn *pgx.Conn) error {
 				rep, err := upgrade.Apply(ctx, conn, upgrade.Options{LockRetries: 50})
@@ -169,9 +113,9 @@ func benchOnline(ctx context.Context, env *Env) ([]Row, error) {
 			if err != nil {
 				return nil, fmt.Errorf("transactional apply at %d rows: %w", size, err)
 			}
-			env.Logf("bench: transactional at %d: %s, probe longest %s over %d ops", size, took.Round(time.Millisecond), p.longest, p.n)
-			txTotal, txProbe = append(txTotal, took), append(txProbe, p.longest)
-			txFails += p.fails
+			env.Logf("bench: transactional at %d: %s, probe longest %s over %d ops", size, took.Round(time.Millisecond), p.Longest, p.Statements)
+			txTotal, txProbe = append(txTotal, took), append(txProbe, p.Longest)
+			txFails += p.Failures
 		}
 		on, tx, fl := Median(onTotal), Median(txTotal), Median(flTotal)
 		rows = append(rows,

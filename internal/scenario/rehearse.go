@@ -12,6 +12,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/waitprobe"
 )
 
 // The rehearsal (`fixtures replay --from CAPTURE`): the upgrade and its
@@ -130,7 +131,7 @@ func (r *Rehearsal) onlineSurvives(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
-	p := &waitProbe{}
+	p := &waitprobe.Probe{ApplicationName: "pgflow-upgrade replay probe"}
 	var rep *online.Report
 	var took time.Duration
 	rows, err := keeps(ctx, db, "apply --online", func() error {
@@ -138,7 +139,7 @@ func (r *Rehearsal) onlineSurvives(ctx context.Context, env *Env) error {
 		defer stop()
 		ready := make(chan struct{})
 		perr := make(chan error, 1)
-		go func() { perr <- p.run(pctx, db.DSN, ready) }()
+		go func() { perr <- p.Run(pctx, db.DSN, ready) }()
 		select {
 		case <-ready:
 		case err := <-perr:
@@ -172,8 +173,9 @@ func (r *Rehearsal) onlineSurvives(ctx context.Context, env *Env) error {
 	if err := verifyUpgraded(ctx, db); err != nil {
 		return err
 	}
-	longest, n, fails := p.result()
-	env.Notef("%d rows and messages identical; probe: %d operations, %d failed", rows, n, fails)
+	probed := p.Result()
+	longest := probed.Longest
+	env.Notef("%d rows and messages identical; probe: %d operations, %d failed", rows, probed.Statements, probed.Failures)
 	lockWindow := time.Duration(rep.LongestLockWindowMS) * time.Millisecond
 	r.record(func(m *Measurements) {
 		m.OnlineTotal, m.OnlineLongestWait, m.OnlineLockWindow = took, longest, lockWindow
