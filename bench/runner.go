@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/datagen"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 )
 
@@ -101,33 +101,12 @@ func (e *Env) template(ctx context.Context, size int64) (string, error) {
 	if tpl, ok := e.templates[size]; ok {
 		return tpl, nil
 	}
-	name := pgprovider.RandomName(fmt.Sprintf("pgflow_bench_tpl_%d", size))
-	if err := e.Server.CreateDatabase(ctx, name, ""); err != nil {
-		return "", err
-	}
-	conn, err := pgx.Connect(ctx, e.Server.DSNFor(name))
+	name, took, err := datagen.Template(ctx, e.Server, fmt.Sprintf("pgflow_bench_tpl_%d", size), size)
 	if err != nil {
 		return "", err
 	}
-	defer conn.Close(ctx)
-	// Every size starts from the real 0.16.0 baseline (the generator
-	// writes rows the real engine's constraints accept).
-	if _, err := fixtures.InstallEngine(ctx, conn); err != nil {
-		return "", err
-	}
 	if size > 0 {
-		took, err := Generate(ctx, conn, Shape{Tasks: size})
-		if err != nil {
-			return "", err
-		}
 		e.Logf("bench: generated %d step_tasks rows in %s", size, took.Round(time.Second))
-	}
-	if _, err := conn.Exec(ctx, "checkpoint"); err != nil {
-		return "", err
-	}
-	conn.Close(ctx)
-	if err := e.Server.MarkTemplate(ctx, name); err != nil {
-		return "", err
 	}
 	e.templates[size] = name
 	return name, nil

@@ -14,7 +14,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/datagen"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/forecast"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
@@ -70,20 +69,19 @@ type measured struct {
 // measureSize generates n rows once (a template), then applies on two
 // copies of it: transactionally, and --online.
 func measureSize(ctx context.Context, srv *pgprovider.Server, n int64, logf func(string, ...any)) (m measured, err error) {
-	tpl := pgprovider.RandomName("pgflow_calibrate_tpl")
-	if err := srv.CreateDatabase(ctx, tpl, ""); err != nil {
-		return m, err
+	tpl, took, err := datagen.Template(ctx, srv, "pgflow_calibrate_tpl", n)
+	if err != nil {
+		return m, fmt.Errorf("building the sample: %w", err)
 	}
 	defer func() { _ = srv.DropTemplate(context.WithoutCancel(ctx), tpl) }()
-	if err := fill(ctx, srv.DSNFor(tpl), n, &m, logf); err != nil {
-		return m, err
-	}
-	if err := srv.MarkTemplate(ctx, tpl); err != nil {
-		return m, err
-	}
+	logf("calibrate: generated %d step_tasks rows in %s", n, took.Round(time.Millisecond))
 	m.StepTasks = n
 
 	err = onCopy(ctx, srv, tpl, func(conn *pgx.Conn) error {
+		if err := conn.QueryRow(ctx, `select (select count(*) from pgflow.step_states), (select count(*) from pgflow.steps),
+		                                     (select count(*) from pgflow.flows)`).Scan(&m.stepStates, &m.steps, &m.flows); err != nil {
+			return fmt.Errorf("counting the sample's rows: %w", err)
+		}
 		start := time.Now()
 		rep, err := upgrade.Apply(ctx, conn, upgrade.Options{})
 		if err == nil && rep.Outcome != upgrade.OutcomeApplied {
@@ -117,26 +115,6 @@ func measureSize(ctx context.Context, srv *pgprovider.Server, n int64, logf func
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-// fill installs the real 0.16.0 baseline and generates n rows (analyzed,
-// as a production database's statistics would be).
-func fill(ctx context.Context, dsn string, n int64, m *measured, logf func(string, ...any)) error {
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		return fmt.Errorf("connecting to the sample database: %w", err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := fixtures.InstallEngine(ctx, conn); err != nil {
-		return fmt.Errorf("installing the 0.16.0 baseline: %w", err)
-	}
-	took, err := datagen.Generate(ctx, conn, datagen.Shape{Tasks: n})
-	if err != nil {
-		return fmt.Errorf("generating the sample: %w", err)
-	}
-	logf("calibrate: generated %d step_tasks rows in %s", n, took.Round(time.Millisecond))
-	return conn.QueryRow(ctx, `select (select count(*) from pgflow.step_states), (select count(*) from pgflow.steps),
-	                                  (select count(*) from pgflow.flows)`).Scan(&m.stepStates, &m.steps, &m.flows)
-}
 
 // onCopy runs fn on a fresh copy of tpl, then drops the copy.
 func onCopy(ctx context.Context, srv *pgprovider.Server, tpl string, fn func(conn *pgx.Conn) error) error {
