@@ -114,11 +114,14 @@ type Config struct {
 	// for fewer than BatchSize messages. Every poll + start_tasks pair has a
 	// fixed cost; polling one message per freed slot pays it per task, which
 	// with short handlers costs the server more than whole-batch polling
-	// (BENCHMARKS.md, "worker"). A free slot idles at most this long, plus,
-	// while the database is slow to take outcomes, the recent complete_task
-	// round trip (up to 10x ClaimLinger more). An idle worker (every slot
-	// free) polls at once. 0 means DefaultClaimLinger; NoClaimLinger (-1)
-	// polls as soon as one slot is free.
+	// (BENCHMARKS.md, "worker"). A free slot idles at most this long while
+	// any other slot is held by a running handler. When every other busy
+	// slot is held only by its task's outcome write (complete_task or
+	// fail_task in flight: the database is what is slow), the loop waits on
+	// for up to four times the recent write round trip (at most WriteTimeout),
+	// since those slots free as soon as the database answers. An idle worker
+	// (every slot free) polls at once. 0 means DefaultClaimLinger;
+	// NoClaimLinger (-1) polls as soon as one slot is free.
 	ClaimLinger time.Duration
 	// HeartbeatInterval is how often the worker updates last_heartbeat_at and
 	// checks whether it was deprecated.

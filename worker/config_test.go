@@ -212,22 +212,38 @@ func TestMarshalOutput(t *testing.T) {
 	}
 }
 
-// The claim linger grows with slow completions, within its cap.
-func TestLingerForFollowsCompletionLatency(t *testing.T) {
-	w := &Worker{cfg: Config{ClaimLinger: 20 * time.Millisecond}}
-	if got := w.lingerFor(); got != 20*time.Millisecond {
-		t.Errorf("no completions yet: linger %s, want 20ms", got)
+// After ClaimLinger the poll loop waits on only for slots that outcome
+// writes hold, up to four recent write round trips (within WriteTimeout).
+func TestWriteWaitOnlyForSlotsHeldByOutcomeWrites(t *testing.T) {
+	w := &Worker{cfg: Config{ClaimLinger: 20 * time.Millisecond, WriteTimeout: time.Second}, slots: make(chan struct{}, 10)}
+	hold := func(n int) {
+		for range n {
+			w.slots <- struct{}{}
+		}
 	}
-	for range 100 {
+	hold(6) // 2 taken by the poll loop, 4 busy
+	w.pastHandler.Store(4)
+	if got := w.writeWait(2); got != 0 {
+		t.Errorf("no write measured yet: wait %s, want 0", got)
+	}
+	for range 200 {
 		w.observeWrite(50 * time.Millisecond)
 	}
-	if got := w.lingerFor(); got < 65*time.Millisecond || got > 70*time.Millisecond {
-		t.Errorf("after 50ms completions: linger %s, want about 70ms", got)
+	if got := w.writeWait(2); got < 190*time.Millisecond || got > 200*time.Millisecond {
+		t.Errorf("4 busy slots all in 50ms writes: wait %s, want about 200ms", got)
 	}
-	for range 100 {
+	w.pastHandler.Store(3)
+	if got := w.writeWait(2); got != 0 {
+		t.Errorf("one busy slot still in its handler: wait %s, want 0", got)
+	}
+	w.pastHandler.Store(4)
+	if got := w.writeWait(6); got != 0 {
+		t.Errorf("no other busy slot: wait %s, want 0", got)
+	}
+	for range 200 {
 		w.observeWrite(time.Minute)
 	}
-	if got := w.lingerFor(); got != 220*time.Millisecond {
-		t.Errorf("after 1m completions: linger %s, want the cap 220ms", got)
+	if got := w.writeWait(2); got != time.Second {
+		t.Errorf("after 1m writes: wait %s, want WriteTimeout (1s)", got)
 	}
 }

@@ -41,7 +41,9 @@
 // # Polling and running
 //
 // The poll loop waits for a free slot (and, while other handlers still run,
-// up to ClaimLinger for more, so one poll serves several tasks), then calls
+// up to ClaimLinger for more, so one poll serves several tasks; longer, within
+// four recent write round trips, for slots that only outcome writes
+// hold), then calls
 // pgmq.read_with_poll on its route for min(BatchSize, free slots) messages
 // and claims them with pgflow.start_tasks(flow_slug, msg_ids, worker_id,
 // queue_name, step_slug), step_slug NULL in flow mode. Messages with no

@@ -71,11 +71,19 @@ func taskAttrs(t ClaimedTask) slog.Attr {
 
 func (w *Worker) runTask(t ClaimedTask) {
 	defer w.inflight.Done()
-	defer w.freeSlots(1)
+	handled := false
+	defer func() {
+		w.freeSlots(1)
+		if handled {
+			w.pastHandler.Add(-1) // after the slot is free: linger never sees it held by nobody
+		}
+	}()
 
 	ctx, cancel := context.WithCancel(w.workCtx)
 	out, err, panicked := w.callHandler(ctx, t)
 	cancel()
+	handled = true
+	w.pastHandler.Add(1)
 
 	switch {
 	case err == nil:
@@ -169,9 +177,11 @@ func (w *Worker) fail(t ClaimedTask, herr error, panicked bool) {
 	ctx, cancel := w.writeCtx()
 	defer cancel()
 	var status string
+	began := time.Now()
 	err := w.pool.QueryRow(ctx,
 		`select coalesce((select f.status from pgflow.fail_task($1::uuid, $2::text, $3::integer, $4::text) f), 'missing')`,
 		t.RunID, t.StepSlug, t.TaskIndex, msg).Scan(&status)
+	w.observeWrite(time.Since(began))
 	if err != nil {
 		w.writeFailed(t, fmt.Errorf("failing task %s/%s[%d]: %w", t.RunID, t.StepSlug, t.TaskIndex, err))
 		return

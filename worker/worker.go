@@ -77,9 +77,12 @@ type Worker struct {
 	err          error // why the worker stopped on its own, if it did
 
 	n counters
-	// writeNanos is a moving average of complete_task round trips: how slow
-	// the database is to take outcomes (see lingerFor).
+	// writeNanos is a moving average of outcome write round trips: how slow
+	// the database is to take outcomes (see writeWait).
 	writeNanos atomic.Int64
+	// pastHandler counts tasks whose handler has returned and whose slot is
+	// not free yet: their outcome write is in flight (see writeWait).
+	pastHandler atomic.Int64
 }
 
 // New validates cfg (after filling in defaults), resolves the flow's routes
@@ -484,7 +487,7 @@ func (w *Worker) pollAndClaim(n int) ([]ClaimedTask, error) {
 	return tasks, nil
 }
 
-// observeWrite folds one complete_task round trip into writeNanos (an
+// observeWrite folds one outcome write's round trip into writeNanos (an
 // exponential moving average, weight 1/8; a lost update under concurrency
 // only makes it a little less smooth).
 func (w *Worker) observeWrite(d time.Duration) {
@@ -492,31 +495,55 @@ func (w *Worker) observeWrite(d time.Duration) {
 	w.writeNanos.Store(old + (int64(d)-old)/8)
 }
 
-// lingerFor is how long the poll loop may wait for more free slots:
-// ClaimLinger, plus the recent complete_task round trip (at most 10x
-// ClaimLinger more). When completions queue in the database, slots free
-// slowly and polling for each one at once only adds calls to the load that
-// slows them; a fast database keeps the wait at ClaimLinger.
-func (w *Worker) lingerFor() time.Duration {
-	return w.cfg.ClaimLinger + min(time.Duration(w.writeNanos.Load()), 10*w.cfg.ClaimLinger)
+// writeWaitFactor: once ClaimLinger has passed, the poll loop keeps waiting
+// for slots held by outcome writes up to this many recent write round trips.
+// A write slower than that is an outlier (a lock behind a long transaction)
+// that should not idle the slots already free.
+const writeWaitFactor = 4
+
+// writeWait is how much longer linger may wait once ClaimLinger has passed,
+// with taken slots already held by the poll loop: when every other busy slot
+// belongs to a task whose handler has returned, so that only its outcome
+// write (and OnResult) holds it, up to writeWaitFactor recent write round
+// trips (at most WriteTimeout); else 0. Those slots free as soon as the
+// database answers, and a poll before then only adds a call to the load that
+// slows the writes; a slot held by a running handler may stay busy for any
+// time, and is not waited for.
+func (w *Worker) writeWait(taken int) time.Duration {
+	busy := int64(len(w.slots) - taken)
+	if busy <= 0 || w.pastHandler.Load() < busy {
+		return 0
+	}
+	return min(writeWaitFactor*time.Duration(w.writeNanos.Load()), w.cfg.WriteTimeout)
 }
 
-// linger waits up to lingerFor for more slots while handlers still run, so
-// one poll serves several tasks; n counts the slots taken. It returns false
-// when the poll loop is stopped meanwhile.
+// linger waits for more free slots while handlers still run, so one poll
+// serves several tasks (every read_with_poll + start_tasks pair has a fixed
+// cost on the server); n counts the slots taken. It waits ClaimLinger, then
+// writeWait more if only outcome writes hold the other slots. It returns
+// false when the poll loop is stopped meanwhile.
 func (w *Worker) linger(n *int) bool {
 	want := min(w.cfg.BatchSize, w.cfg.Concurrency)
 	if w.cfg.ClaimLinger <= 0 || *n >= want || len(w.slots) == *n {
 		return true // nothing to gain, or no handler running that could free a slot
 	}
-	t := time.NewTimer(w.lingerFor())
+	t := time.NewTimer(w.cfg.ClaimLinger)
 	defer t.Stop()
+	extended := false
 	for *n < want {
 		select {
 		case w.slots <- struct{}{}:
 			*n++
 		case <-t.C:
-			return true
+			if extended {
+				return true
+			}
+			d := w.writeWait(*n)
+			if d <= 0 {
+				return true
+			}
+			extended = true
+			t.Reset(d)
 		case <-w.fetchCtx.Done():
 			return false
 		}
