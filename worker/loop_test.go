@@ -353,3 +353,23 @@ func TestNoClaimLingerClaimsEachFreedSlot(t *testing.T) {
 		t.Errorf("later tasks started after claim calls %v: want them spread over more than one claim after the first", got)
 	}
 }
+
+// A linger does not wait past ClaimLinger for slots that running handlers
+// hold: with 3 handlers blocked, the one freed slot is polled for and its
+// task runs (and completes) before any of them is released.
+func TestClaimLingerDoesNotWaitForRunningHandlers(t *testing.T) {
+	t.Parallel()
+	got := claimWaves(t, 10*time.Millisecond, func(gate chan<- struct{}, ev *events) {
+		gate <- struct{}{}
+		recv(t, "the released task's outcome", ev.ch)
+		recv(t, "a later task's outcome while 3 handlers still run", ev.ch)
+		go func() {
+			for range 3 {
+				gate <- struct{}{}
+			}
+		}()
+	})
+	if got[0] != 2 || got[len(got)-1] <= 2 {
+		t.Errorf("later tasks started after claim calls %v: want the first from the second claim alone", got)
+	}
+}
