@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
-	"ariga.io/atlas/sql/migrate"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgretry"
@@ -359,81 +358,9 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 		return err
 	}
 
-	if err := s.step(StepState, "detecting the schema state", func() error {
-		st, err := DetectState(ctx, tx)
-		if err != nil {
-			return err
-		}
-		r.State, r.PgflowVersion = st, st.Version
-		applied, err := appliedVersions(ctx, tx)
-		if err != nil {
-			return err
-		}
-		known := map[string]bool{}
-		for _, m := range all {
-			known[m.Version] = true
-			if !applied[m.Version] {
-				r.Pending = append(r.Pending, m.Version+"_"+m.Name)
-			}
-		}
-		for v := range applied {
-			if !known[v] {
-				r.Unknown = append(r.Unknown, v)
-			}
-		}
-		sort.Strings(r.Unknown)
-		return nil
-	}); err != nil {
+	accepted, done, err := s.admit(tx, all)
+	if err != nil || done {
 		return err
-	}
-	if len(r.Unknown) > 0 {
-		// A revision we do not ship: a newer tool upgraded this database
-		// further, and this one must not "re-apply" or touch it.
-		return fail(OutcomeRefused, fmt.Errorf("%w: pgflow_upgrade.schema_revisions records %s, which this pgflow-upgrade (migrations up to %s) does not know; use the newer pgflow-upgrade that applied it (`pgflow-upgrade status` lists the revisions)",
-			ErrNewerSchema, strings.Join(r.Unknown, ", "), Version))
-	}
-	accepted := false
-	if opts.AcceptState != nil && r.State.State != audit.StateBaseline && r.State.State != audit.StateUpgraded {
-		ok, err := opts.AcceptState(ctx, tx, r.State)
-		if err != nil {
-			return err
-		}
-		accepted = ok
-	}
-	switch {
-	case r.State.State == audit.StateUpgraded:
-		// 0.17.0 is 0.17.0, whoever applied it: this tool (the revision is
-		// recorded) or pgflow's own migration 20260915074120 (it is not).
-		ours := !contains(r.Pending, Version+"_"+Name)
-		r.Pending = nil
-		r.Outcome = OutcomeAlreadyApplied
-		found := "0.17.0"
-		if v := r.State.Version; v != nil && v.Found != "" {
-			found = v.Found // e.g. 0.17.1+, upgraded further by pgflow
-		}
-		if ours {
-			r.Message = "already upgraded: pgflow " + found + ", revision " + Version + " (" + Name + ") recorded in pgflow_upgrade.schema_revisions; nothing to do"
-		} else {
-			r.Message = "already upgraded: pgflow " + found + " (not applied by this tool: e.g. by pgflow's own migration " + UpstreamVersion + "); nothing to do"
-		}
-		return nil
-	case r.State.State == audit.StateBaseline || accepted:
-		// The one state this migration starts from (or one AcceptState vouches for).
-		if len(r.Pending) == 0 {
-			for _, m := range all {
-				r.Pending = append(r.Pending, m.Version+"_"+m.Name)
-			}
-		}
-	default:
-		// Name the version found and the next step (internal/versions).
-		why := strings.Join(r.State.Differences, "; ")
-		if v := r.State.Version; v != nil {
-			why = v.Summary() + ": " + v.NextStep
-			if len(r.State.Differences) > 0 {
-				why += ": " + strings.Join(r.State.Differences, "; ")
-			}
-		}
-		return fail(OutcomeRefused, fmt.Errorf("%w: state %s (%s); run `pgflow-upgrade status`", ErrNotBaseline, r.State.State, why))
 	}
 
 	if err := s.step(StepPrivileges, "the current role may alter the pgflow schema", func() error {
@@ -499,7 +426,7 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 	}
 
 	for _, m := range all {
-		if !contains(r.Pending, m.Version+"_"+m.Name) {
+		if !slices.Contains(r.Pending, m.Version+"_"+m.Name) {
 			continue
 		}
 		if err := s.step(StepMigrate, m.File, func() error { return runMigration(ctx, tx, opts, r, m, !accepted) }); err != nil {
@@ -533,7 +460,7 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 
 	if err := s.step(StepSupabase, "pgflow_upgrade.schema_revisions; supabase_migrations.schema_migrations when asked", func() error {
 		for _, m := range all {
-			if contains(r.Pending, m.Version+"_"+m.Name) {
+			if slices.Contains(r.Pending, m.Version+"_"+m.Name) {
 				if err := recordRevision(ctx, tx, m); err != nil {
 					return err
 				}
@@ -584,107 +511,95 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 	return nil
 }
 
+// admit reads the schema state and the revisions this tool recorded, and
+// decides whether apply goes on: from 0.16.0 (or a state AcceptState vouches
+// for, then accepted is true), with r.Pending the migrations to run. done is
+// true when there is nothing to do (already 0.17.0, whoever applied it); an
+// error refuses every other state, naming the version found and the next
+// step (internal/versions).
+func (s *runner) admit(tx pgx.Tx, all []migrations.Migration) (accepted, done bool, err error) {
+	ctx, r := s.ctx, s.r
+	if err := s.step(StepState, "detecting the schema state", func() error {
+		st, err := DetectState(ctx, tx)
+		if err != nil {
+			return err
+		}
+		r.State, r.PgflowVersion = st, st.Version
+		applied, err := appliedVersions(ctx, tx)
+		if err != nil {
+			return err
+		}
+		known := map[string]bool{}
+		for _, m := range all {
+			known[m.Version] = true
+			if !applied[m.Version] {
+				r.Pending = append(r.Pending, m.Version+"_"+m.Name)
+			}
+		}
+		for v := range applied {
+			if !known[v] {
+				r.Unknown = append(r.Unknown, v)
+			}
+		}
+		sort.Strings(r.Unknown)
+		return nil
+	}); err != nil {
+		return false, false, err
+	}
+	if len(r.Unknown) > 0 {
+		// A revision we do not ship: a newer tool upgraded this database
+		// further, and this one must not "re-apply" or touch it.
+		return false, false, fail(OutcomeRefused, fmt.Errorf("%w: pgflow_upgrade.schema_revisions records %s, which this pgflow-upgrade (migrations up to %s) does not know; use the newer pgflow-upgrade that applied it (`pgflow-upgrade status` lists the revisions)",
+			ErrNewerSchema, strings.Join(r.Unknown, ", "), Version))
+	}
+	if s.opts.AcceptState != nil && r.State.State != audit.StateBaseline && r.State.State != audit.StateUpgraded {
+		ok, err := s.opts.AcceptState(ctx, tx, r.State)
+		if err != nil {
+			return false, false, err
+		}
+		accepted = ok
+	}
+	switch {
+	case r.State.State == audit.StateUpgraded:
+		// 0.17.0 is 0.17.0, whoever applied it: this tool (the revision is
+		// recorded) or pgflow's own migration 20260915074120 (it is not).
+		ours := !slices.Contains(r.Pending, Version+"_"+Name)
+		r.Pending = nil
+		r.Outcome = OutcomeAlreadyApplied
+		found := "0.17.0"
+		if v := r.State.Version; v != nil && v.Found != "" {
+			found = v.Found // e.g. 0.17.1+, upgraded further by pgflow
+		}
+		if ours {
+			r.Message = "already upgraded: pgflow " + found + ", revision " + Version + " (" + Name + ") recorded in pgflow_upgrade.schema_revisions; nothing to do"
+		} else {
+			r.Message = "already upgraded: pgflow " + found + " (not applied by this tool: e.g. by pgflow's own migration " + UpstreamVersion + "); nothing to do"
+		}
+		return false, true, nil
+	case r.State.State == audit.StateBaseline || accepted:
+		// The one state this migration starts from (or one AcceptState vouches for).
+		if len(r.Pending) == 0 {
+			for _, m := range all {
+				r.Pending = append(r.Pending, m.Version+"_"+m.Name)
+			}
+		}
+	default:
+		// Name the version found and the next step (internal/versions).
+		why := strings.Join(r.State.Differences, "; ")
+		if v := r.State.Version; v != nil {
+			why = v.Summary() + ": " + v.NextStep
+			if len(r.State.Differences) > 0 {
+				why += ": " + strings.Join(r.State.Differences, "; ")
+			}
+		}
+		return false, false, fail(OutcomeRefused, fmt.Errorf("%w: state %s (%s); run `pgflow-upgrade status`", ErrNotBaseline, r.State.State, why))
+	}
+	return accepted, false, nil
+
+}
+
 // AppliedNextStep is what to do after a successful apply.
 const AppliedNextStep = "run `pgflow-upgrade verify`, then deploy the 0.17 workers (stop the 0.16.0 ones)"
-
-// DeferredChecks are preflight checks apply does not run up front, because
-// the migration itself finds the same thing at no extra cost: two tasks of
-// one flow sharing a message id make the unique (queue_name, message_id)
-// build fail, and a GROUP BY over millions of rows first would cost as much
-// as the build, under the ACCESS EXCLUSIVE lock. When the migration fails
-// that way, apply runs the check then, to print its findings.
-var DeferredChecks = map[string]string{"tasks.duplicate_message_id": "23505"}
-
-// preflightChecks: the catalog's Preflight checks minus DeferredChecks.
-func preflightChecks() []string {
-	var ids []string
-	for _, c := range audit.Catalog() {
-		if _, deferred := DeferredChecks[c.ID]; c.Preflight && !deferred {
-			ids = append(ids, c.ID)
-		}
-	}
-	return ids
-}
-
-// deferredFindings runs the deferred checks that explain SQLSTATE code (in a
-// transaction rolled back to before the failed statement).
-func deferredFindings(ctx context.Context, tx pgx.Tx, opts Options, code string) (preflight.Result, bool, error) {
-	var ids []string
-	for id, c := range DeferredChecks {
-		if _, err := audit.Lookup(id); err == nil && c == code {
-			ids = append(ids, id)
-		}
-	}
-	if len(ids) == 0 {
-		return preflight.Result{}, false, nil
-	}
-	popts := opts.Preflight
-	popts.Checks = ids
-	res, err := preflight.Run(ctx, tx, popts)
-	return res, true, err
-}
-
-// runMigration executes the statements of m one by one (split like the atlas
-// CLI splits them), so progress and timings are per statement. The file's own
-// LOCK statements find the locks already held. Without savepoints (an
-// accepted prepared shape: its unique indexes exist, so no statement can
-// fail the way a deferred check explains), two round trips per statement
-// fewer under the locks.
-func runMigration(ctx context.Context, tx pgx.Tx, opts Options, r *Report, m migrations.Migration, savepoints bool) error {
-	stmts, err := migrate.Stmts(m.SQL)
-	if err != nil {
-		return fmt.Errorf("splitting %s into statements: %w", m.File, err)
-	}
-	for i, st := range stmts {
-		if isTxControl(st.Text) {
-			return fmt.Errorf("%s statement %d is transaction control (%q): apply runs the file in its own transaction", m.File, i+1, summary(st.Text))
-		}
-		if opts.Hooks.BeforeStatement != nil {
-			if err := opts.Hooks.BeforeStatement(ctx, r.BackendPID, m, i, st.Text); err != nil {
-				return fmt.Errorf("test hook before statement %d: %w", i, err)
-			}
-		}
-		sum := summary(st.Text)
-		if opts.Progress != nil {
-			opts.Progress(Event{Step: StepMigrate, Detail: fmt.Sprintf("[%d/%d] %s", i+1, len(stmts), sum)})
-		}
-		t := time.Now()
-		// A savepoint per statement, so a failure the deferred checks
-		// explain can be followed by those checks in this transaction.
-		if savepoints {
-			if _, err := tx.Exec(ctx, `savepoint pgflow_upgrade_stmt`); err != nil {
-				return fmt.Errorf("%s statement %d: savepoint: %w", m.File, i+1, err)
-			}
-		}
-		tag, err := tx.Exec(ctx, st.Text)
-		if err != nil {
-			stmtErr := fmt.Errorf("%s statement %d (%s): %w", m.File, i+1, sum, err)
-			var pgErr *pgconn.PgError
-			if !savepoints || !errors.As(err, &pgErr) {
-				return stmtErr
-			}
-			if _, rbErr := tx.Exec(ctx, `rollback to savepoint pgflow_upgrade_stmt`); rbErr != nil {
-				return stmtErr
-			}
-			res, ran, ferr := deferredFindings(ctx, tx, opts, pgErr.Code)
-			if !ran || ferr != nil || len(res.Blockers()) == 0 {
-				return stmtErr
-			}
-			r.Preflight = append(r.Preflight, res.Checks...)
-			r.Blockers = res.Blockers()
-			return fail(OutcomeRefused, fmt.Errorf("%w: %s (found by %s: %w)", ErrPreflight, res.Summary(), m.File, err))
-		}
-		if savepoints {
-			if _, err := tx.Exec(ctx, `release savepoint pgflow_upgrade_stmt`); err != nil {
-				return fmt.Errorf("%s statement %d: release savepoint: %w", m.File, i+1, err)
-			}
-		}
-		took := time.Since(t)
-		r.Statements = append(r.Statements, StatementReport{Migration: m.Version, Index: i + 1, Summary: sum,
-			DurationMS: took.Milliseconds(), DurationUS: took.Microseconds(), Rows: tag.RowsAffected()})
-	}
-	return nil
-}
 
 // lockPlanText: "flows [access exclusive] -> steps, deps, runs, step_states
 // [exclusive] -> ...", consecutive tables of one mode grouped.
@@ -700,34 +615,4 @@ func lockPlanText() string {
 		i = j
 	}
 	return strings.Join(parts, " -> ")
-}
-
-// summary is a statement on one line, shortened, for progress and reports.
-func summary(stmt string) string {
-	s := strings.Join(strings.Fields(stmt), " ")
-	if len(s) > 72 {
-		s = s[:69] + "..."
-	}
-	return s
-}
-
-func isTxControl(stmt string) bool {
-	f := strings.Fields(strings.ToLower(strings.TrimSuffix(strings.TrimSpace(stmt), ";")))
-	if len(f) == 0 {
-		return false
-	}
-	switch f[0] {
-	case "begin", "commit", "rollback", "end", "start":
-		return f[0] != "start" || (len(f) > 1 && f[1] == "transaction")
-	}
-	return false
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
