@@ -11,6 +11,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/oldworker"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
 // traffic is application sessions calling start_flow and complete_task on
@@ -192,4 +195,132 @@ func pgDetail(err error) string {
 		return pe.Detail
 	}
 	return ""
+}
+
+// concurrentTraffic runs application sessions during apply.
+func concurrentTraffic(ctx context.Context, env *Env) error {
+	db, err := env.NewDB(ctx)
+	if err != nil {
+		return err
+	}
+	const preRuns = 12
+	if err := startLegacy(ctx, db, preRuns); err != nil {
+		return err
+	}
+	// Start every task a of the runs (as a 0.16.0 worker would), so the
+	// application has complete_task work during the upgrade.
+	wid := oldworker.NewID()
+	if _, err := db.Pool.Exec(ctx, `insert into pgflow.workers (worker_id, queue_name, function_name) values ($1, 'legacy', 'app')`, wid); err != nil {
+		return err
+	}
+	var tasks []string
+	rows, err := db.Pool.Query(ctx, `select run_id::text from pgflow.start_tasks('legacy',
+		array(select msg_id from pgmq.read('legacy', 60, 100)), $1::uuid) order by run_id`, wid)
+	if err != nil {
+		return err
+	}
+	tasks, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	if len(tasks) != preRuns {
+		return errorf("started %d tasks, want %d", len(tasks), preRuns)
+	}
+
+	tr := newTraffic(db, tasks)
+	// A session in the middle of a start_flow transaction when apply begins:
+	// apply must wait for it (bounded), and it must be able to commit.
+	holder, err := db.Pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := holder.Exec(ctx, `select count(*) from pgflow.start_flow('legacy', '{"holder": true}'::jsonb)`); err != nil {
+		_ = holder.Rollback(ctx)
+		return err
+	}
+	trafficDone := tr.start(ctx, 4)
+
+	applied := make(chan error, 1)
+	var applyRep *upgrade.Report
+	var applyDone atomic.Bool
+	// An apply that gives up on its table locks (bounded: lock_busy, nothing
+	// changed) is rerun, as an operator would: under load the traffic can
+	// hold pgflow.steps in the middle of a statement at each of its attempts.
+	const maxApplyRuns = 3
+	applyRuns := 0
+	go func() {
+		var err error
+		for applyRuns = 1; ; applyRuns++ {
+			var busy *upgrade.TableLockError
+			applyRep, err = env.Upgrade(ctx, db)
+			if err == nil || !errors.As(err, &busy) || applyRuns == maxApplyRuns {
+				break
+			}
+			env.Logf("replay: concurrent-traffic: apply run %d gave up on its table locks (nothing changed), running it again", applyRuns)
+		}
+		applyDone.Store(true)
+		applied <- err
+	}()
+	// Commit the holder once apply is queued behind it (or apply gave up).
+	holderErr := waitFor(ctx, 20*time.Second, func() (bool, error) {
+		if applyDone.Load() {
+			return true, nil
+		}
+		n, err := countRows(ctx, db, `select count(*) from pg_catalog.pg_locks l
+			where not l.granted and l.locktype = 'relation' and l.database = (select oid from pg_catalog.pg_database where datname = current_database())`)
+		return n > 0, err
+	})
+	if err := holder.Commit(ctx); err != nil && holderErr == nil {
+		holderErr = fmt.Errorf("the session that held locks when apply started could not commit: %w", err)
+	}
+	upErr := <-applied
+	// Traffic keeps going a little after the upgrade, on the new schema.
+	tr.waitOps(ctx, 8)
+	tr.halt()
+	<-trafficDone
+	if upErr != nil {
+		// What the sessions saw (a deadlock, a failure) says why apply could
+		// not get its locks.
+		if terr := tr.check(); terr != nil {
+			return fmt.Errorf("apply under traffic: %w; meanwhile %v (longest application wait %s over %d ops)", upErr, terr, tr.longest().Round(time.Millisecond), tr.ops())
+		}
+		return fmt.Errorf("apply under traffic: %w (longest application wait %s over %d ops, %d lock timeouts)", upErr, tr.longest().Round(time.Millisecond), tr.ops(), tr.timeouts())
+	}
+	if holderErr != nil {
+		return fmt.Errorf("waiting for apply to queue behind an open transaction: %w", holderErr)
+	}
+	if err := tr.check(); err != nil {
+		return err
+	}
+	// Every committed write is there, with the right queue_name.
+	if d, err := fingerprint.CheckNewColumns(ctx, db.Pool); err != nil || len(d) > 0 {
+		if err != nil {
+			return err
+		}
+		return fmt.Errorf("new columns wrong after apply under traffic:\n%s", fingerprint.Format(d, 20))
+	}
+	started, err := countRows(ctx, db, `select count(*) from pgflow.runs`)
+	if err != nil {
+		return err
+	}
+	if want := preRuns + 1 + tr.startedRuns(); started != want {
+		return errorf("%d runs after apply, want %d (%d before, 1 holder, %d started by the traffic)", started, want, preRuns, tr.startedRuns())
+	}
+	for _, run := range tr.completedTasks() {
+		n, err := countRows(ctx, db, `select count(*) from pgflow.step_tasks where run_id = $1::uuid and step_slug = 'a' and status = 'completed'`, run)
+		if err != nil {
+			return err
+		}
+		if n != 1 {
+			return errorf("task a of run %s was completed by the application but is not completed", run)
+		}
+	}
+	lockWindow := int64(0)
+	attempts := 0
+	if applyRep != nil {
+		lockWindow, attempts = applyRep.LockWindowMS, applyRep.LockAttempts
+	}
+	env.Notef("longest application wait %s over %d ops (%d lock timeouts, %d calls in flight across the row-type change failed with 42804 and were retried); apply lock window %d ms, %d lock attempts in its last of %d run(s)",
+		tr.longest().Round(time.Millisecond), tr.ops(), tr.timeouts(), tr.stale(), lockWindow, attempts, applyRuns)
+	return nil
 }
