@@ -142,6 +142,20 @@ func (t *digestTable) rowsSQL() string {
 		ref(t.columns) + ")::text) from " + t.from + " t order by 1"
 }
 
+// eachRow calls fn with each (key, row hash) of the table as it is now, in
+// key order (rowsSQL).
+func (t *digestTable) eachRow(ctx context.Context, tx pgx.Tx, fn func(k, h string)) error {
+	rows, err := tx.Query(ctx, t.rowsSQL())
+	if err != nil {
+		return fmt.Errorf("digest: reading %s: %w", t.label, err)
+	}
+	var k, h string
+	if _, err := pgx.ForEachRow(rows, []any{&k, &h}, func() error { fn(k, h); return nil }); err != nil {
+		return fmt.Errorf("digest: reading %s: %w", t.label, err)
+	}
+	return nil
+}
+
 func (t *digestTable) write(ctx context.Context, tx pgx.Tx) error {
 	f, err := os.Create(t.file)
 	if err != nil {
@@ -149,22 +163,12 @@ func (t *digestTable) write(ctx context.Context, tx pgx.Tx) error {
 	}
 	defer f.Close()
 	w := bufio.NewWriter(f)
-	rows, err := tx.Query(ctx, t.rowsSQL())
-	if err != nil {
-		return fmt.Errorf("digest: reading %s: %w", t.label, err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var k, h string
-		if err := rows.Scan(&k, &h); err != nil {
-			return fmt.Errorf("digest: reading %s: %w", t.label, err)
-		}
+	if err := t.eachRow(ctx, tx, func(k, h string) {
 		// jsonb's text escapes tabs and newlines: one line per row.
 		fmt.Fprintf(w, "%s\t%s\n", k, h)
 		t.rows++
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("digest: reading %s: %w", t.label, err)
+	}); err != nil {
+		return err
 	}
 	if err := w.Flush(); err != nil {
 		return fmt.Errorf("digest: %w", err)
@@ -235,16 +239,7 @@ func (t *digestTable) merge(ctx context.Context, tx pgx.Tx, note func(string, ..
 		return true
 	}
 	haveBefore := nextBefore()
-	rows, err := tx.Query(ctx, t.rowsSQL())
-	if err != nil {
-		return fmt.Errorf("digest: reading %s: %w", t.label, err)
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var k, h string
-		if err := rows.Scan(&k, &h); err != nil {
-			return fmt.Errorf("digest: reading %s: %w", t.label, err)
-		}
+	if err := t.eachRow(ctx, tx, func(k, h string) {
 		for haveBefore && bk < k {
 			note("%s %s: row missing", t.label, bk)
 			haveBefore = nextBefore()
@@ -256,9 +251,8 @@ func (t *digestTable) merge(ctx context.Context, tx pgx.Tx, note func(string, ..
 			haveBefore = nextBefore()
 		}
 		// A key only after is a row added: not a difference (fingerprint.Added).
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("digest: reading %s: %w", t.label, err)
+	}); err != nil {
+		return err
 	}
 	for haveBefore {
 		note("%s %s: row missing", t.label, bk)
