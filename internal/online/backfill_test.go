@@ -44,10 +44,7 @@ func TestBackfillResumesByBlock(t *testing.T) {
 	if behind != 0 || ahead == 0 || filled == 0 || int64(filled) != p.RowsDone {
 		t.Fatalf("blocks 0-1: %d rows unfilled (want 0); after them %d unfilled (want some); %d filled (want the %d the two batches did)", behind, ahead, filled, p.RowsDone)
 	}
-	rep, err := online.Apply(ctx, conn, online.Options{BatchSize: 7})
-	if err != nil || rep.Outcome != upgrade.OutcomeApplied {
-		t.Fatalf("resume: %v %+v", err, rep)
-	}
+	rep := applyOnline(t, conn, "resume")
 	if rep.Backfill.Batches == 0 || rep.Backfill.Rows != int64(ahead) {
 		t.Fatalf("the resumed run filled %d rows in %d batches; want the %d rows from block 2 on", rep.Backfill.Rows, rep.Backfill.Batches, ahead)
 	}
@@ -86,10 +83,7 @@ func TestBackfillCoversRowsMovedBehindTheCursor(t *testing.T) {
 	if movedNull != 0 {
 		t.Fatalf("%d of the %d rows moved behind the cursor have no queue_name: the trigger did not fill them", movedNull, moved)
 	}
-	rep, err := online.Apply(ctx, conn, online.Options{BatchSize: 7})
-	if err != nil || rep.Outcome != upgrade.OutcomeApplied {
-		t.Fatalf("resume: %v %+v", err, rep)
-	}
+	applyOnline(t, conn, "resume")
 	checkUpgraded(t, db, nil)
 }
 

@@ -191,6 +191,18 @@ func stopOnlineAt(t *testing.T, conn *pgx.Conn, point string) {
 	}
 }
 
+// applyOnline runs apply --online to the end (--batch-size 7, as
+// stopOnlineAt) and fails the test unless it applied; what names the run in
+// the failure.
+func applyOnline(t *testing.T, conn *pgx.Conn, what string) *online.Report {
+	t.Helper()
+	rep, err := online.Apply(context.Background(), conn, online.Options{BatchSize: 7})
+	if err != nil || rep.Outcome != upgrade.OutcomeApplied {
+		t.Fatalf("%s: %v %+v", what, err, rep)
+	}
+	return rep
+}
+
 var allPoints = []string{online.PointPreflight, online.PointExpand, online.PointBatch, online.PointCheck, online.PointValidate, online.PointIndex, online.PointSwitch}
 
 func TestApplyOnlineInflight(t *testing.T) {
@@ -256,10 +268,7 @@ func TestZeroSixteenEngineDuringOnline(t *testing.T) {
 			t.Fatalf("%d new rows without queue_name = lower(flow_slug) after stopping at %s", wrong, point)
 		}
 	}
-	rep, err := online.Apply(ctx, conn, online.Options{BatchSize: 7})
-	if err != nil || rep.Outcome != upgrade.OutcomeApplied {
-		t.Fatalf("apply --online: %v %+v", err, rep)
-	}
+	applyOnline(t, conn, "apply --online")
 	checkUpgraded(t, db, nil)
 }
 
@@ -390,10 +399,7 @@ func TestResumeOnlineFromEveryPoint(t *testing.T) {
 			if stopAt != online.PointPreflight && stopAt != online.PointExpand && (!info.InProgress() || info.Next != online.ContinueCommand) {
 				t.Fatalf("status after stopping at %s: %+v", stopAt, info)
 			}
-			rep, err := online.Apply(ctx, conn, online.Options{BatchSize: 7})
-			if err != nil || rep.Outcome != upgrade.OutcomeApplied {
-				t.Fatalf("rerun after stopping at %s (shape %+v): %v %+v", stopAt, shape, err, rep)
-			}
+			rep := applyOnline(t, conn, fmt.Sprintf("rerun after stopping at %s (shape %+v)", stopAt, shape))
 			if stopAt != online.PointExpand && stopAt != online.PointPreflight && !rep.Resumed {
 				t.Fatalf("rerun after %s does not say it resumed", stopAt)
 			}
