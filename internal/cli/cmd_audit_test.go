@@ -130,15 +130,7 @@ func TestAuditUnknownCheckIsAUsageError(t *testing.T) {
 
 func TestAuditInconclusiveUnderLockExitsFour(t *testing.T) {
 	db := auditDB(t)
-	ctx := context.Background()
-	tx, err := db.Pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `lock table pgflow.step_tasks in access exclusive mode`); err != nil {
-		t.Fatal(err)
-	}
+	db.HoldLock(t, `lock table pgflow.step_tasks in access exclusive mode`)
 	r := run(t, nil, "--dsn", db.DSN, "--format", "json", "audit", "--lock-timeout", "200ms")
 	if r.code != cli.ExitInconclusive {
 		t.Fatalf("exit %d, want %d\n%s%s", r.code, cli.ExitInconclusive, r.stdout, r.stderr)

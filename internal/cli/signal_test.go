@@ -210,24 +210,6 @@ func backendsOn(t *testing.T, adminDSN, app, db string, waitingOnLock bool) int 
 	return n
 }
 
-// holdLock takes lock on table of db in a transaction of its own and returns
-// the function that releases it.
-func holdLock(t *testing.T, db *testdb.DB, stmt string) func() {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := db.Pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, stmt); err != nil {
-		t.Fatal(err)
-	}
-	var once sync.Once
-	release := func() { once.Do(func() { _ = tx.Rollback(ctx) }) }
-	t.Cleanup(release)
-	return release
-}
-
 // eventually polls cond for up to guard and says whether it became true.
 func eventually(cond func() bool, guard time.Duration) bool {
 	deadline := time.Now().Add(guard)
@@ -250,7 +232,7 @@ func interrupt(t *testing.T, s *started) {
 func TestSignalAudit(t *testing.T) {
 	db := legacyDB(t)
 	before := testdb.State(t, db.Pool)
-	release := holdLock(t, db, `lock table pgflow.step_tasks in access exclusive mode`)
+	release := db.HoldLock(t, `lock table pgflow.step_tasks in access exclusive mode`)
 	s := start(t, []string{"PGFLOW_UPGRADE_DSN=" + db.DSN}, "audit", "--lock-timeout", "5m", "--check-timeout", "5m", "--timeout", "10m")
 	until(t, "the audit's backend waiting on the lock", func() bool {
 		return backends(t, "pgflow-upgrade audit", db.Name, true) > 0
@@ -279,7 +261,7 @@ func TestSignalApply(t *testing.T) {
 	before := testdb.State(t, db.Pool)
 	// apply takes its table locks first thing after the advisory lock and the
 	// privileges check: it queues behind this one.
-	release := holdLock(t, db, `lock table pgflow.flows in access share mode`)
+	release := db.HoldLock(t, `lock table pgflow.flows in access share mode`)
 	s := start(t, []string{"PGFLOW_UPGRADE_DSN=" + db.DSN}, "apply", "--yes", "--lock-timeout", "5m", "--lock-retries", "0")
 	until(t, "apply's backend waiting on the table lock", func() bool {
 		return backends(t, "pgflow-upgrade apply", db.Name, true) > 0

@@ -27,14 +27,7 @@ func TestReadStats(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Someone holds step_tasks as an apply would.
-	tx, err := db.Pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `lock table pgflow.step_tasks in access exclusive mode`); err != nil {
-		t.Fatal(err)
-	}
+	release := db.HoldLock(t, `lock table pgflow.step_tasks in access exclusive mode`)
 	conn, err := pgx.Connect(ctx, db.DSN)
 	if err != nil {
 		t.Fatal(err)
@@ -48,7 +41,7 @@ func TestReadStats(t *testing.T) {
 		t.Fatalf("stats %+v, want 1234567, 890, %d (n_live_tup of runs)", st, runsLive)
 	}
 	// step_tasks never analyzed: n_live_tup, and the source says so.
-	tx.Rollback(ctx)
+	release()
 	if _, err := db.Pool.Exec(ctx, `update pg_catalog.pg_class set reltuples = -1 where oid = 'pgflow.step_tasks'::regclass`); err != nil {
 		t.Fatal(err)
 	}

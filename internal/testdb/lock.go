@@ -1,0 +1,27 @@
+package testdb
+
+import (
+	"context"
+	"sync"
+	"testing"
+)
+
+// HoldLock runs stmt (a LOCK TABLE, or any statement that takes locks) in a
+// transaction of its own on db and keeps that transaction open until the
+// returned release is called or the test ends.
+func (db *DB) HoldLock(t testing.TB, stmt string) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := db.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, stmt); err != nil {
+		_ = tx.Rollback(ctx)
+		t.Fatal(err)
+	}
+	var once sync.Once
+	release = func() { once.Do(func() { _ = tx.Rollback(ctx) }) }
+	t.Cleanup(release)
+	return release
+}
