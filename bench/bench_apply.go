@@ -38,11 +38,8 @@ func benchApply(ctx context.Context, env *Env) ([]Row, error) {
 			took := time.Since(start)
 			conn.Close(ctx)
 			drop()
-			if err != nil {
+			if err := upgrade.RequireApplied(rep.Outcome, rep.Message, err); err != nil {
 				return nil, fmt.Errorf("apply at %d rows: %w", size, err)
-			}
-			if rep.Outcome != upgrade.OutcomeApplied {
-				return nil, fmt.Errorf("apply at %d rows: outcome %s: %s", size, rep.Outcome, rep.Message)
 			}
 			total = append(total, took)
 			window = append(window, time.Duration(rep.LockWindowMS)*time.Millisecond)

@@ -50,9 +50,7 @@ func benchForecast(ctx context.Context, env *Env) ([]Row, error) {
 			}
 			est = forecast.Estimate(stats, basis, forecast.DefaultOnlineThreshold)
 			rep, err := upgrade.Apply(ctx, conn, upgrade.Options{})
-			if err == nil && rep.Outcome != upgrade.OutcomeApplied {
-				err = fmt.Errorf("outcome %s: %s", rep.Outcome, rep.Message)
-			}
+			err = upgrade.RequireApplied(rep.Outcome, rep.Message, err)
 			window = time.Duration(rep.LockWindowMS) * time.Millisecond
 			return err
 		})
@@ -81,9 +79,7 @@ func benchForecast(ctx context.Context, env *Env) ([]Row, error) {
 				env.Logf("bench: forecast at %d: apply --online stopped after %s (forecast %.1fs): %v", size, onlineTook.Round(time.Second), fOnline, err)
 				return nil
 			}
-			if err == nil && rep.Outcome != upgrade.OutcomeApplied {
-				err = fmt.Errorf("outcome %s: %s", rep.Outcome, rep.Message)
-			}
+			err = upgrade.RequireApplied(rep.Outcome, rep.Message, err)
 			if err == nil {
 				env.Logf("bench: forecast at %d: apply --online %s, phases %+v, backfill %+v", size, onlineTook.Round(time.Millisecond), rep.Phases, rep.Backfill)
 			}

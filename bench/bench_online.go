@@ -71,10 +71,7 @@ func benchOnline(ctx context.Context, env *Env) ([]Row, error) {
 			took, p, err := measured(ctx, env, size, func(ctx context.Context, conn *pgx.Conn) error {
 				var err error
 				rep, err = online.Apply(ctx, conn, online.Options{})
-				if err == nil && rep.Outcome != upgrade.OutcomeApplied {
-					err = fmt.Errorf("outcome %s: %s", rep.Outcome, rep.Message)
-				}
-				return err
+				return upgrade.RequireApplied(rep.Outcome, rep.Message, err)
 			})
 			if err != nil {
 				return nil, fmt.Errorf("apply --online at %d rows: %w", size, err)
@@ -105,10 +102,7 @@ func benchOnline(ctx context.Context, env *Env) ([]Row, error) {
 
 			took, p, err = measured(ctx, env, size, func(ctx context.Context, conn *pgx.Conn) error {
 				rep, err := upgrade.Apply(ctx, conn, upgrade.Options{LockRetries: 50})
-				if err == nil && rep.Outcome != upgrade.OutcomeApplied {
-					err = fmt.Errorf("outcome %s: %s", rep.Outcome, rep.Message)
-				}
-				return err
+				return upgrade.RequireApplied(rep.Outcome, rep.Message, err)
 			})
 			if err != nil {
 				return nil, fmt.Errorf("transactional apply at %d rows: %w", size, err)

@@ -84,9 +84,7 @@ func measureSize(ctx context.Context, srv *pgprovider.Server, n int64, logf func
 		}
 		start := time.Now()
 		rep, err := upgrade.Apply(ctx, conn, upgrade.Options{})
-		if err == nil && rep.Outcome != upgrade.OutcomeApplied {
-			err = fmt.Errorf("outcome %s: %s", rep.Outcome, rep.Message)
-		}
+		err = upgrade.RequireApplied(rep.Outcome, rep.Message, err)
 		if err != nil {
 			return fmt.Errorf("transactional apply: %w", err)
 		}
@@ -101,9 +99,7 @@ func measureSize(ctx context.Context, srv *pgprovider.Server, n int64, logf func
 	err = onCopy(ctx, srv, tpl, func(conn *pgx.Conn) error {
 		start := time.Now()
 		rep, err := online.Apply(ctx, conn, online.Options{})
-		if err == nil && rep.Outcome != upgrade.OutcomeApplied {
-			err = fmt.Errorf("outcome %s: %s", rep.Outcome, rep.Message)
-		}
+		err = upgrade.RequireApplied(rep.Outcome, rep.Message, err)
 		if err != nil {
 			return fmt.Errorf("apply --online: %w", err)
 		}

@@ -159,11 +159,8 @@ func (r *Rehearsal) onlineSurvives(ctx context.Context, env *Env) error {
 		if perr := <-perr; perr != nil && err == nil {
 			return fmt.Errorf("the probe: %w", perr)
 		}
-		if err != nil {
-			return fmt.Errorf("apply --online failed: %w", err)
-		}
-		if rep.Outcome != upgrade.OutcomeApplied {
-			return fmt.Errorf("apply --online: outcome %s, want %s: %s", rep.Outcome, upgrade.OutcomeApplied, rep.Message)
+		if err := upgrade.RequireApplied(rep.Outcome, rep.Message, err); err != nil {
+			return fmt.Errorf("apply --online: %w", err)
 		}
 		return nil
 	})

@@ -156,6 +156,17 @@ const (
 	OutcomeInconclusive   Outcome = "inconclusive" // a preflight check ran out of time
 )
 
+// RequireApplied is err, or, when a run (Apply, or online.Apply) returned no
+// error without applying (already applied, a dry run), an error naming its
+// outcome and message: for callers that need the upgrade done (the
+// calibration, the benchmarks).
+func RequireApplied(outcome Outcome, message string, err error) error {
+	if err == nil && outcome != OutcomeApplied {
+		return fmt.Errorf("outcome %s, want %s: %s", outcome, OutcomeApplied, message)
+	}
+	return err
+}
+
 // StepTiming is one step of the report.
 type StepTiming struct {
 	Step       string `json:"step"`
