@@ -28,10 +28,19 @@ func forecastFlags() []ucli.Flag {
 		&ucli.StringFlag{Name: "calibration", Usage: "forecast from this calibration `FILE` (written by `fixtures replay --from CAPTURE --calibration-out FILE`, or by --calibration-out here)"},
 		&ucli.StringFlag{Name: "calibrate-dsn", Usage: "measure the forecast's costs on a generated sample in a throwaway database created (and dropped) on this scratch server `DSN` (a role that may CREATE DATABASE; never the audited database)"},
 		&ucli.BoolFlag{Name: "calibrate-local", Usage: "measure the forecast's costs on a generated sample in an ephemeral local cluster (needs this machine's PostgreSQL server binaries)"},
-		&ucli.StringFlag{Name: "calibrate-rows", Value: "40000,200000", Usage: "step_tasks rows of the sample sizes, comma separated (two sizes: a fixed and a per-row cost)"},
+		&ucli.StringFlag{Name: "calibrate-rows", Value: defaultCalibrateRows(), Usage: "step_tasks rows of the sample sizes, comma separated (two sizes: a fixed and a per-row cost)"},
 		&ucli.StringFlag{Name: "calibration-out", Usage: "write the sample's measured calibration to `FILE` (reuse it with --calibration)"},
 		&ucli.DurationFlag{Name: "online-threshold", Value: forecast.DefaultOnlineThreshold, Usage: "recommend apply --online when the forecast lock window of a transactional apply is above this"},
 	}
+}
+
+// defaultCalibrateRows is calibrate.DefaultRows as --calibrate-rows spells it.
+func defaultCalibrateRows() string {
+	sizes := make([]string, len(calibrate.DefaultRows))
+	for i, n := range calibrate.DefaultRows {
+		sizes[i] = strconv.FormatInt(n, 10)
+	}
+	return strings.Join(sizes, ",")
 }
 
 // forecastPlan is what the forecast flags ask for, validated before the
