@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/bench"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/datagen"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -62,7 +62,7 @@ func TestDeadClientReleasesLocks(t *testing.T) {
 	}
 	db := testdb.Baseline(t)
 	ctx := context.Background()
-	took, err := bench.Generate(ctx, db.Pool, bench.Shape{Tasks: 300_000, Flows: 2, TasksPerRun: 1000, LiveRuns: 2, LiveTasksPerRun: 5})
+	took, err := datagen.Generate(ctx, db.Pool, datagen.Shape{Tasks: 300_000, Flows: 2, TasksPerRun: 1000, LiveRuns: 2, LiveTasksPerRun: 5})
 	if err != nil {
 		t.Fatal(err)
 	}

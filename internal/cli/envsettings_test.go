@@ -7,8 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/bench"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/datagen"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -40,7 +40,7 @@ func TestApplyEnvironmentSettings(t *testing.T) {
 				// Enough rows that the migration's statements take longer
 				// than 50 ms.
 				db := testdb.Baseline(t)
-				if _, err := bench.Generate(context.Background(), db.Pool, bench.Shape{Tasks: 60_000, Flows: 1, LiveRuns: 1, LiveTasksPerRun: 3}); err != nil {
+				if _, err := datagen.Generate(context.Background(), db.Pool, datagen.Shape{Tasks: 60_000, Flows: 1, LiveRuns: 1, LiveTasksPerRun: 3}); err != nil {
 					t.Fatal(err)
 				}
 				// A role of the test's own (dropped with what it made), so
