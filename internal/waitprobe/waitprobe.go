@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 )
 
 // Probe is one probing client. The zero value reads and updates; set
@@ -49,11 +51,12 @@ const taskKey = `run_id operator(pg_catalog.=) $1::uuid and step_slug operator(p
 // round is done (the probe is connected and has its row). The row is a
 // queued task, else any task; a database with no task is probed by reading
 // step_tasks only.
-func (p *Probe) Run(ctx context.Context, dsn string, ready chan<- struct{}) error {
-	cfg, err := pgx.ParseConfig(dsn)
+func (p *Probe) Run(ctx context.Context, dsnText string, ready chan<- struct{}) error {
+	cfg, err := dsn.ParseConfig(dsnText)
 	if err != nil {
 		return fmt.Errorf("wait probe: %w", err)
 	}
+	dsn.Pin(cfg)
 	cfg.RuntimeParams["application_name"] = p.ApplicationName
 	if p.ApplicationName == "" {
 		cfg.RuntimeParams["application_name"] = "pgflow-upgrade wait probe"
