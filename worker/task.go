@@ -149,14 +149,9 @@ func (w *Worker) complete(t ClaimedTask, out any) {
 		w.fail(t, err, false)
 		return
 	}
-	ctx, cancel := w.writeCtx()
-	defer cancel()
-	var status string
-	began := time.Now()
-	err = w.pool.QueryRow(ctx,
+	status, err := w.writeOutcome(
 		`select coalesce((select c.status from pgflow.complete_task($1::uuid, $2::text, $3::integer, $4::jsonb) c), 'missing')`,
-		t.RunID, t.StepSlug, t.TaskIndex, output).Scan(&status)
-	w.observeWrite(time.Since(began))
+		t.RunID, t.StepSlug, t.TaskIndex, output)
 	if err != nil {
 		w.writeFailed(t, fmt.Errorf("completing task %s/%s[%d]: %w", t.RunID, t.StepSlug, t.TaskIndex, err))
 		return
@@ -165,7 +160,7 @@ func (w *Worker) complete(t ClaimedTask, out any) {
 	if status != "completed" {
 		// A late completion (the run failed, the step was skipped): the
 		// engine archived the message and kept its state.
-		w.log.LogAttrs(ctx, slog.LevelInfo, "completion not applied", taskAttrs(t), slog.String("task_status", status))
+		w.log.LogAttrs(w.hardCtx, slog.LevelInfo, "completion not applied", taskAttrs(t), slog.String("task_status", status))
 	}
 	w.report(Result{Task: t, Outcome: OutcomeCompleted})
 }
@@ -174,22 +169,29 @@ func (w *Worker) complete(t ClaimedTask, out any) {
 // sends an Error's message).
 func (w *Worker) fail(t ClaimedTask, herr error, panicked bool) {
 	msg := herr.Error()
-	ctx, cancel := w.writeCtx()
-	defer cancel()
-	var status string
-	began := time.Now()
-	err := w.pool.QueryRow(ctx,
+	status, err := w.writeOutcome(
 		`select coalesce((select f.status from pgflow.fail_task($1::uuid, $2::text, $3::integer, $4::text) f), 'missing')`,
-		t.RunID, t.StepSlug, t.TaskIndex, msg).Scan(&status)
-	w.observeWrite(time.Since(began))
+		t.RunID, t.StepSlug, t.TaskIndex, msg)
 	if err != nil {
 		w.writeFailed(t, fmt.Errorf("failing task %s/%s[%d]: %w", t.RunID, t.StepSlug, t.TaskIndex, err))
 		return
 	}
 	w.n.failed.Add(1)
-	w.log.LogAttrs(ctx, slog.LevelWarn, "task failed", taskAttrs(t),
+	w.log.LogAttrs(w.hardCtx, slog.LevelWarn, "task failed", taskAttrs(t),
 		slog.String("error", msg), slog.Bool("panicked", panicked), slog.String("task_status", status))
 	w.report(Result{Task: t, Outcome: OutcomeFailed, Panicked: panicked, Err: herr})
+}
+
+// writeOutcome runs one outcome call (complete_task or fail_task, selecting
+// the task's status) on writeCtx and folds its round trip into writeNanos
+// (see writeWait).
+func (w *Worker) writeOutcome(sql string, args ...any) (status string, err error) {
+	ctx, cancel := w.writeCtx()
+	defer cancel()
+	began := time.Now()
+	err = w.pool.QueryRow(ctx, sql, args...).Scan(&status)
+	w.observeWrite(time.Since(began))
+	return status, err
 }
 
 // writeFailed: the outcome could not be written. The task stays started with
