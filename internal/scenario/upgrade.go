@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
@@ -33,10 +34,11 @@ func ApplyWith(ctx context.Context, db *DB, opts upgrade.Options) (*upgrade.Repo
 	if opts.LockRetries == 0 {
 		opts.LockRetries = 5
 	}
-	cfg, err := pgx.ParseConfig(db.DSN)
+	cfg, err := dsn.ParseConfig(db.DSN)
 	if err != nil {
 		return nil, err
 	}
+	dsn.Pin(cfg) // as the CLI's apply session
 	cfg.RuntimeParams["application_name"] = "pgflow-upgrade apply (replay)"
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
