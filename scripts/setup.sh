@@ -1,15 +1,28 @@
 #!/usr/bin/env bash
 # Installs what the suite and the embedded default need on a fresh Debian
-# machine: PostgreSQL 15 server binaries (the ephemeral cluster), PgBouncer
-# (pooler tests) and an unprivileged OS user to run the cluster as when we are
-# root (initdb refuses root). Does nothing that is already in place.
+# machine: PostgreSQL 15 server binaries (the ephemeral cluster), Debian's
+# pg_cron for that server (the ephemeral cluster preloads it), PgBouncer
+# (pooler tests), an unprivileged OS user to run the cluster as when we are
+# root (initdb refuses root), and the real pgmq extension from a vendored
+# release folder when one is there. Does nothing that is already in place.
+#
+#   PGMQ_VENDOR_DIR  folder with pgmq.control and pgmq--*.sql (default: the
+#                    checkout's ../shared/vendor/pgmq-1.5.1); when it is absent
+#                    the tests use the project's pgmq stand-in and say so.
 set -euo pipefail
+
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+pgmq_dir="${PGMQ_VENDOR_DIR:-$repo/../shared/vendor/pgmq-1.5.1}"
 
 need=()
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
   need+=(postgresql-15 postgresql-contrib)
 fi
 command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
+# pg_cron only for the Debian server this script installs or finds (15).
+if [ ! -e /usr/lib/postgresql/15/lib/pg_cron.so ] && { [ ! -d /usr/lib/postgresql ] || [ -d /usr/lib/postgresql/15 ] || [ ${#need[@]} -gt 0 ]; }; then
+  need+=(postgresql-15-cron)
+fi
 
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
@@ -25,6 +38,35 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   # pgbouncer's package starts a system service we do not use.
   if command -v service >/dev/null 2>&1; then service pgbouncer stop >/dev/null 2>&1 || true; fi
+fi
+
+# The real pgmq: pure SQL, installed by copying its control and script files
+# into the server's extension directory.
+if [ -f "$pgmq_dir/pgmq.control" ]; then
+  pg_config_bin=""
+  for c in /usr/lib/postgresql/15/bin/pg_config $(command -v pg_config || true); do
+    [ -x "$c" ] && { pg_config_bin="$c"; break; }
+  done
+  if [ -n "$pg_config_bin" ]; then
+    ext="$("$pg_config_bin" --sharedir)/extension"
+    if [ -d "$ext" ]; then
+      if [ -f "$pgmq_dir/SHA256SUMS" ]; then
+        (cd "$pgmq_dir" && sha256sum --quiet -c SHA256SUMS) || { echo "setup: $pgmq_dir does not match its SHA256SUMS" >&2; exit 3; }
+      fi
+      for f in "$pgmq_dir"/pgmq.control "$pgmq_dir"/pgmq--*.sql; do
+        if ! cmp -s "$f" "$ext/$(basename "$f")"; then
+          if [ ! -w "$ext" ]; then
+            echo "setup: cannot write $ext; install pgmq as root: cp $pgmq_dir/pgmq.control $pgmq_dir/pgmq--*.sql $ext/" >&2
+            exit 3
+          fi
+          cp "$f" "$ext/"
+          chmod 0644 "$ext/$(basename "$f")"
+        fi
+      done
+    fi
+  fi
+else
+  echo "setup: no pgmq release at $pgmq_dir (set PGMQ_VENDOR_DIR); the tests will use the pgmq stand-in" >&2
 fi
 
 if [ "$(id -u)" -eq 0 ] && ! id postgres >/dev/null 2>&1; then

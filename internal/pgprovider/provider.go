@@ -50,6 +50,12 @@ type Options struct {
 	Logf func(format string, args ...any)
 	// Settings are extra server settings for a local cluster (name → value).
 	Settings map[string]string
+	// Cron asks a local cluster to preload the real pg_cron (when this
+	// machine's server has it) with cron.database_name = CronDatabaseName,
+	// so that the database of that name can hold the pg_cron extension.
+	// Other providers keep their own configuration; Server.Cron reports
+	// what the server offers either way.
+	Cron bool
 	// PinSearchPath makes every connection string of the server carry
 	// search_path = dsn.SearchPath, as the tool's own sessions do: a role
 	// or database setting cannot put a writable schema first (`fixtures
@@ -103,7 +109,11 @@ func open(ctx context.Context, opts Options) (*Server, error) {
 		}
 		logf("pgprovider: Docker not used: %v", err)
 	}
-	return openLocal(ctx, opts.Settings, logf)
+	settings := opts.Settings
+	if opts.Cron {
+		settings = withCronPreload(settings, logf)
+	}
+	return openLocal(ctx, settings, logf)
 }
 
 func openDSN(ctx context.Context, raw string) (*Server, error) {
@@ -207,8 +217,20 @@ func (s *Server) DropDatabase(ctx context.Context, name string) error {
 // while nobody is connected, and refuses new connections to it.
 func (s *Server) MarkTemplate(ctx context.Context, name string) error {
 	stmt := "alter database " + pgx.Identifier{name}.Sanitize() + " with is_template true allow_connections false"
-	return s.adminExec(ctx, fmt.Sprintf("marking %q as template", name), stmt)
+	if err := s.adminExec(ctx, fmt.Sprintf("marking %q as template", name), stmt); err != nil {
+		return err
+	}
+	// A background worker may still be connected (pg_cron's launcher sits in
+	// its cron.database_name): clones would wait on it forever. It cannot
+	// come back while connections are refused.
+	stmt = "select pg_catalog.pg_terminate_backend(pid) from pg_catalog.pg_stat_activity where datname = " +
+		quoteLiteral(name) + " and pid <> pg_catalog.pg_backend_pid()"
+	return s.adminExec(ctx, fmt.Sprintf("disconnecting the sessions of template %q", name), stmt)
 }
+
+// quoteLiteral quotes a string as an SQL literal (adminExec takes no
+// arguments; names here are our own random ones, quoted all the same).
+func quoteLiteral(v string) string { return "'" + strings.ReplaceAll(v, "'", "''") + "'" }
 
 // DropTemplate undoes MarkTemplate and drops the database.
 func (s *Server) DropTemplate(ctx context.Context, name string) error {

@@ -38,11 +38,12 @@ const (
 var (
 	server    *pgprovider.Server
 	serverErr error
+	cron      pgprovider.CronInfo
 
 	templatesMu sync.Mutex
 	templates   = map[string]string{} // kind → database name
 	pgmqKind    string
-	announce    sync.Once
+	cronKind    string
 )
 
 // Main opens the server, runs the tests, and removes everything it made,
@@ -54,6 +55,7 @@ func Main(m *testing.M) int {
 		DockerImage: os.Getenv("PGFLOW_UPGRADE_DOCKER_IMAGE"),
 		SkipDocker:  os.Getenv("PGFLOW_UPGRADE_NO_DOCKER") == "1",
 		Logf:        func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) },
+		Cron:        os.Getenv("PGFLOW_UPGRADE_NO_CRON") != "1",
 	}
 	server, serverErr = pgprovider.Open(ctx, opts)
 	if serverErr != nil {
@@ -61,6 +63,11 @@ func Main(m *testing.M) int {
 		return 1
 	}
 	fmt.Fprintf(os.Stderr, "testdb: provider %s\n", server.Describe())
+	if err := announceComponents(ctx); err != nil {
+		fmt.Fprintf(os.Stderr, "testdb: %v\n", err)
+		cleanup()
+		return 1
+	}
 
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
@@ -110,6 +117,20 @@ func Server(t testing.TB) *pgprovider.Server {
 // PGMQKindInUse reports which pgmq the templates got ("extension" or "standin").
 func PGMQKindInUse() string { return pgmqKind }
 
+// CronKindInUse reports which pg_cron Baseline databases have ("extension"
+// or "standin"; "" before the first Baseline).
+func CronKindInUse() string { return cronKind }
+
+// RequireRealCron skips a test that needs the real pg_cron when the
+// Baseline databases have the stand-in, saying why.
+func RequireRealCron(t testing.TB) {
+	t.Helper()
+	Baseline(t) // builds the template, so the kind is known
+	if cronKind != "extension" {
+		t.Skipf("needs the real pg_cron extension; this server has the stand-in (%s)", cron.Why)
+	}
+}
+
 // template returns the template database of a kind, building it on first use.
 func template(t testing.TB, kind string) string {
 	t.Helper()
@@ -121,6 +142,11 @@ func template(t testing.TB, kind string) string {
 	ctx := context.Background()
 	s := Server(t)
 	name := pgprovider.RandomName("pgflow_upgrade_tpl_" + kind)
+	if kind == tplBaseline && cron.Available {
+		// pg_cron's extension can be created only in cron.database_name:
+		// the template that every Baseline clones is built under that name.
+		name = cron.Database
+	}
 	if err := s.CreateDatabase(ctx, name, ""); err != nil {
 		t.Fatalf("testdb: %v", err)
 	}
@@ -150,10 +176,51 @@ func fill(ctx context.Context, dsn, kind string) error {
 		return err
 	}
 	pgmqKind = got
-	announce.Do(func() { fmt.Fprintf(os.Stderr, "testdb: pgmq %s\n", got) })
-	switch kind {
-	case tplBaseline:
-		return fixtures.InstallBaseline(ctx, conn)
+	if kind != tplBaseline {
+		return nil
+	}
+	if cron.Available && conn.Config().Database == cron.Database {
+		if _, err := conn.Exec(ctx, `create extension if not exists pg_cron`); err != nil {
+			return fmt.Errorf("create extension pg_cron: %w", err)
+		}
+	}
+	if err := fixtures.InstallBaseline(ctx, conn); err != nil {
+		return err
+	}
+	cronKind, err = fixtures.CronKind(ctx, conn)
+	return err
+}
+
+// announceComponents decides and prints, once per test binary, which pgmq
+// and which pg_cron the templates get: the real extensions where the server
+// offers them, else the stand-ins, with the reason.
+func announceComponents(ctx context.Context) error {
+	var err error
+	if cron, err = server.Cron(ctx); err != nil {
+		return err
+	}
+	if os.Getenv("PGFLOW_UPGRADE_NO_CRON") == "1" {
+		cron = pgprovider.CronInfo{Why: "PGFLOW_UPGRADE_NO_CRON=1"}
+	}
+	conn, err := pgx.Connect(ctx, server.AdminDSN())
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	var pgmqVersion string
+	if err := conn.QueryRow(ctx, `select coalesce((select default_version from pg_catalog.pg_available_extensions
+	                                               where name = 'pgmq'), '')`).Scan(&pgmqVersion); err != nil {
+		return fmt.Errorf("asking the server about pgmq: %w", err)
+	}
+	if pgmqVersion != "" {
+		fmt.Fprintf(os.Stderr, "testdb: pgmq: real extension %s\n", pgmqVersion)
+	} else {
+		fmt.Fprintln(os.Stderr, "testdb: pgmq: the project's stand-in (the server offers no pgmq extension)")
+	}
+	if cron.Available {
+		fmt.Fprintf(os.Stderr, "testdb: pg_cron: real extension %s (in Baseline databases; cron.database_name = %s)\n", cron.Version, cron.Database)
+	} else {
+		fmt.Fprintf(os.Stderr, "testdb: pg_cron: the project's stand-in (%s)\n", cron.Why)
 	}
 	return nil
 }
