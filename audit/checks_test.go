@@ -173,7 +173,7 @@ func TestPGMQInstalled(t *testing.T) {
 	db := testdb.Baseline(t)
 	rep = runAudit(t, db, audit.Options{Checks: []string{"pgmq.installed"}})
 	mustFire(t, rep, "pgmq.installed", audit.Info)
-	detachFromPGMQ(t, db, `function pgmq.set_vt(text, bigint, integer)`)
+	db.DetachFromExtension(t, "pgmq", `function pgmq.set_vt(text, bigint, integer)`)
 	exec(t, db, `drop function pgmq.set_vt(text, bigint, integer)`)
 	rep = runAudit(t, db, audit.Options{Checks: []string{"pgmq.installed"}})
 	if f := mustFire(t, rep, "pgmq.installed", audit.Blocker); !strings.Contains(f.Message, "pgmq.set_vt(text, bigint, integer)") {
@@ -185,7 +185,7 @@ func TestQueuePhysical(t *testing.T) {
 	db := oneFlow(t)
 	exec(t, db, `select pgflow.create_flow('g')`)
 	mustBeOK(t, runAudit(t, db, audit.Options{Checks: []string{"pgmq.queue_physical"}}), "pgmq.queue_physical")
-	detachFromPGMQ(t, db, `sequence pgmq.q_g_msg_id_seq`, `table pgmq.a_g`)
+	db.DetachFromExtension(t, "pgmq", `sequence pgmq.q_g_msg_id_seq`, `table pgmq.a_g`)
 	exec(t, db,
 		`alter table pgmq.a_g drop column headers`,
 		`alter table pgmq.q_g alter column msg_id drop identity`,

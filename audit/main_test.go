@@ -122,22 +122,3 @@ func toText(v any) string {
 func fmtAny(v any) string { return fmt.Sprint(v) }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
-
-// detachFromPGMQ takes objects out of the pgmq extension (ALTER EXTENSION
-// pgmq DROP ...) when the real extension is installed, so that a test can
-// damage them as a person with superuser rights could; the real extension
-// refuses to drop or alter its members in place (2BP01). On the stand-in
-// there is nothing to detach.
-func detachFromPGMQ(t *testing.T, db *testdb.DB, objects ...string) {
-	t.Helper()
-	var ext bool
-	if err := db.Pool.QueryRow(context.Background(), `select exists (select 1 from pg_catalog.pg_extension where extname = 'pgmq')`).Scan(&ext); err != nil {
-		t.Fatal(err)
-	}
-	if !ext {
-		return
-	}
-	for _, o := range objects {
-		exec(t, db, "alter extension pgmq drop "+o)
-	}
-}

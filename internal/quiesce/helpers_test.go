@@ -58,7 +58,8 @@ func exec(t *testing.T, db *testdb.DB, sqls ...string) {
 // scene is a real 0.16.0 database with live simulated 0.16.0 workers (two
 // http, one process) working through runs, worker functions in both start
 // modes (one disabled), upstream's three cron jobs (one inactive), a
-// pruning job and a job that is not pgflow's.
+// pruning job, a job that is not pgflow's and a pgflow job pg_cron runs in
+// another database.
 type scene struct {
 	db       *testdb.DB
 	workers  []*oldworker.Worker
@@ -79,8 +80,12 @@ func newScene(t *testing.T, block bool) *scene {
 	exec(t, s.db,
 		`insert into pgflow.worker_functions (function_name, enabled, start_mode) values ('idle-fn', false, 'http'), ('spare-fn', true, 'process')`,
 		`select cron.alter_job(job_id => (select jobid from cron.job where jobname = 'pgflow_cleanup_logs'), active => false)`,
-		`select cron.schedule('my_prune', '0 3 * * *', 'select pgflow.prune_data_older_than(make_interval(days => 7))')`,
-		`select cron.schedule('not_pgflow', '* * * * *', 'select 1')`,
+		// In this database, as pg_cron records a job scheduled from the
+		// database it runs in.
+		`select cron.schedule_in_database('my_prune', '0 3 * * *', 'select pgflow.prune_data_older_than(make_interval(days => 7))', current_database())`,
+		`select cron.schedule_in_database('not_pgflow', '* * * * *', 'select 1', current_database())`,
+		// Another database's pgflow job, kept in the one cron.job: not ours.
+		`select cron.schedule_in_database('other_db_requeue', '*/5 * * * *', 'select pgflow.requeue_stalled_tasks()', 'postgres')`,
 	)
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel

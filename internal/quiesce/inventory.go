@@ -3,6 +3,8 @@ package quiesce
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -31,6 +33,9 @@ type CronJob struct {
 	Schedule string `json:"schedule"`
 	Command  string `json:"command"`
 	Active   bool   `json:"active"`
+	// Owner is the job's username: pg_cron lets only its owner or a
+	// superuser alter it.
+	Owner string `json:"username"`
 }
 
 // Worker is a live 0.16.0 worker.
@@ -51,8 +56,17 @@ type Inventory struct {
 	AlterJob bool      `json:"cron_alter_job"`
 	CronJobs []CronJob `json:"cron_jobs"`
 	// CronUnreadable: why the jobs could not be listed (audit role).
-	CronUnreadable string   `json:"cron_unreadable,omitempty"`
-	Workers        []Worker `json:"live_workers"`
+	CronUnreadable string `json:"cron_unreadable,omitempty"`
+	// CronRole is the role the jobs are read and altered as; CronSuperuser:
+	// it may alter any job; CronOwnOnly: row-level security on cron.job
+	// shows this role only the jobs it owns (pg_cron's policy).
+	CronRole      string `json:"cron_role,omitempty"`
+	CronSuperuser bool   `json:"cron_superuser,omitempty"`
+	CronOwnOnly   bool   `json:"cron_own_jobs_only,omitempty"`
+	// OtherDatabaseJobs are pgflow-looking jobs pg_cron runs in another
+	// database: another installation's, never paused here.
+	OtherDatabaseJobs []CronJob `json:"other_database_cron_jobs,omitempty"`
+	Workers           []Worker  `json:"live_workers"`
 	// StartedTasks: tasks in 'started'; ByLiveWorkers: those a live worker holds.
 	StartedTasks  int64 `json:"started_tasks"`
 	ByLiveWorkers int64 `json:"started_by_live_workers"`
@@ -75,6 +89,9 @@ func (inv Inventory) Changes() []string {
 			out = append(out, fmt.Sprintf("cron job %d %s: already inactive (recorded, stays inactive)", j.JobID, j.Name))
 		}
 	}
+	for _, j := range inv.OtherDatabaseJobs {
+		out = append(out, fmt.Sprintf("cron job %d %s runs in another database: not this database's, left as it is", j.JobID, j.Name))
+	}
 	if !inv.Cron {
 		out = append(out, "pg_cron is not installed: no cron job to pause")
 	}
@@ -90,16 +107,39 @@ func (inv Inventory) Changes() []string {
 
 // Blocked says why Pause cannot pause the cron jobs ("" when it can).
 func (inv Inventory) Blocked() string {
-	if !inv.Cron || inv.AlterJob {
+	if !inv.Cron {
 		return ""
 	}
+	if inv.CronOwnOnly && !inv.seesUpstreamJob() {
+		return fmt.Sprintf("role %s sees only the pg_cron jobs it owns (row-level security on cron.job) and none of pgflow's "+
+			"(%s): they cannot be paused as this role; run apply --quiesce as the role that scheduled them "+
+			"(the one pgflow's migrations ran as) or as a superuser, or pause them yourself (docs/runbook.md) and rerun",
+			inv.CronRole, strings.Join(UpstreamCronJobs, ", "))
+	}
 	for _, j := range inv.CronJobs {
-		if j.Active {
+		if !j.Active {
+			continue
+		}
+		if !inv.AlterJob {
 			return "pg_cron has no cron.alter_job (pg_cron older than 1.4?): the pgflow cron jobs cannot be paused through pg_cron's API; " +
 				"upgrade pg_cron, or pause them yourself (docs/runbook.md) and rerun"
 		}
+		if !inv.CronSuperuser && j.Owner != inv.CronRole {
+			return fmt.Sprintf("cron job %d (%s) belongs to role %s, and pg_cron lets only a job's owner or a superuser alter it: "+
+				"run apply --quiesce as %s or as a superuser, or pause it yourself (docs/runbook.md) and rerun",
+				j.JobID, j.Name, j.Owner, j.Owner)
+		}
 	}
 	return ""
+}
+
+func (inv Inventory) seesUpstreamJob() bool {
+	for _, j := range inv.CronJobs {
+		if slices.Contains(UpstreamCronJobs, j.Name) {
+			return true
+		}
+	}
+	return false
 }
 
 // TakeInventory reads what a quiesce would touch; read-only.
@@ -127,8 +167,20 @@ func TakeInventory(ctx context.Context, q Querier, live time.Duration) (Inventor
 		if !readable {
 			// A read-only auditor may not see pg_cron; apply's role must.
 			inv.CronUnreadable = "this role may not read cron.job (no USAGE on schema cron or SELECT on cron.job)"
-		} else if inv.CronJobs, err = cronJobs(ctx, q); err != nil {
-			return inv, err
+		} else {
+			if err := q.QueryRow(ctx, `
+				select current_user::text, r.rolsuper,
+				       c.relrowsecurity and not (r.rolsuper or r.rolbypassrls)
+				  from pg_catalog.pg_roles r, pg_catalog.pg_class c
+				 where r.rolname = current_user and c.oid = 'cron.job'::pg_catalog.regclass`).
+				Scan(&inv.CronRole, &inv.CronSuperuser, &inv.CronOwnOnly); err != nil {
+				return inv, fmt.Errorf("reading this role's rights on cron.job: %w", err)
+			}
+			all, err := cronJobs(ctx, q)
+			if err != nil {
+				return inv, err
+			}
+			inv.CronJobs, inv.OtherDatabaseJobs = splitByDatabase(all)
 		}
 	}
 	rows, err = q.Query(ctx, `
@@ -170,20 +222,47 @@ func cronAPI(ctx context.Context, q Querier) (cron, alter bool, err error) {
 	return cron, alter, nil
 }
 
+// cronJob is a row of cronJobs: a job and whether pg_cron runs it in this
+// database.
+type cronJob struct {
+	CronJob
+	Here bool
+}
+
 // cronJobs lists pgflow's jobs: upstream's three by name, and any other job
-// whose command calls a pgflow function.
-func cronJobs(ctx context.Context, q Querier) ([]CronJob, error) {
+// whose command calls a pgflow function, with whether each runs in this
+// database (pg_cron keeps every database's jobs in the one database it runs
+// in).
+func cronJobs(ctx context.Context, q Querier) ([]cronJob, error) {
 	rows, err := q.Query(ctx, `
-		select j.jobid, coalesce(j.jobname, ''), j.schedule, j.command, j.active
+		select j.jobid, coalesce(j.jobname, ''), j.schedule, j.command, j.active, j.username::text,
+		       j.database = pg_catalog.current_database()
 		  from cron.job j
 		 where j.jobname = any($1::text[]) or j.command ~* '\mpgflow\s*\.'
 		 order by j.jobid`, UpstreamCronJobs)
 	if err != nil {
 		return nil, fmt.Errorf("reading pgflow's jobs from cron.job: %w", err)
 	}
-	jobs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[CronJob])
+	jobs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (cronJob, error) {
+		var j cronJob
+		err := row.Scan(&j.JobID, &j.Name, &j.Schedule, &j.Command, &j.Active, &j.Owner, &j.Here)
+		return j, err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("reading pgflow's jobs from cron.job: %w", err)
 	}
 	return jobs, nil
+}
+
+// splitByDatabase separates the jobs of this database (paused by a
+// quiesce) from those pg_cron runs in another one (left alone).
+func splitByDatabase(jobs []cronJob) (here, elsewhere []CronJob) {
+	for _, j := range jobs {
+		if j.Here {
+			here = append(here, j.CronJob)
+		} else {
+			elsewhere = append(elsewhere, j.CronJob)
+		}
+	}
+	return here, elsewhere
 }

@@ -3,10 +3,16 @@ package quiesce_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
@@ -256,7 +262,8 @@ func TestQuiesceDryRun(t *testing.T) {
 func TestQuiesceNothingToPause(t *testing.T) {
 	ctx := testCtx(t)
 	db := testdb.Baseline(t)
-	exec(t, db, `drop schema cron cascade`, `delete from pgflow.worker_functions`)
+	db.DropCron(t)
+	exec(t, db, `delete from pgflow.worker_functions`)
 	conn := connect(t, db)
 	rep, err := upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: quiesceOpts()})
 	if err != nil {
@@ -272,6 +279,7 @@ func TestQuiesceNothingToPause(t *testing.T) {
 func TestQuiesceNoAlterJob(t *testing.T) {
 	ctx := testCtx(t)
 	db := testdb.Baseline(t)
+	db.DetachFromExtension(t, "pg_cron", `function cron.alter_job(bigint, text, text, text, text, boolean)`)
 	exec(t, db, `drop function cron.alter_job(bigint, text, text, text, text, boolean)`)
 	before := snapshot(t, db)
 	conn := connect(t, db)
@@ -322,4 +330,89 @@ func TestQuiesceInterruptedMidQuery(t *testing.T) {
 	if recorded(t, other) != nil || state(t, other) != audit.StateBaseline {
 		t.Fatal("still recorded, or upgraded")
 	}
+}
+
+// A role that may not alter pgflow's cron jobs: pg_cron lets only a job's
+// owner or a superuser alter it, and its row-level security shows a role
+// only its own jobs. Either way the quiesce refuses before changing
+// anything, naming the role to run as.
+func TestQuiesceCronRoleMayNotAlter(t *testing.T) {
+	for _, tc := range []struct {
+		name, attrs, want string
+		realOnly          bool
+	}{
+		{"sees every job (bypassrls)", "bypassrls", "belongs to role postgres", false},
+		{"sees only its own jobs", "", "sees only the pg_cron jobs it owns", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.realOnly {
+				testdb.RequireRealCron(t) // the stand-in has no row-level security
+			}
+			ctx := testCtx(t)
+			db := testdb.Baseline(t)
+			role := pgprovider.RandomName("q_cron_role")
+			exec(t, db, fmt.Sprintf(`create role %s login %s`, role, tc.attrs),
+				fmt.Sprintf(`grant usage on schema pgflow, pgmq, cron to %s`, role),
+				fmt.Sprintf(`grant select on all tables in schema pgflow, pgmq, cron to %s`, role),
+				fmt.Sprintf(`grant create on database %s to %s`, pgx.Identifier{db.Name}.Sanitize(), role))
+			t.Cleanup(func() {
+				exec(t, db, `drop owned by `+role, `drop role `+role)
+			})
+			before := snapshot(t, db)
+			stateBefore := testdb.State(t, db.Pool)
+			u, err := url.Parse(db.DSN)
+			if err != nil {
+				t.Fatal(err)
+			}
+			u.User = url.User(role)
+			conn, err := pgx.Connect(ctx, u.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(context.Background())
+			_, err = upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: quiesceOpts()})
+			if !errors.Is(err, quiesce.ErrCronAPI) || upgrade.OutcomeOf(err) != upgrade.OutcomeRefused {
+				t.Fatalf("apply --quiesce as %s: %v", role, err)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("refusal %q does not say %q", err, tc.want)
+			}
+			sameValues(t, before, snapshot(t, db), "after the refusal")
+			testdb.SameState(t, stateBefore, testdb.State(t, db.Pool), "after the refusal")
+		})
+	}
+}
+
+// On the real pg_cron the quiesce pauses and restores through the
+// extension's own cron.alter_job (the jobs are rows of the extension's
+// table, which pg_cron's trigger watches).
+func TestQuiesceRealCronAlterJob(t *testing.T) {
+	testdb.RequireRealCron(t)
+	s := newScene(t, false)
+	var member bool
+	if err := s.db.Pool.QueryRow(context.Background(), `
+		select exists (select 1 from pg_catalog.pg_depend d join pg_catalog.pg_extension e on e.oid = d.refobjid
+		                where e.extname = 'pg_cron' and d.classid = 'pg_catalog.pg_proc'::regclass
+		                  and d.objid = 'cron.alter_job(bigint, text, text, text, text, boolean)'::regprocedure)`).Scan(&member); err != nil || !member {
+		t.Fatalf("cron.alter_job is not the extension's (%v)", err)
+	}
+	before := snapshot(t, s.db)
+	conn := connect(t, s.db)
+	rep, err := upgrade.Apply(testCtx(t), conn, upgrade.Options{Quiesce: quiesceOpts()})
+	if err != nil || !rep.Quiesce.Restored {
+		t.Fatalf("apply --quiesce on the real pg_cron: %v", err)
+	}
+	sameValues(t, before, snapshot(t, s.db), "after apply --quiesce")
+	if !before.Jobs[jobKey(t, s.db, "other_db_requeue")] || before.Jobs[jobKey(t, s.db, "pgflow_cleanup_logs")] {
+		t.Fatalf("scene: the other database's job should be active and cleanup_logs paused: %v", before.Jobs)
+	}
+}
+
+func jobKey(t *testing.T, db *testdb.DB, name string) string {
+	t.Helper()
+	var k string
+	if err := db.Pool.QueryRow(context.Background(), `select jobid || ' ' || jobname from cron.job where jobname = $1`, name).Scan(&k); err != nil {
+		t.Fatalf("job %s: %v", name, err)
+	}
+	return k
 }

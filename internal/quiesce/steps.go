@@ -82,10 +82,11 @@ func pauseNewcomers(ctx context.Context, tx pgx.Tx) error {
 	if err != nil || !cron {
 		return err // no pg_cron: nothing to pause
 	}
-	jobs, err := cronJobs(ctx, tx)
+	all, err := cronJobs(ctx, tx)
 	if err != nil {
 		return err
 	}
+	jobs, _ := splitByDatabase(all)
 	for _, j := range jobs {
 		if _, err := tx.Exec(ctx, `insert into pgflow_upgrade.quiesce_items (kind, name, label, recorded)
 			values ('cron_job', $1, nullif($2, ''), $3) on conflict (kind, name) do nothing`, strconv.FormatInt(j.JobID, 10), j.Name, j.Active); err != nil {

@@ -251,6 +251,14 @@ func fresh(t testing.TB, kind string) *DB {
 	if err != nil {
 		t.Fatalf("testdb: connecting to %s: %v", name, err)
 	}
+	if kind == tplBaseline && cronKind != "" {
+		// The clone stands for the database pg_cron runs in: the jobs the
+		// template recorded name the template, as a job of this database
+		// names this one (real pg_cron and the stand-in alike).
+		if _, err := db.Pool.Exec(ctx, `update cron.job set database = pg_catalog.current_database() where database = $1`, tpl); err != nil {
+			t.Fatalf("testdb: pointing the cloned cron jobs at %s: %v", name, err)
+		}
+	}
 	t.Cleanup(func() {
 		db.Pool.Close()
 		if err := s.DropDatabase(context.Background(), name); err != nil {

@@ -1,0 +1,49 @@
+package testdb
+
+import (
+	"context"
+	"testing"
+)
+
+// DetachFromExtension takes objects out of extension ext (ALTER EXTENSION
+// ... DROP) when ext is installed, so that a test can damage or drop them as
+// a superuser could: PostgreSQL refuses to drop an extension's members in
+// place (2BP01). On a stand-in (no extension) there is nothing to detach.
+// objects are SQL object descriptions such as
+// "function pgmq.set_vt(text, bigint, integer)" or "table pgmq.a_g".
+func (db *DB) DetachFromExtension(t testing.TB, ext string, objects ...string) {
+	t.Helper()
+	ctx := context.Background()
+	var installed bool
+	if err := db.Pool.QueryRow(ctx, `select exists (select 1 from pg_catalog.pg_extension where extname = $1)`, ext).Scan(&installed); err != nil {
+		t.Fatalf("testdb: looking for extension %s: %v", ext, err)
+	}
+	if !installed {
+		return
+	}
+	for _, o := range objects {
+		if _, err := db.Pool.Exec(ctx, "alter extension "+quoteIdent(ext)+" drop "+o); err != nil {
+			t.Fatalf("testdb: alter extension %s drop %s: %v", ext, o, err)
+		}
+	}
+}
+
+// DropCron removes pg_cron from the database, whichever it has: the real
+// extension (DROP EXTENSION) or the stand-in's schema.
+func (db *DB) DropCron(t testing.TB) {
+	t.Helper()
+	if _, err := db.Pool.Exec(context.Background(), `drop extension if exists pg_cron; drop schema if exists cron cascade`); err != nil {
+		t.Fatalf("testdb: dropping pg_cron: %v", err)
+	}
+}
+
+func quoteIdent(s string) string {
+	out := []byte{'"'}
+	for i := 0; i < len(s); i++ {
+		if s[i] == '"' {
+			out = append(out, '"')
+		}
+		out = append(out, s[i])
+	}
+	return string(append(out, '"'))
+}
