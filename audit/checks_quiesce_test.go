@@ -43,7 +43,7 @@ func TestQuiesceInventory(t *testing.T) {
 	byPrefix("producers outside the database")
 
 	// Without pg_cron: said so.
-	exec(t, db, `drop schema cron cascade`)
+	db.DropCron(t)
 	rep = only(t, db, audit.Options{}, "quiesce.inventory")
 	found := false
 	for _, f := range fired(t, rep, "quiesce.inventory", audit.Info) {
