@@ -36,7 +36,8 @@ func (s *Server) StartStandby(ctx context.Context) (*Server, error) {
 	}
 	data := filepath.Join(dir, "data")
 	cmd := exec.CommandContext(ctx, filepath.Join(bin, "pg_basebackup"), "-D", data, "-h", s.adminURL.Hostname(),
-		"-p", s.adminURL.Port(), "-U", s.adminURL.User.Username(), "-R", "-X", "stream", "-N")
+		"-p", s.adminURL.Port(), "-U", s.adminURL.User.Username(), "-R", "-X", "stream", "-N",
+		"--checkpoint=fast") // a spread checkpoint paces its writes over checkpoint_timeout: tens of seconds for nothing
 	owner.apply(cmd, dir)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		os.RemoveAll(dir)
