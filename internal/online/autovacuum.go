@@ -3,33 +3,21 @@ package online
 import (
 	"context"
 	"fmt"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
 // cancelAutovacuum cancels an autovacuum worker that holds a lock on a
-// pgflow table, just before a step that needs ACCESS EXCLUSIVE there (the
-// checks NOT VALID, the switch). After the backfill, step_tasks is due a
-// vacuum (a new version of every row), and its autovacuum holds SHARE UPDATE
-// EXCLUSIVE for minutes; PostgreSQL itself cancels it for a waiting
-// ACCESS EXCLUSIVE, but only after deadlock_timeout (1 s), far beyond our
-// lock_timeout, so every attempt would wait its full lock_timeout in the
-// lock queue with the application queued behind it, and give up. A cancelled
-// autovacuum starts again later (nothing is lost). Anti-wraparound
-// autovacuums are left alone, as PostgreSQL leaves them; so is every worker
-// when the role may not signal it (then the bounded retries go on).
+// pgflow table, just before a step that needs a strong lock there (the
+// checks NOT VALID, the switch): the same upgrade.CancelAutovacuum the
+// transactional apply runs before each of its lock attempts, where the
+// reasons are given. After the backfill step_tasks is due a vacuum (a new
+// version of every row), so its autovacuum is the usual one in the way.
+// When the role may not cancel it, the bounded retries go on.
 func (e *engine) cancelAutovacuum(ctx context.Context) {
-	var n int
-	err := e.conn.QueryRow(ctx, `
-		select pg_catalog.count(*) filter (where pg_catalog.pg_cancel_backend(a.pid))::int
-		from pg_catalog.pg_stat_activity a
-		where a.backend_type = 'autovacuum worker'
-		  and a.query not like '%to prevent wraparound%'
-		  and exists (select 1 from pg_catalog.pg_locks l join pg_catalog.pg_class c on c.oid = l.relation
-		              where l.pid = a.pid and l.granted
-		                and c.relnamespace = pg_catalog.to_regnamespace('pgflow'))`).Scan(&n)
+	n, err := upgrade.CancelAutovacuum(ctx, e.conn)
 	if err != nil {
-		// Not allowed to signal it (a role without pg_signal_backend, or a
-		// superuser-owned worker): the bounded retries wait it out.
-		e.event(Event{Phase: PhaseNone, Detail: fmt.Sprintf("could not cancel autovacuum on pgflow tables (%v); the lock attempts retry", shortErr(err))})
+		e.event(Event{Phase: PhaseNone, Detail: upgrade.AutovacuumNote(err) + "; the lock attempts retry"})
 		return
 	}
 	if n > 0 {

@@ -218,6 +218,10 @@ type Report struct {
 	Quiesce          *QuiesceReport      `json:"quiesce,omitempty"`
 	TotalMS          int64               `json:"total_ms"`
 	BackendPID       uint32              `json:"-"`
+
+	// AutovacuumCancelled counts the autovacuum workers on pgflow tables
+	// cancelled before the lock attempts (CancelAutovacuum).
+	AutovacuumCancelled int `json:"autovacuum_cancelled,omitempty"`
 }
 
 // Refusal errors (exit 1): the database is unchanged.
@@ -389,13 +393,12 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 	}
 
 	if err := s.step(StepTableLocks, lockPlanText(), func() error {
-		res, err := lockTables(ctx, tx, opts.LockTimeout, opts.LockRetries, func(attempt int, table string, wait time.Duration) {
+		res, err := lockTables(ctx, tx, opts.LockTimeout, opts.LockRetries, func(detail string) {
 			if opts.Progress != nil {
-				opts.Progress(Event{Step: StepTableLocks, Detail: fmt.Sprintf("pgflow.%s busy (lock_timeout %s), attempt %d of %d, retrying in %s",
-					table, opts.LockTimeout, attempt, opts.LockRetries+1, wait.Round(time.Millisecond))})
+				opts.Progress(Event{Step: StepTableLocks, Detail: detail})
 			}
 		})
-		r.LockAttempts, r.LockWaitMS = res.Attempts, res.Waited.Milliseconds()
+		r.LockAttempts, r.LockWaitMS, r.AutovacuumCancelled = res.Attempts, res.Waited.Milliseconds(), res.Autovacuum
 		if err != nil {
 			var tle *TableLockError
 			if errors.As(err, &tle) {

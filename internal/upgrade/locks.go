@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -55,28 +56,60 @@ var conflicts = map[string][]string{
 }
 
 // Blocker is a session holding (or queued for) a conflicting lock. Query
-// text is never read: it may hold secrets.
+// text is never read: it may hold secrets (an autovacuum worker's, which
+// PostgreSQL writes itself, is only tested for "to prevent wraparound").
 type Blocker struct {
 	PID             int32  `json:"pid"`
 	User            string `json:"user"`
 	ApplicationName string `json:"application_name"`
-	State           string `json:"state"`
-	Mode            string `json:"mode"`
-	Granted         bool   `json:"granted"`
-	XactSeconds     int64  `json:"xact_seconds"` // how long its transaction has been open
+	// BackendType is pg_stat_activity.backend_type: "client backend" for
+	// an application's session, "autovacuum worker" for PostgreSQL's own
+	// vacuum of the table, or another server process.
+	BackendType string `json:"backend_type"`
+	// Wraparound: an autovacuum worker that vacuums to prevent transaction
+	// id wraparound (neither PostgreSQL nor apply cancels it).
+	Wraparound bool   `json:"wraparound,omitempty"`
+	State      string `json:"state"`
+	Mode       string `json:"mode"`
+	Granted    bool   `json:"granted"`
+	// XactSeconds: how long its transaction had been open when it was
+	// looked at (clock_timestamp(), not the start of apply's own
+	// transaction).
+	XactSeconds int64 `json:"xact_seconds"`
 }
 
+// Autovacuum says whether b is PostgreSQL's autovacuum.
+func (b Blocker) Autovacuum() bool { return b.BackendType == "autovacuum worker" }
+
 func (b Blocker) String() string {
-	app := b.ApplicationName
-	if app == "" {
-		app = "-"
-	}
 	g := "holds"
 	if !b.Granted {
 		g = "waits for"
 	}
-	return fmt.Sprintf("pid %d (user %s, application %s, %s, transaction open %ds) %s %s",
-		b.PID, b.User, app, b.State, b.XactSeconds, g, b.Mode)
+	var who string
+	switch {
+	case b.Autovacuum() && b.Wraparound:
+		who = fmt.Sprintf("autovacuum worker, vacuuming to prevent wraparound (neither PostgreSQL nor apply cancels it: wait until it finishes), running %ds", b.XactSeconds)
+	case b.Autovacuum():
+		who = fmt.Sprintf("autovacuum worker, PostgreSQL's own vacuum of the table, running %ds", b.XactSeconds)
+	case b.BackendType != "" && b.BackendType != "client backend":
+		who = fmt.Sprintf("%s, transaction open %ds", b.BackendType, b.XactSeconds)
+	default:
+		user := "(unknown)"
+		if b.User != "" {
+			user = fmt.Sprintf("%q", b.User)
+		}
+		app := "(none set)"
+		if b.ApplicationName != "" {
+			app = fmt.Sprintf("%q", b.ApplicationName)
+		}
+		state := b.State
+		if state == "" {
+			state = "state unknown"
+		}
+		who = fmt.Sprintf("user %s, application %s, %s, transaction open %ds", user, app, state, b.XactSeconds)
+	}
+	return fmt.Sprintf("pid %d (%s) %s %s", b.PID, who, g, b.Mode)
 }
 
 // TableLockError says which table could not be locked within the bounds.
@@ -84,21 +117,41 @@ type TableLockError struct {
 	Table    string
 	Mode     string
 	Attempts int
-	Timeout  time.Duration
-	Blockers []Blocker
-	Err      error // the last lock_not_available error (*pgconn.PgError)
+	// Wait is the longest each attempt waited for this table: lock_timeout
+	// for the first table of LockPlan, the shared budget of the later ones
+	// (at most half of deadlock_timeout) for the others.
+	Wait time.Duration
+	// LockTimeout is the lock_timeout apply ran with.
+	LockTimeout time.Duration
+	Blockers    []Blocker
+	// AutovacuumErr: why the autovacuum in the way could not be cancelled
+	// (nil when there was none, or it was).
+	AutovacuumErr error
+	Err           error // the last lock_not_available error (*pgconn.PgError)
 }
 
 func (e *TableLockError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "could not lock pgflow.%s in %s mode: %d attempts, each waiting at most %s (lock_timeout); nothing was changed",
-		e.Table, strings.ToUpper(e.Mode), e.Attempts, e.Timeout)
+	bound := "lock_timeout"
+	if e.Wait < e.LockTimeout {
+		bound = fmt.Sprintf("the budget of the locks after the first, at most half of deadlock_timeout, below lock_timeout %s, "+
+			"so that an application session queued behind apply never reaches its deadlock check", e.LockTimeout)
+	}
+	fmt.Fprintf(&b, "could not lock pgflow.%s in %s mode: %d attempts, each waiting at most %s (%s); nothing was changed",
+		e.Table, strings.ToUpper(e.Mode), e.Attempts, e.Wait, bound)
 	if len(e.Blockers) == 0 {
 		b.WriteString("; the blocking session had finished when we looked")
 	} else {
 		b.WriteString("; in the way:")
 		for _, bl := range e.Blockers {
 			b.WriteString("\n  " + bl.String())
+		}
+	}
+	for _, bl := range e.Blockers {
+		if bl.Autovacuum() && !bl.Wraparound && e.AutovacuumErr != nil {
+			fmt.Fprintf(&b, "\n%s: run apply as a superuser (it cancels the autovacuum before each attempt), or have a superuser run "+
+				"select pg_catalog.pg_cancel_backend(%d) just before, or wait until the vacuum ends", AutovacuumNote(e.AutovacuumErr), bl.PID)
+			break
 		}
 	}
 	return b.String()
@@ -152,13 +205,18 @@ type lockResult struct {
 	Held time.Time
 	// Waited is the time spent in lock attempts that failed.
 	Waited time.Duration
+	// Autovacuum counts the autovacuum workers cancelled before attempts.
+	Autovacuum int
 }
 
 // lockTables takes LockPlan in order under the transaction's lock_timeout.
 // A lock_not_available (or deadlock_detected) error rolls back to a savepoint taken before the
 // first LOCK, which releases every table this attempt had locked, so the
 // application is blocked at most one lock_timeout per attempt; then it backs
-// off with jitter and tries again, retries times at most.
+// off with jitter and tries again, retries times at most. Before each
+// attempt it cancels an autovacuum worker holding a pgflow table
+// (CancelAutovacuum): PostgreSQL would only do so for a waiter that waits
+// longer than these attempts ever do.
 //
 // Deadlocks: the application takes these tables in both orders (start_flow
 // flows then runs, complete_task runs then flows through a foreign-key
@@ -167,23 +225,41 @@ type lockResult struct {
 // deadlock_timeout: apply gives up and releases everything before an
 // application session that waits on us reaches its deadlock check, so the
 // application never sees 40P01; apply retries instead.
-func lockTables(ctx context.Context, tx pgx.Tx, timeout time.Duration, retries int, onRetry func(attempt int, table string, wait time.Duration)) (lockResult, error) {
+//
+// progress, if set, hears each retry and each cancelled autovacuum.
+func lockTables(ctx context.Context, tx pgx.Tx, timeout time.Duration, retries int, progress func(detail string)) (lockResult, error) {
 	var res lockResult
+	if progress == nil {
+		progress = func(string) {}
+	}
 	var deadlockMS float64
-	if err := tx.QueryRow(ctx, `select extract(epoch from pg_catalog.current_setting('deadlock_timeout')::interval) * 1000`).Scan(&deadlockMS); err != nil {
+	if err := tx.QueryRow(ctx, `select extract(epoch from pg_catalog.current_setting('deadlock_timeout')::pg_catalog.interval) * 1000`).Scan(&deadlockMS); err != nil {
 		return res, fmt.Errorf("reading deadlock_timeout: %w", err)
 	}
 	rest := min(timeout, time.Duration(deadlockMS/2)*time.Millisecond)
 	policy := pgretry.Policy{Retries: retries, Backoff: pgretry.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second}}
 	var failed *TableLock
+	var avErr error
 	err := pgretry.Retry(ctx, policy, pgretry.LockError,
 		func(attempt int, _ error, wait time.Duration) {
-			if onRetry != nil {
-				onRetry(attempt, failed.Table, wait)
-			}
+			progress(fmt.Sprintf("pgflow.%s busy (waited at most %s), attempt %d of %d, retrying in %s",
+				failed.Table, waitFor(failed, timeout, rest), attempt, retries+1, wait.Round(time.Millisecond)))
 		},
 		func(attempt int) error {
 			res.Attempts = attempt
+			n, err := CancelAutovacuum(ctx, tx)
+			switch {
+			case err != nil && ctx.Err() != nil:
+				return err
+			case err != nil:
+				if avErr == nil {
+					progress(AutovacuumNote(err) + "; the lock attempts go on")
+				}
+				avErr = err
+			case n > 0:
+				res.Autovacuum += n
+				progress(fmt.Sprintf("cancelled %d autovacuum worker(s) holding a pgflow table (it starts again later)", n))
+			}
 			start, l, err := lockAttempt(ctx, tx, rest, timeout)
 			if err != nil && pgretry.LockError(err) {
 				failed = l
@@ -200,10 +276,24 @@ func lockTables(ctx context.Context, tx pgx.Tx, timeout time.Duration, retries i
 		})
 	var ex *pgretry.ExhaustedError
 	if errors.As(err, &ex) {
-		return res, &TableLockError{Table: failed.Table, Mode: failed.Mode, Attempts: ex.Attempts, Timeout: timeout,
-			Blockers: blockers(ctx, tx, failed.Table, failed.Mode), Err: ex.Err}
+		bl := blockers(ctx, tx, failed.Table, failed.Mode)
+		autovacuumErr := avErr
+		if !slices.ContainsFunc(bl, Blocker.Autovacuum) {
+			autovacuumErr = nil
+		}
+		return res, &TableLockError{Table: failed.Table, Mode: failed.Mode, Attempts: ex.Attempts, Wait: waitFor(failed, timeout, rest),
+			LockTimeout: timeout, Blockers: bl, AutovacuumErr: autovacuumErr, Err: ex.Err}
 	}
 	return res, err
+}
+
+// waitFor is the longest an attempt waits for l: lock_timeout for the first
+// table of LockPlan, the budget rest for the others (lockAttempt).
+func waitFor(l *TableLock, timeout, rest time.Duration) time.Duration {
+	if l == &LockPlan[0] {
+		return timeout
+	}
+	return rest
 }
 
 // lockAttempt is one try at LockPlan under a savepoint. The first lock waits
@@ -248,26 +338,42 @@ func lockAttempt(ctx context.Context, tx pgx.Tx, rest, timeout time.Duration) (t
 // blockers lists the other sessions with a lock on pgflow.<table> that
 // conflicts with mode, best effort (an error gives an empty list).
 func blockers(ctx context.Context, tx pgx.Tx, table, mode string) []Blocker {
-	rows, err := tx.Query(ctx, `
-		select l.pid, coalesce(a.usename::text, ''), coalesce(a.application_name, ''), coalesce(a.state, ''),
-		       l.mode, l.granted, coalesce(extract(epoch from pg_catalog.now() - a.xact_start)::bigint, 0)
+	out, _ := LockHolders(ctx, tx, table, mode)
+	return out
+}
+
+// LockHolders lists the other sessions of this database that hold or wait
+// for a lock on pgflow.<table> conflicting with mode (a LOCK TABLE mode of
+// LockPlan), granted first: who the lock error names.
+func LockHolders(ctx context.Context, q Querier, table, mode string) ([]Blocker, error) {
+	want, ok := conflicts[mode]
+	if !ok {
+		return nil, fmt.Errorf("lock holders: unknown lock mode %q", mode)
+	}
+	rows, err := q.Query(ctx, `
+		select l.pid, coalesce(a.usename::pg_catalog.text, ''), coalesce(a.application_name, ''),
+		       coalesce(a.backend_type, ''), coalesce(a.query operator(pg_catalog.~~) '%to prevent wraparound%', false),
+		       coalesce(a.state, ''), l.mode, l.granted,
+		       coalesce(pg_catalog.round(extract(epoch from pg_catalog.clock_timestamp() operator(pg_catalog.-) a.xact_start))::pg_catalog.int8, 0)
 		  from pg_catalog.pg_locks l
-		  left join pg_catalog.pg_stat_activity a on a.pid = l.pid
-		 where l.locktype = 'relation'
-		   and l.relation = pg_catalog.to_regclass('pgflow.' || $1)
-		   and l.pid <> pg_catalog.pg_backend_pid()
-		   and l.mode = any($2)
-		 order by l.granted desc, l.pid`, table, conflicts[mode])
+		  left join pg_catalog.pg_stat_activity a on a.pid operator(pg_catalog.=) l.pid
+		 where l.locktype operator(pg_catalog.=) 'relation'
+		   and l.database operator(pg_catalog.=) (select d.oid from pg_catalog.pg_database d
+		                                           where d.datname operator(pg_catalog.=) pg_catalog.current_database())
+		   and l.relation operator(pg_catalog.=) pg_catalog.to_regclass($1)
+		   and l.pid operator(pg_catalog.<>) pg_catalog.pg_backend_pid()
+		   and l.mode operator(pg_catalog.=) any($2)
+		 order by l.granted desc, l.pid`, pgx.Identifier{"pgflow", table}.Sanitize(), want)
 	if err != nil {
-		return nil
+		return nil, fmt.Errorf("lock holders of pgflow.%s: %w", table, err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Blocker, error) {
 		var b Blocker
-		err := r.Scan(&b.PID, &b.User, &b.ApplicationName, &b.State, &b.Mode, &b.Granted, &b.XactSeconds)
+		err := r.Scan(&b.PID, &b.User, &b.ApplicationName, &b.BackendType, &b.Wraparound, &b.State, &b.Mode, &b.Granted, &b.XactSeconds)
 		return b, err
 	})
 	if err != nil {
-		return nil
+		return nil, fmt.Errorf("lock holders of pgflow.%s: %w", table, err)
 	}
-	return out
+	return out, nil
 }
