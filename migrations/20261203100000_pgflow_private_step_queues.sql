@@ -918,13 +918,19 @@ begin
     end if;
   end if;
 
-  -- The task's message, archived in the task's own queue (what
-  -- _archive_task_message does, written out on this path taken once per
-  -- task: a SQL function is planned afresh at every call).
+  -- The task's message, archived in the task's own queue, only when the
+  -- task is completed now. A report for a task that is not started (a slow
+  -- worker's, after requeue_stalled_tasks or a retry put the task back to
+  -- queued) changed nothing above and must leave the message where it is:
+  -- it is the only way the queued task can be claimed again. A duplicate
+  -- report for a completed task re-attempts the archive, which finds
+  -- nothing. (What _archive_task_message does, written out on this path
+  -- taken once per task: a SQL function is planned afresh at every call.)
   perform pgmq.archive(t.queue_name, t.message_id)
      from pgflow.step_tasks t
     where t.run_id = complete_task.run_id and t.step_slug = complete_task.step_slug
-      and t.task_index = complete_task.task_index and t.message_id is not null;
+      and t.task_index = complete_task.task_index and t.message_id is not null
+      and t.status = 'completed';
   perform pgflow.start_ready_steps(complete_task.run_id);
   perform pgflow.maybe_complete_run(complete_task.run_id);
 

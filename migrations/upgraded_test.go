@@ -1,0 +1,70 @@
+package migrations_test
+
+// Databases upgraded the two ways the tool upgrades: the transactional
+// `apply` (upgrade.Apply) and `apply --online` (online.Apply, whose switch
+// runs the same file). Tests of the 0.17.0 engine's behaviour run on both,
+// so a function that reaches a database by either path is the one tested.
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+)
+
+// upgradePath is one way a 0.16.0 database becomes 0.17.0.
+type upgradePath struct {
+	name string
+	run  func(ctx context.Context, conn *pgx.Conn) error
+}
+
+var upgradePaths = []upgradePath{
+	{"apply", func(ctx context.Context, conn *pgx.Conn) error {
+		rep, err := upgrade.Apply(ctx, conn, upgrade.Options{LockRetries: 1})
+		if err == nil && rep.Outcome != upgrade.OutcomeApplied {
+			return fmt.Errorf("outcome %s: %s", rep.Outcome, rep.Message)
+		}
+		return err
+	}},
+	{"apply --online", func(ctx context.Context, conn *pgx.Conn) error {
+		rep, err := online.Apply(ctx, conn, online.Options{BatchSize: 7})
+		if err == nil && rep.Outcome != upgrade.OutcomeApplied {
+			return fmt.Errorf("outcome %s: %s", rep.Outcome, rep.Message)
+		}
+		return err
+	}},
+}
+
+// upgraded is a fresh real 0.16.0 database upgraded by path.
+func upgraded(t *testing.T, path upgradePath) *pgxpool.Pool {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	db := testdb.Baseline(t)
+	conn, err := pgx.Connect(ctx, db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if err := path.run(ctx, conn); err != nil {
+		t.Fatalf("%s: %v", path.name, err)
+	}
+	return db.Pool
+}
+
+// onEachPath runs f as a subtest on a database upgraded by each path.
+func onEachPath(t *testing.T, f func(t *testing.T, p *pgxpool.Pool)) {
+	t.Helper()
+	for _, path := range upgradePaths {
+		t.Run(path.name, func(t *testing.T) {
+			f(t, upgraded(t, path))
+		})
+	}
+}
