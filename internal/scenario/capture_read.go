@@ -11,6 +11,8 @@ import (
 	"io"
 	"os"
 	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -84,6 +86,78 @@ type captureReader struct {
 	ended   bool
 	// copyTables: the tables of the header with columns (version 2).
 	copyTables map[string]bool
+	// rows counts the records of each table so far, to name a row.
+	rows map[string]int
+}
+
+// invalidUTF8 is the offset in a JSON line of the first byte that is not
+// UTF-8, or of the first \u escape of a lone UTF-16 surrogate, or -1 when
+// there is neither. encoding/json decodes both to U+FFFD without an error.
+// Backslashes only occur inside JSON strings, so the escapes can be read
+// in one pass over the whole line.
+func invalidUTF8(b []byte) int {
+	if !utf8.Valid(b) {
+		for i := 0; i < len(b); {
+			r, n := utf8.DecodeRune(b[i:])
+			if r == utf8.RuneError && n <= 1 {
+				return i
+			}
+			i += n
+		}
+	}
+	for i := 0; i < len(b); i++ {
+		if b[i] != '\\' {
+			continue
+		}
+		if i+1 < len(b) && b[i+1] != 'u' {
+			i++ // \", \\, \n ...: skip the escaped character
+			continue
+		}
+		r, ok := hex4(b, i+2)
+		switch {
+		case !ok:
+			return -1 // not JSON: the decoder has refused the line already
+		case utf16.IsSurrogate(r):
+			if r < 0xdc00 && i+11 < len(b) && b[i+6] == '\\' && b[i+7] == 'u' {
+				if lo, ok := hex4(b, i+8); ok && lo >= 0xdc00 && lo < 0xe000 {
+					i += 11
+					continue
+				}
+			}
+			return i
+		}
+		i += 5
+	}
+	return -1
+}
+
+// hex4 reads the four hex digits of a \u escape at b[at:].
+func hex4(b []byte, at int) (rune, bool) {
+	if at+4 > len(b) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range b[at : at+4] {
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
+}
+
+// escapeNote says what sits at b[at] when it is an escape.
+func escapeNote(b []byte, at int) string {
+	if b[at] == '\\' && at+6 <= len(b) {
+		return fmt.Sprintf(": %s, half of a UTF-16 surrogate pair", b[at:at+6])
+	}
+	return fmt.Sprintf(": 0x%02x", b[at])
 }
 
 // countingReader counts the decompressed bytes and stops at the limit.
@@ -143,6 +217,9 @@ func newCaptureReader(r io.Reader, lim Limits) (*captureReader, error) {
 	}
 	if err := json.Unmarshal(cr.sc.Bytes(), &cr.header); err != nil {
 		return nil, bad("line 1 is not a JSON header (%v)", err)
+	}
+	if at := invalidUTF8(cr.sc.Bytes()); at >= 0 {
+		return nil, bad("line 1 (the header) holds text that is not valid UTF-8 (byte %d of the line%s)", at+1, escapeNote(cr.sc.Bytes(), at))
 	}
 	if cr.header.Format != CaptureFormat {
 		return nil, bad("format %q, want %q", cr.header.Format, CaptureFormat)
@@ -206,6 +283,23 @@ func (cr *captureReader) next() (rec Record, ok bool, err error) {
 		rec = Record{}
 		if err := json.Unmarshal(b, &rec); err != nil {
 			return rec, false, bad("line %d: %v", cr.line, err)
+		}
+		if rec.Table != "" {
+			if cr.rows == nil {
+				cr.rows = map[string]int{}
+			}
+			cr.rows[rec.Table]++
+		}
+		if at := invalidUTF8(b); at >= 0 {
+			// The JSON decoder would have put U+FFFD in place of these
+			// bytes: the restore would run on text that is not the
+			// captured text.
+			what := "the " + kindOf(rec) + " record"
+			if rec.Table != "" {
+				what = fmt.Sprintf("row %d of %s", cr.rows[rec.Table], rec.Table)
+			}
+			return rec, false, bad("line %d: %s holds text that is not valid UTF-8 (byte %d of the line%s): "+
+				"a replay would rehearse on other text than the captured one", cr.line, what, at+1, escapeNote(b, at))
 		}
 		if err := cr.check(rec); err != nil {
 			return rec, false, err
