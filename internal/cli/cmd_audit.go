@@ -34,6 +34,7 @@ func (a *App) auditCommand() *ucli.Command {
 			&ucli.DurationFlag{Name: "check-timeout", Value: 60 * time.Second, Usage: "time budget of each check (statement_timeout); a check out of budget is inconclusive (exit 4)"},
 			&ucli.DurationFlag{Name: "timeout", Value: 180 * time.Second, Usage: "time budget of the whole audit"},
 			&ucli.DurationFlag{Name: "lock-timeout", Value: time.Second, Usage: "lock_timeout: the longest a check waits for a lock"},
+			&ucli.BoolFlag{Name: "verbose", Usage: "also every finding's samples, the inventories, the per-check timing table and the forecast's details (JSON always has all)"},
 		}, forecastFlags()...),
 		Action: a.auditAction,
 	}
@@ -108,7 +109,7 @@ func (a *App) auditAction(c *ucli.Context) error {
 	if jsonOutput(c) {
 		err = writeJSON(&buf, auditJSON{Target: dsn.Describe(t.config), Report: rep, Summary: summarize(rep, code), Forecast: fc})
 	} else {
-		err = writeAuditTable(&buf, dsn.Describe(t.config), rep, fc, code)
+		err = writeAuditTable(&buf, dsn.Describe(t.config), rep, fc, code, c.Bool("verbose"))
 	}
 	if err != nil {
 		return err
@@ -198,15 +199,57 @@ func countCell(f audit.Finding) string {
 	return fmt.Sprint(f.Count)
 }
 
-// writeAuditTable prints the summary grouped by severity, the samples under
-// it, then how each check ran.
-func writeAuditTable(w *bytes.Buffer, target string, rep *audit.Report, fc *forecast.Forecast, code int) error {
-	fmt.Fprintf(w, "pgflow-upgrade audit of %s: PostgreSQL %s, pgmq %s, schema %s (%d ms)\n\n",
-		target, rep.ServerVersion, rep.PGMQ, rep.Schema.State, rep.DurationMS)
-	writeVersion(w, rep.PgflowVersion)
-	if rep.PgflowVersion != nil {
-		fmt.Fprintln(w)
+// auditVerdict is the audit's answer in a word: GO (no blockers, every
+// check decided), NO-GO (blockers) or CANNOT TELL (a check ran out of time
+// or failed).
+func auditVerdict(code int) string {
+	switch code {
+	case ExitFindings:
+		return "NO-GO"
+	case ExitInconclusive:
+		return "CANNOT TELL"
 	}
+	return "GO"
+}
+
+// auditNextStep is what to do after this audit: from its verdict on a
+// 0.16.0 database, else the detection's next step, never "run audit".
+func auditNextStep(rep *audit.Report, s auditSummary, code int) string {
+	d := rep.PgflowVersion
+	if d != nil && d.State != versions.StateReady {
+		return withoutSelf(d.NextStep, "audit")
+	}
+	switch code {
+	case ExitFindings:
+		return fmt.Sprintf("resolve the %s below (each names its remedy): apply refuses while any remains", plural(s.Blockers, "blocker", "blockers"))
+	case ExitInconclusive:
+		return fmt.Sprintf("%s below could not decide: rerun where %s can finish (the time or grants named), or let apply's own preflight decide under its locks",
+			plural(s.Inconclusive+s.Errors, "check", "checks"), map[bool]string{true: "it", false: "they"}[s.Inconclusive+s.Errors == 1])
+	}
+	if s.Warnings > 0 {
+		return fmt.Sprintf("read the %s below, then run `pgflow-upgrade apply`", plural(s.Warnings, "warning", "warnings"))
+	}
+	return "run `pgflow-upgrade apply`"
+}
+
+// writeAuditTable prints, for a person on call: the verdict with its counts
+// on the first line, the version and the next step; every blocker and
+// warning in full with its remedy and samples; every check that could not
+// decide with why; then one line per informational finding and a line of
+// forecast. With verbose it adds everything else: the findings' table, the
+// samples of every finding, the per-check timing table and the forecast's
+// details.
+func writeAuditTable(w *bytes.Buffer, target string, rep *audit.Report, fc *forecast.Forecast, code int, verbose bool) error {
+	s := summarize(rep, code)
+	fmt.Fprintf(w, "%s: %s, %s, %d cannot tell (exit %d)\n", auditVerdict(code),
+		plural(s.Blockers, "blocker", "blockers"), plural(s.Warnings, "warning", "warnings"), s.Inconclusive+s.Errors, code)
+	writeBlock(w, "pgflow version: ", versionSummary(rep.PgflowVersion)+"; next step: "+auditNextStep(rep, s, code), 2)
+	server := rep.ServerVersion
+	if !verbose {
+		server, _, _ = strings.Cut(server, " ") // "15.18 (Debian 15.18-0+deb12u1)": the number is enough here
+	}
+	writeBlock(w, "audit of ", fmt.Sprintf("%s: PostgreSQL %s, pgmq %s, schema %s; %d checks in %d ms",
+		target, server, rep.PGMQ, rep.Schema.State, len(rep.Checks), rep.DurationMS), 2)
 
 	var findings []audit.Finding
 	for _, r := range rep.Checks {
@@ -216,6 +259,51 @@ func writeAuditTable(w *bytes.Buffer, target string, rep *audit.Report, fc *fore
 	sort.SliceStable(findings, func(i, j int) bool {
 		return severityRank(findings[i].Severity) < severityRank(findings[j].Severity)
 	})
+	var info []audit.Finding
+	for _, f := range findings {
+		if f.Severity != audit.Blocker && f.Severity != audit.Warning {
+			info = append(info, f)
+			continue
+		}
+		fmt.Fprintln(w)
+		writeBlock(w, fmt.Sprintf("%s %s (%s): ", strings.ToUpper(string(f.Severity)), f.CheckID, countCell(f)), withoutSelf(f.Message, "audit"), 2)
+		writeBlock(w, "  remedy: ", withoutSelf(f.Remedy, "audit"), 4)
+		for _, sm := range f.Samples {
+			fmt.Fprintln(w, "  "+oneLine("e.g. "+sampleText(sm), lineWidth-2))
+		}
+	}
+	for _, r := range rep.Checks {
+		if r.Status != audit.StatusInconclusive && r.Status != audit.StatusError {
+			continue
+		}
+		why := r.Error
+		if r.Coverage != nil && !strings.Contains(why, r.Coverage.String()) {
+			why += "; " + r.Coverage.String()
+		}
+		fmt.Fprintln(w)
+		writeBlock(w, fmt.Sprintf("CANNOT TELL %s (%s): ", r.ID, r.Status), r.Title+": "+why, 2)
+	}
+
+	if len(info) > 0 || !verbose {
+		fmt.Fprintln(w)
+	}
+	if !verbose {
+		fmt.Fprintf(w, "%s (--verbose: samples, inventories, check timings, forecast details):\n", plural(len(info), "informational finding", "informational findings"))
+	}
+	for _, f := range info {
+		fmt.Fprintln(w, "  "+oneLine(f.CheckID+": "+withoutSelf(f.Message, "audit"), lineWidth-2))
+	}
+	for _, r := range rep.Checks {
+		if r.Status == audit.StatusSkipped {
+			fmt.Fprintln(w, "  "+oneLine("skipped "+r.ID+": "+r.Error, lineWidth-2))
+		}
+	}
+	if !verbose {
+		writeForecastLine(w, fc)
+		return nil
+	}
+
+	fmt.Fprintln(w)
 	if len(findings) == 0 {
 		fmt.Fprintln(w, "no findings")
 	} else {
@@ -227,7 +315,6 @@ func writeAuditTable(w *bytes.Buffer, target string, rep *audit.Report, fc *fore
 			return err
 		}
 	}
-
 	for _, f := range findings {
 		if len(f.Samples) == 0 {
 			continue
@@ -256,10 +343,39 @@ func writeAuditTable(w *bytes.Buffer, target string, rep *audit.Report, fc *fore
 		return err
 	}
 	writeForecast(w, fc)
-	s := summarize(rep, code)
 	fmt.Fprintf(w, "\n%d blocker(s), %d warning(s), %d inconclusive, %d error(s): exit %d\n",
 		s.Blockers, s.Warnings, s.Inconclusive, s.Errors, code)
 	return nil
+}
+
+// writeForecastLine is the forecast in one line (writeForecast has it all).
+func writeForecastLine(w *bytes.Buffer, f *forecast.Forecast) {
+	if f == nil {
+		return
+	}
+	if !f.Available {
+		why, _, _ := strings.Cut(f.Reason, ": ")
+		fmt.Fprintln(w, oneLine("forecast: unavailable: "+why+" (--verbose says how to get one)", lineWidth))
+		return
+	}
+	text := "forecast: apply holds its locks about " + msText(f.LockWindowMS)
+	if f.OnlineTotalMS != nil {
+		text += ", apply --online takes about " + msText(*f.OnlineTotalMS)
+	}
+	if f.RecommendOnline {
+		text += "; use --online"
+	}
+	fmt.Fprintln(w, oneLine(text, lineWidth))
+}
+
+// sampleText is a sample row as "column=value" pairs in column order.
+func sampleText(s map[string]any) string {
+	cols := sampleColumns([]map[string]any{s})
+	parts := make([]string, 0, len(cols))
+	for _, c := range cols {
+		parts = append(parts, c+"="+cell(s[c]))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // sampleColumns: the union of the samples' keys, sorted.

@@ -135,6 +135,10 @@ func TestAuditForecastFromCalibrationFile(t *testing.T) {
 
 	// The table states the estimate and its basis.
 	r := run(t, nil, "--dsn", db.DSN, "audit", "--calibration", path)
+	if !strings.Contains(r.stdout, "forecast: apply holds its locks about 20.1s, apply --online takes about 50.5s; use --online\n") {
+		t.Errorf("the short output lacks the forecast's line:\n%s", r.stdout)
+	}
+	r = run(t, nil, "--dsn", db.DSN, "audit", "--verbose", "--calibration", path)
 	for _, want := range []string{"pgflow.step_tasks about 2000000 rows", "basis: calibration file " + path, "measured 2026-12-01T10:00:00Z",
 		"locks held about 20.1s", "apply --online: about 50.5s", "recommendation: use apply --online"} {
 		if !strings.Contains(r.stdout, want) {

@@ -64,9 +64,28 @@ func TestAuditCleanDatabaseExitsZero(t *testing.T) {
 	if r.code != cli.ExitOK {
 		t.Fatalf("exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	for _, want := range []string{"SEVERITY", "schema state baseline", "pgmq.installed", "exit 0"} {
+	lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
+	if !strings.HasPrefix(lines[0], "GO: 0 blockers, 1 warning, 0 cannot tell (exit 0)") {
+		t.Errorf("the first line is not the verdict: %q", lines[0])
+	}
+	for _, want := range []string{"schema state baseline", "pgmq.installed", "WARNING backup.pgdump_pgmq", "  remedy: "} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("table output lacks %q:\n%s", want, r.stdout)
+		}
+	}
+	// The details are under --verbose: the tables of findings and of checks.
+	for _, not := range []string{"SEVERITY", "DURATION", "│ sessions.long_transactions", "run `pgflow-upgrade audit`"} {
+		if strings.Contains(r.stdout, not) {
+			t.Errorf("the short output has %q:\n%s", not, r.stdout)
+		}
+	}
+	v := run(t, map[string]string{"PGFLOW_UPGRADE_DSN": db.DSN}, "audit", "--verbose")
+	if v.code != cli.ExitOK || !strings.HasPrefix(v.stdout, lines[0][:len("GO: ")]) {
+		t.Fatalf("--verbose: exit %d\n%s", v.code, v.stdout)
+	}
+	for _, want := range []string{"SEVERITY", "│ sessions.long_transactions", "(samples)", "forecast: pgflow.step_tasks about", "exit 0"} {
+		if !strings.Contains(v.stdout, want) {
+			t.Errorf("--verbose lacks %q:\n%s", want, v.stdout)
 		}
 	}
 }
@@ -108,13 +127,22 @@ func TestAuditBlockersExitOneWithJSON(t *testing.T) {
 	if !found {
 		t.Fatal("no slugs.strict_rule in the JSON")
 	}
-	// Table form: grouped by severity, with remedy and samples.
+	// Table form: the verdict, then the blocker in full with its remedy and
+	// samples, then one line per informational finding.
 	r = run(t, nil, "--dsn", db.DSN, "audit", "--check", "slugs.strict_rule", "--check", "schema.state")
-	if r.code != cli.ExitFindings || !strings.Contains(cellText(r.stdout), "pgflow.delete_flow_and_data") || !strings.Contains(r.stdout, "(samples)") {
+	if r.code != cli.ExitFindings || !strings.HasPrefix(r.stdout, "NO-GO: 1 blocker, 0 warnings, 0 cannot tell (exit 1)\n") ||
+		!strings.Contains(cellText(r.stdout), "pgflow.delete_flow_and_data") || !strings.Contains(r.stdout, "  e.g. ") || !strings.Contains(r.stdout, "step_slug=b__c") {
 		t.Fatalf("exit %d\n%s", r.code, r.stdout)
 	}
-	if b, i := strings.Index(r.stdout, "│ blocker"), strings.Index(r.stdout, "│ info"); b < 0 || i < 0 || b > i {
+	if b, i := strings.Index(r.stdout, "BLOCKER slugs.strict_rule"), strings.Index(r.stdout, "  schema.state: "); b < 0 || i < 0 || b > i {
 		t.Fatalf("blockers are not listed before info:\n%s", r.stdout)
+	}
+	if strings.Contains(r.stdout, "run `pgflow-upgrade audit`") {
+		t.Fatalf("the audit tells the user to run the audit:\n%s", r.stdout)
+	}
+	r = run(t, nil, "--dsn", db.DSN, "audit", "--verbose", "--check", "slugs.strict_rule", "--check", "schema.state")
+	if b, i := strings.Index(r.stdout, "│ blocker"), strings.Index(r.stdout, "│ info"); b < 0 || i < 0 || b > i || !strings.Contains(r.stdout, "(samples)") {
+		t.Fatalf("--verbose: blockers are not listed before info:\n%s", r.stdout)
 	}
 }
 

@@ -30,10 +30,16 @@ func run(t *testing.T, env map[string]string, args ...string) result {
 }
 
 // cellText is out with the cells of wrapped table rows joined again, one
-// row a line, cells separated by " | ": a test looks for a phrase in it
-// whatever the column width cut it into. A row starts at a line whose first
-// cell is not empty.
+// row a line, cells separated by " | ", followed by the whole of out as
+// one line (words joined by single spaces, for the paragraphs the human
+// output wraps at 100 columns): a test looks for a phrase in it whatever
+// the column width or the paragraph cut it into. A row starts at a line
+// whose first cell is not empty.
 func cellText(out string) string {
+	return tableText(out) + "\n" + strings.Join(strings.Fields(out), " ")
+}
+
+func tableText(out string) string {
 	var lines []string
 	var row []string
 	flush := func() {

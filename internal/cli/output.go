@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"strings"
 
@@ -119,4 +120,68 @@ func wrapCell(text string, width int) string {
 		out = append(out, line)
 	}
 	return strings.Join(out, "\n")
+}
+
+// lineWidth is the width of the human output's text lines, the same as its
+// tables.
+const lineWidth = tableWidth
+
+// writeBlock prints text as a paragraph: the first line starts with head
+// (its leading spaces kept), the text is wrapped at lineWidth, and
+// continuation lines are indented by indent spaces.
+func writeBlock(w io.Writer, head, text string, indent int) {
+	lead := len(head) - len(strings.TrimLeft(head, " "))
+	pad := strings.Repeat(" ", indent)
+	for i, line := range strings.Split(wrapCell(head[lead:]+text, lineWidth-max(lead, indent)), "\n") {
+		if i == 0 {
+			io.WriteString(w, head[:lead]+line+"\n")
+		} else {
+			io.WriteString(w, pad+line+"\n")
+		}
+	}
+}
+
+// oneLine is text on one line of at most width columns: line breaks become
+// spaces and what does not fit is cut with "…" (--verbose and JSON keep it
+// whole).
+func oneLine(text string, width int) string {
+	text = strings.Join(strings.Fields(text), " ")
+	if runewidth.StringWidth(text) <= width {
+		return text
+	}
+	return runewidth.Truncate(text, width, "…")
+}
+
+// withoutSelf rewrites a next step so that it never tells the person to run
+// the command they are running: "run `pgflow-upgrade audit`, then
+// `pgflow-upgrade apply`" read inside audit becomes "run `pgflow-upgrade
+// apply`", and a trailing ", then run `pgflow-upgrade audit`" is dropped.
+func withoutSelf(step, command string) string {
+	self := "`pgflow-upgrade " + command + "`"
+	if !strings.Contains(step, self) {
+		return step
+	}
+	for _, r := range []struct{ from, to string }{
+		{"run " + self + ", then ", "run "},
+		{"run " + self + " and then ", "run "},
+		{", then run " + self, ""},
+		{" then run " + self, ""},
+		{" and run " + self, ""},
+		{"; run " + self, ""},
+	} {
+		step = strings.ReplaceAll(step, r.from, r.to)
+	}
+	if strings.Contains(step, self) {
+		// A phrasing not listed above: name it as what this run is.
+		step = strings.ReplaceAll(step, self, "this "+command)
+	}
+	return step
+}
+
+// plural is "1 warning" or "2 warnings".
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }
