@@ -85,6 +85,9 @@ func (a *App) fixturesLoad(c *ucli.Context) error {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	if err := writePrecheck(ctx, conn, "fixtures load"); err != nil { // envcheck.go: a standby, a read-only default
+		return withCode(ExitEnvironment, fmt.Errorf("fixtures load %s into %s: %w", state.Name, where, err))
+	}
 	summary, err := loadState(ctx, conn, state)
 	if err != nil {
 		if errors.Is(err, fixtures.ErrNotEmpty) {

@@ -153,6 +153,13 @@ func (a *App) fixturesReplay(c *ucli.Context) error {
 		return withCode(ExitEnvironment, errors.New(a.redact(err.Error())))
 	}
 	defer srv.Close()
+	if opts.DSN != "" {
+		// The throwaway databases are made from this session: a standby or
+		// a read-only default would refuse each with a raw 25006.
+		if err := a.replayPrecheck(ctx, t); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintf(a.Stderr, "replay: throwaway databases on %s\n", srv.Describe())
 
 	// Scenarios run in parallel and all log here, one line at a time; the
@@ -337,5 +344,19 @@ func (a *App) fixturesCapture(c *ucli.Context) error {
 		return writeJSON(a.Stdout, map[string]any{"file": out, "records": n, "redacted": opts.Redact, "database": opts.Source, "schemas": append([]string{"pgflow"}, opts.IncludeSchemas...)})
 	}
 	fmt.Fprintf(a.Stdout, "captured %d records of %s into %s%s\n", n, opts.Source, out, map[bool]string{true: " (redacted)", false: ""}[opts.Redact])
+	return nil
+}
+
+// replayPrecheck refuses a server on which replay could make no database:
+// a standby, a read-only default (envcheck.go), as apply does.
+func (a *App) replayPrecheck(ctx context.Context, t *target) error {
+	conn, err := a.connect(ctx, t)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if err := writePrecheck(ctx, conn, "fixtures replay"); err != nil {
+		return withCode(ExitEnvironment, fmt.Errorf("fixtures replay on %s: %w", dsn.Describe(t.config), err))
+	}
 	return nil
 }

@@ -78,6 +78,13 @@ func (s setting) where(name string) (where, reset string) {
 // applyPrecheck refuses, before apply takes any lock, what makes every
 // write fail: a standby, a read-only default.
 func applyPrecheck(ctx context.Context, conn *pgx.Conn) error {
+	return writePrecheck(ctx, conn, "apply")
+}
+
+// writePrecheck refuses, before command writes anything, what makes every
+// write fail: a standby, a read-only default. command names what would
+// write (apply, fixtures load, fixtures replay).
+func writePrecheck(ctx context.Context, conn *pgx.Conn, command string) error {
 	var recovery bool
 	if err := conn.QueryRow(ctx, `select pg_catalog.pg_is_in_recovery()`).Scan(&recovery); err != nil {
 		return fmt.Errorf("checking the server: %w", err)
@@ -92,8 +99,8 @@ func applyPrecheck(ctx context.Context, conn *pgx.Conn) error {
 	}
 	if ro.value == "on" {
 		where, reset := ro.where("default_transaction_read_only")
-		return &envError{cause: "default_transaction_read_only is on, " + where + ": every transaction of apply would be read-only",
-			hint: "run apply with it off: add options=-cdefault_transaction_read_only=off to the DSN (or PGOPTIONS), or " + reset +
+		return &envError{cause: "default_transaction_read_only is on, " + where + ": every transaction of " + command + " would be read-only",
+			hint: "run " + command + " with it off: add options=-cdefault_transaction_read_only=off to the DSN (or PGOPTIONS), or " + reset +
 				" (ALTER ... SET default_transaction_read_only = off)"}
 	}
 	return nil

@@ -145,6 +145,17 @@ func TestApplyOnStandby(t *testing.T) {
 			t.Errorf("%v on a standby: exit %d, want %d naming the standby and the primary", mode, r.code, cli.ExitEnvironment)
 		}
 	}
+	// The fixtures commands that write: the same error, no raw SQL error
+	// (25006, read_only_sql_transaction).
+	for _, cmd := range [][]string{{"fixtures", "load", "inflight"}, {"fixtures", "replay", "clean-upgrade"}} {
+		r := run(t, map[string]string{"PGFLOW_UPGRADE_NO_DOCKER": "1"}, append([]string{"--dsn", standby.DSNFor("postgres")}, cmd...)...)
+		out := r.stdout + r.stderr
+		t.Logf("%v: exit %d: %s", cmd, r.code, strings.TrimSpace(out))
+		if r.code != cli.ExitEnvironment || !strings.Contains(out, "this server is a standby") || !strings.Contains(out, "point --dsn at the primary") ||
+			strings.Contains(out, "25006") {
+			t.Errorf("%v on a standby: exit %d, want %d naming the standby and the primary, without the raw SQL error", cmd, r.code, cli.ExitEnvironment)
+		}
+	}
 }
 
 // TestAuditAndStatusAgreeOnOnlineUpgrade: during an interrupted online
