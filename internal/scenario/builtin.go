@@ -50,6 +50,8 @@ func Builtin() []Scenario {
 			Proves: "the same operations (a run crossing the upgrade, a 12-task map, retries, a failing run with a late answer, conditions skip/skip-cascade/fail, exhausted steps skipped and cascaded, a taskless map) on 0.16.0 and after the upgrade record the same realtime broadcasts (event, topic, private, payload; timestamps aside) and end in the same run/step/task states; after the upgrade every event of a replaced function has the facts' topic, private=false and payload keys; the upgrade itself broadcasts nothing"},
 		{Name: "new-worker-drains", Run: newWorkerDrains,
 			Proves: "after the upgrade the new worker (package worker) drains every in-flight run of the in-flight state to completion, and no message of a finished run is left in a queue"},
+		{Name: "step-route-without-worker", Run: stepRouteWithoutWorker,
+			Proves: "after the upgrade, a step-mode flow whose second step has no worker: its message waits in that step's private queue and the route check (verify --routes) fails naming the flow, step, queue, count and what to deploy; once the package worker serves that step the run completes and the check passes"},
 	}
 }
 
