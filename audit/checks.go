@@ -2,6 +2,7 @@ package audit
 
 import (
 	"context"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -198,19 +199,28 @@ func checkSchemaState(ctx context.Context, q Querier, env Env) ([]Finding, error
 		f.Count = 1
 	case StatePartial:
 		// Between the two shapes by design while an online upgrade of ours
-		// runs (its progress table exists only then): a state with a next
-		// command, as `status` says, not a damaged schema. The preflight
-		// keeps it a blocker (apply starts from the baseline only).
-		var online bool
+		// runs (the version detection names it, with its phase): a state
+		// with a next command, as `status` says, not a damaged schema. With
+		// its progress table (which exists only while one of ours runs) it is
+		// a warning in the audit; the preflight keeps it a blocker (apply
+		// starts from the baseline only).
+		v := s.Version
+		if v == nil || v.Online == nil {
+			break
+		}
+		f.Message = "an online upgrade (apply --online) is in progress (phase " + v.Online.Phase + "): the schema is between 0.16.0 and the upgraded shape until it ends"
+		if len(s.Differences) > 0 {
+			f.Message += "; what differs from 0.16.0 so far: " + strings.Join(s.Differences, "; ")
+		}
+		f.Remedy = "Continue it with `" + v.Online.Continue + "`, or undo it with `" + v.Online.Undo + "`; `pgflow-upgrade status` shows its phase and progress."
+		var progress bool
 		if env.Mode == ModeAudit {
-			if err := q.QueryRow(ctx, `select pg_catalog.to_regclass('pgflow_upgrade.online_progress') is not null`).Scan(&online); err != nil {
+			if err := q.QueryRow(ctx, `select pg_catalog.to_regclass('pgflow_upgrade.online_progress') is not null`).Scan(&progress); err != nil {
 				return nil, err
 			}
 		}
-		if online {
+		if progress {
 			f.Severity = Warning
-			f.Message = "an online upgrade (apply --online) is in progress: the schema is between 0.16.0 and the upgraded shape until it ends: " + s.describe()
-			f.Remedy = "Continue it with pgflow-upgrade apply --online, or undo it with pgflow-upgrade apply --rollback-online; pgflow-upgrade status shows its phase and progress."
 		}
 	}
 	if s.Version != nil && f.Severity == Blocker {

@@ -15,6 +15,15 @@ import (
 // appends to the catalog checks.go built.
 func init() {
 	catalog = append(catalog, Check{
+		ID: "quiesce.recorded", Title: "an interrupted apply --quiesce left worker functions disabled and cron jobs paused", Severity: Blocker,
+		Meaning: "apply --quiesce records every worker_functions.enabled value and pgflow cron job active flag in pgflow_upgrade.quiesce before it disables and pauses them, " +
+			"and restores them at its end; a record still open means that run was killed or crashed before its restore: pgflow's workers are not started " +
+			"and stalled tasks are not requeued until it is closed. The findings list the recorded values, the ones to restore.",
+		Remedy: "Finish it with `" + quiesce.ResumeCommand(quiesce.ModeApply) + "` (it continues from its phase, upgrades if that is not done, and restores the recorded values), " +
+			"or undo it with `" + quiesce.UndoCommand + "` (restores them without upgrading); `pgflow-upgrade status` shows its phase.",
+		Run: checkQuiesceRecorded,
+	})
+	catalog = append(catalog, Check{
 		ID: "quiesce.inventory", Title: "what apply --quiesce would pause, deprecate and wait for", Severity: Info,
 		Needs: NeedsPgflow,
 		Meaning: "apply --quiesce records and disables every pgflow.worker_functions.enabled value, pauses pgflow's pg_cron jobs with cron.alter_job, " +
@@ -29,6 +38,11 @@ func checkQuiesceInventory(ctx context.Context, q Querier, env Env) ([]Finding, 
 	c := check("quiesce.inventory")
 	if env.Schema.State != StateBaseline {
 		return nil, nil // only the 0.16.0 baseline is quiesced for the upgrade
+	}
+	if v := env.Schema.Version; v != nil && v.Quiesce != nil {
+		// An open record (quiesce.recorded): the current values are the
+		// ones it disabled, and its recorded ones are what gets restored.
+		return nil, nil
 	}
 	inv, err := quiesce.TakeInventory(ctx, q, env.LiveWorker)
 	if err != nil {
@@ -101,4 +115,101 @@ func listOf(names []string) string {
 		return strings.Join(names[:20], ", ") + fmt.Sprintf(" and %d more", len(names)-20)
 	}
 	return strings.Join(names, ", ")
+}
+
+// checkQuiesceRecorded reports an open apply --quiesce record with the
+// values it recorded (the ones its restore puts back) and, where this role
+// can read them, the current ones.
+func checkQuiesceRecorded(ctx context.Context, q Querier, env Env) ([]Finding, error) {
+	c := check("quiesce.recorded")
+	rec, unreadable, err := quiesce.Find(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	if unreadable {
+		f := c.finding(0, "pgflow_upgrade.quiesce exists but this role cannot read it: whether an interrupted apply --quiesce left worker functions disabled and cron jobs paused is not known", nil)
+		f.Severity = Warning
+		f.Remedy = "Grant USAGE on schema pgflow_upgrade and SELECT on pgflow_upgrade.quiesce and pgflow_upgrade.quiesce_items to this role, or run `pgflow-upgrade status` as the role that runs apply."
+		return []Finding{f}, nil
+	}
+	if rec == nil {
+		return nil, nil
+	}
+	now, err := quiesceCurrent(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	var values []string
+	var samples []map[string]any
+	for _, it := range rec.Items {
+		what, name := "worker function", it.Name
+		flag := "enabled"
+		if it.Kind == quiesce.KindCronJob {
+			what, flag = "cron job", "active"
+			if it.Label != "" {
+				name += " " + it.Label
+			}
+		}
+		values = append(values, fmt.Sprintf("%s %s %s %v", what, name, flag, it.Recorded))
+		if len(samples) < max(env.Sample, 0) {
+			cur, ok := now[it.Kind+"\x00"+it.Name]
+			sample := map[string]any{"kind": it.Kind, "name": it.Name, "label": it.Label, "recorded": it.Recorded, "now": nil}
+			if ok {
+				sample["now"] = cur
+			}
+			samples = append(samples, sample)
+		}
+	}
+	fns, jobs := rec.Counts()
+	f := c.finding(int64(len(rec.Items)), fmt.Sprintf(
+		"an interrupted apply --quiesce left its record open (phase %s, since %s): the %d worker function(s) and %d cron job(s) it recorded stay disabled and paused until it is closed; the values to restore (recorded before it changed them): %s",
+		rec.Phase, rec.StartedAt.UTC().Format(time.RFC3339), fns, jobs, listOf(values)), samples)
+	f.Remedy = "Finish it with `" + quiesce.ResumeCommand(rec.Mode) + "` (it continues from its phase, upgrades if that is not done, and restores the recorded values), " +
+		"or undo it with `" + quiesce.UndoCommand + "` (restores them without upgrading)."
+	return []Finding{f}, nil
+}
+
+// quiesceCurrent: the current enabled value of every worker function and
+// active flag of every cron job, keyed by kind NUL name (each only when
+// this role can read its table).
+func quiesceCurrent(ctx context.Context, q Querier) (map[string]bool, error) {
+	out := map[string]bool{}
+	var fns, cron bool
+	if err := q.QueryRow(ctx, `
+		select coalesce(pg_catalog.bool_or(n.nspname = 'pgflow'), false), coalesce(pg_catalog.bool_or(n.nspname = 'cron'), false)
+		  from pg_catalog.pg_class c join pg_catalog.pg_namespace n on n.oid = c.relnamespace
+		 where ((n.nspname = 'pgflow' and c.relname = 'worker_functions') or (n.nspname = 'cron' and c.relname = 'job'))
+		   and pg_catalog.has_schema_privilege(n.oid, 'USAGE') and pg_catalog.has_table_privilege(c.oid, 'SELECT')`).Scan(&fns, &cron); err != nil {
+		return nil, fmt.Errorf("looking for pgflow.worker_functions and cron.job: %w", err)
+	}
+	read := func(kind, sql string) error {
+		rows, err := q.Query(ctx, sql)
+		if err != nil {
+			return fmt.Errorf("reading the current %s values: %w", kind, err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var name string
+			var v bool
+			if err := rows.Scan(&name, &v); err != nil {
+				return fmt.Errorf("reading the current %s values: %w", kind, err)
+			}
+			out[kind+"\x00"+name] = v
+		}
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("reading the current %s values: %w", kind, err)
+		}
+		return nil
+	}
+	if fns {
+		if err := read(quiesce.KindFunction, `select function_name, enabled from pgflow.worker_functions`); err != nil {
+			return nil, err
+		}
+	}
+	if cron {
+		if err := read(quiesce.KindCronJob, `select jobid::text, active from cron.job`); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }

@@ -33,8 +33,13 @@ func baselineOrOnline(info audit.SchemaInfo) bool {
 		return true
 	}
 	d := info.Version
-	if d == nil || d.State != versions.StateUnknown || len(d.Differences) == 0 ||
-		d.Closest != versions.V0_16_0 {
+	if d == nil || (d.State != versions.StateUnknown && d.State != versions.StateOnline) {
+		return false
+	}
+	if d.State == versions.StateOnline && d.Found == versions.V0_16_0 {
+		return true // 0.16.0 plus additions only (the online objects are additions until the columns come)
+	}
+	if len(d.Differences) == 0 || d.Closest != versions.V0_16_0 {
 		return false
 	}
 	for _, x := range d.Differences {

@@ -251,6 +251,12 @@ func (e *engine) run(ctx context.Context) error {
 	}
 	e.rep.StartPhase = s.Phase()
 	e.rep.Resumed = s.Started()
+	// An open apply --quiesce record is closed only by --resume-quiesce:
+	// refused now, not at the switch after a whole backfill.
+	if err := upgrade.CheckQuiesce(ctx, e.conn, e.opts.Switch.Quiesce); err != nil {
+		e.rep.Outcome = upgrade.OutcomeOf(err)
+		return err
+	}
 	if !s.Pgflow {
 		e.rep.Outcome = upgrade.OutcomeRefused
 		return fmt.Errorf("%w: %w: no pgflow.step_tasks", ErrRefused, upgrade.ErrNotBaseline)

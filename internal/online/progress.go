@@ -168,15 +168,22 @@ func Status(ctx context.Context, q Querier) (*StatusInfo, error) {
 	return info, nil
 }
 
-// Annotate is versions.Detection's online hook: an upgrade in progress
-// (InProgress) is recorded on d with its phase, and true returned. Only a
-// database that is 0.16.0 (the expand has begun) or unknown (0.16.0 plus
-// what the online path adds) can be one: the Shape alone cannot tell a
-// finished 0.17.x (its queue_name columns) from a backfill.
+// Annotate says whether s is the online upgrade in progress that d names
+// (versions.Detect finds it from the same catalog reading; a detection made
+// before the upgrade started is brought up to date). Only a database that
+// is 0.16.0 (the expand has begun) or unknown (0.16.0 plus what the online
+// path adds) can be one: the Shape alone cannot tell a finished 0.17.x
+// (its queue_name columns) from a backfill.
 func (s *StatusInfo) Annotate(d *versions.Detection) bool {
-	if !s.InProgress() || d == nil || (d.State != versions.StateUnknown && d.State != versions.StateReady) {
+	if !s.InProgress() || d == nil {
 		return false
 	}
-	d.SetOnline(string(s.Phase))
-	return true
+	switch d.State {
+	case versions.StateOnline:
+		return true
+	case versions.StateUnknown, versions.StateReady:
+		d.SetOnline(string(s.Phase))
+		return true
+	}
+	return false
 }

@@ -222,7 +222,7 @@ func (r *Report) abort(ctx context.Context, conn *pgx.Conn, opts Options, cause 
 		// new one to the same server.
 		fresh, err := pgx.ConnectConfig(rctx, conn.Config())
 		if err != nil {
-			r.Next = "pgflow-upgrade apply --undo-quiesce --yes"
+			r.Next = UndoCommand
 			return r, fmt.Errorf("%w; reconnecting to restore the recorded values failed (%v): run `%s`", cause, err, r.Next)
 		}
 		defer fresh.Close(rctx)
@@ -231,7 +231,7 @@ func (r *Report) abort(ctx context.Context, conn *pgx.Conn, opts Options, cause 
 	missing, err := Restore(rctx, conn)
 	r.Missing = missing
 	if err != nil {
-		r.Next = "pgflow-upgrade apply --undo-quiesce --yes"
+		r.Next = UndoCommand
 		return r, fmt.Errorf("%w; restoring the recorded values failed too (%v): run `%s`", cause, err, r.Next)
 	}
 	r.Restored = true

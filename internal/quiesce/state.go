@@ -109,6 +109,32 @@ func Load(ctx context.Context, q Querier) (*State, error) {
 	return &s, nil
 }
 
+// Find is Load for readers that may lack privileges on the tool's schema
+// (an audit role): unreadable is true, and s nil, when the recorded state's
+// tables exist but the current role cannot read them; s is nil when there
+// is no recorded quiesce. The tables are looked up in pg_class, which every
+// role can read.
+func Find(ctx context.Context, q Querier) (s *State, unreadable bool, err error) {
+	var n int
+	var readable bool
+	if err := q.QueryRow(ctx, `
+		select pg_catalog.count(*)::int,
+		       coalesce(pg_catalog.bool_and(pg_catalog.has_schema_privilege(n.oid, 'USAGE')
+		                                    and pg_catalog.has_table_privilege(c.oid, 'SELECT')), false)
+		  from pg_catalog.pg_class c join pg_catalog.pg_namespace n on n.oid = c.relnamespace
+		 where n.nspname = 'pgflow_upgrade' and c.relname in ('quiesce', 'quiesce_items') and c.relkind in ('r', 'p')`).Scan(&n, &readable); err != nil {
+		return nil, false, fmt.Errorf("looking for %s: %w", StateTable, err)
+	}
+	switch {
+	case n < 2:
+		return nil, false, nil
+	case !readable:
+		return nil, true, nil
+	}
+	s, err = Load(ctx, q)
+	return s, false, err
+}
+
 // setPhase advances the recorded phase in tx.
 func setPhase(ctx context.Context, tx pgx.Tx, p Phase) error {
 	tag, err := tx.Exec(ctx, `update pgflow_upgrade.quiesce set phase = $1, updated_at = pg_catalog.now()`, string(p))
@@ -153,16 +179,25 @@ func Status(ctx context.Context, q Querier) (*StatusInfo, error) {
 	if err != nil || s == nil {
 		return nil, err
 	}
-	info := &StatusInfo{State: *s, Next: ResumeCommand(s.Mode), Undo: "pgflow-upgrade apply --undo-quiesce --yes"}
-	for _, it := range s.Items {
-		if it.Kind == KindFunction {
-			info.Functions++
-		} else {
-			info.CronJobs++
-		}
-	}
+	info := &StatusInfo{State: *s, Next: ResumeCommand(s.Mode), Undo: UndoCommand}
+	info.Functions, info.CronJobs = s.Counts()
 	return info, nil
 }
+
+// Counts: the recorded worker functions and cron jobs.
+func (s *State) Counts() (functions, cronJobs int) {
+	for _, it := range s.Items {
+		if it.Kind == KindFunction {
+			functions++
+		} else {
+			cronJobs++
+		}
+	}
+	return functions, cronJobs
+}
+
+// UndoCommand restores a recorded quiesce without upgrading.
+const UndoCommand = "pgflow-upgrade apply --undo-quiesce --yes"
 
 // Modes: which apply started the quiesce (resume runs the same one).
 const (

@@ -88,6 +88,10 @@ type Options struct {
 	// Quiesce, if set, runs the transaction inside internal/quiesce's
 	// pause, deprecate, drain ... restore (apply --quiesce; quiesce.go).
 	Quiesce *quiesce.Options
+
+	// quiesced: this transaction runs inside quiesce.Run, whose own record
+	// is open; any other apply refuses on an open record (inprogress.go).
+	quiesced bool
 }
 
 // Hooks let tests act at exact points of the transaction (e.g. terminate the
@@ -560,6 +564,9 @@ func (s *runner) admit(tx pgx.Tx, all []migrations.Migration) (accepted, done bo
 	}); err != nil {
 		return false, false, err
 	}
+	if q := r.State.Version; q != nil && q.Quiesce != nil && !s.opts.quiesced {
+		return false, false, fail(OutcomeRefused, quiesceRefusal(q.Quiesce)) // inprogress.go
+	}
 	if len(r.Unknown) > 0 {
 		// A revision we do not ship: a newer tool upgraded this database
 		// further, and this one must not "re-apply" or touch it.
@@ -597,6 +604,8 @@ func (s *runner) admit(tx pgx.Tx, all []migrations.Migration) (accepted, done bo
 				r.Pending = append(r.Pending, m.Version+"_"+m.Name)
 			}
 		}
+	case r.State.Version != nil && r.State.Version.Online != nil:
+		return false, false, fail(OutcomeRefused, onlineRefusal(r.State.Version)) // inprogress.go
 	default:
 		// Name the version found and the next step (internal/versions).
 		why := strings.Join(r.State.Differences, "; ")

@@ -26,6 +26,30 @@ type QuiesceReport struct {
 func applyQuiesced(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, error) {
 	q := *opts.Quiesce
 	opts.Quiesce = nil
+	if !q.Resume {
+		// The state first: only the 0.16.0 baseline is quiesced (and, in the
+		// online switch, the shape AcceptState vouches for in the
+		// transaction). Anything else gets Apply's own answer, with nothing
+		// paused: already 0.17.x is a no-op, any other state (or an open
+		// record, on a dry run) its refusal before any table lock.
+		st, err := DetectState(ctx, conn)
+		if err != nil {
+			err = fmt.Errorf("detecting the schema state before --quiesce: %w", err)
+			return &Report{DryRun: opts.DryRun, Outcome: OutcomeFailed, Message: err.Error(), BackendPID: conn.PgConn().PID()}, &Error{Outcome: OutcomeFailed, Err: err}
+		}
+		open := st.Version != nil && st.Version.Quiesce != nil
+		switch {
+		case open && !opts.DryRun:
+			// quiesce.Run refuses it, naming the commands that close it.
+		case !open && (st.State == audit.StateBaseline || (st.State == audit.StatePartial && opts.AcceptState != nil)):
+		default:
+			rep, err := Apply(ctx, conn, opts)
+			if err != nil && !open {
+				rep.Message += "; --quiesce paused nothing: it quiesces the pgflow 0.16.0 baseline only"
+			}
+			return rep, err
+		}
+	}
 	if opts.DryRun {
 		// Changes nothing: the inventory says what would change, and the
 		// transaction runs as any dry run does.
@@ -44,15 +68,7 @@ func applyQuiesced(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, 
 		}
 		return rep, aerr
 	}
-	if !q.Resume {
-		// Already 0.17.0 and nothing recorded: nothing to pause for.
-		st, err := DetectState(ctx, conn)
-		if err == nil && st.State == audit.StateUpgraded {
-			if rec, lerr := quiesce.Load(ctx, conn); lerr == nil && rec == nil {
-				return Apply(ctx, conn, opts)
-			}
-		}
-	}
+	opts.quiesced = true
 	before := opts.BeforeCommit
 	opts.BeforeCommit = func(ctx context.Context, tx pgx.Tx) error {
 		if before != nil {

@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online/shape"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 )
 
 // Detection is which pgflow a database has, and what to do next. Its JSON
@@ -24,10 +27,17 @@ type Detection struct {
 	// Additions: what the database has beyond the description of Found
 	// (users' own indexes, constraints, functions...): tolerated, listed.
 	Additions []catalog.Difference `json:"additions,omitempty"`
-	// Online: an unfinished `apply --online` of ours (set by internal/online
-	// through SetOnline; Detect does not look for it).
-	Online   *Online `json:"online,omitempty"`
-	NextStep string  `json:"next_step"`
+	// Online: an unfinished `apply --online` of ours (Detect reads its
+	// objects from the catalog, package shape): State is then StateOnline,
+	// and Found, Closest and Differences stay what the catalog matched.
+	Online *Online `json:"online,omitempty"`
+	// Quiesce: an `apply --quiesce` whose record is still open (it was
+	// killed or crashed before its restore): the worker functions and cron
+	// jobs it recorded stay disabled and paused until it is finished or
+	// undone. It does not change State; NextStep names its two commands.
+	// Nil also when the role cannot read the record (audit says so).
+	Quiesce  *Quiesce `json:"quiesce,omitempty"`
+	NextStep string   `json:"next_step"`
 	// Shallow: a pgflow table was locked (by another session, ACCESS
 	// EXCLUSIVE) past the lock timeout, so constraint, index and trigger
 	// definitions were compared by name only (catalog.ReadShallow).
@@ -47,15 +57,38 @@ type Online struct {
 	Undo     string `json:"undo,omitempty"`
 }
 
+// Quiesce is an open apply --quiesce record (internal/quiesce): its phase,
+// what it recorded, and the commands that finish or undo it.
+type Quiesce struct {
+	Phase     string    `json:"phase"`
+	Since     time.Time `json:"since"`
+	Functions int       `json:"functions"` // worker functions recorded (and disabled)
+	CronJobs  int       `json:"cron_jobs"` // cron jobs recorded (and paused)
+	Resume    string    `json:"resume"`
+	Undo      string    `json:"undo"`
+}
+
+// NewQuiesce summarises a recorded quiesce.
+func NewQuiesce(s *quiesce.State) *Quiesce {
+	q := &Quiesce{Phase: string(s.Phase), Since: s.StartedAt, Resume: quiesce.ResumeCommand(s.Mode), Undo: quiesce.UndoCommand}
+	q.Functions, q.CronJobs = s.Counts()
+	return q
+}
+
+// SetQuiesce records an open quiesce record; the next step follows it.
+func (d *Detection) SetQuiesce(q *Quiesce) {
+	d.Quiesce = q
+	d.NextStep = nextStep(d)
+}
+
 // Commands that continue or undo an online upgrade (internal/cli).
 const (
 	ContinueOnline = "pgflow-upgrade apply --online"
 	UndoOnline     = "pgflow-upgrade apply --rollback-online"
 )
 
-// SetOnline records an online upgrade in progress (called by
-// internal/online, which owns that detection); the state and next step
-// follow it, what was found stays.
+// SetOnline records an online upgrade in progress at phase; the state and
+// next step follow it, what was found stays.
 func (d *Detection) SetOnline(phase string) {
 	d.Online = &Online{Phase: phase, Continue: ContinueOnline, Undo: UndoOnline}
 	d.State = StateOnline
@@ -90,6 +123,9 @@ func (d *Detection) DifferenceStrings() []string { return catalog.Strings(d.Diff
 
 // Detect reads the live catalog of schema pgflow once (catalog.Read: one
 // read-only catalog query, no table locks) and says which version it is.
+// A 0.16.0 schema (with or without differences) that holds the objects of
+// an unfinished `apply --online` of ours is that online upgrade in
+// progress (StateOnline), named with its phase.
 func Detect(ctx context.Context, q catalog.Querier) (*Detection, error) {
 	ok, err := catalog.Exists(ctx, q, Schema)
 	if err != nil {
@@ -111,6 +147,24 @@ func Detect(ctx context.Context, q catalog.Querier) (*Detection, error) {
 	}
 	d := Classify(c)
 	d.Shallow = c.Shallow
+	if d.State == StateReady || d.State == StateUnknown {
+		// Only these can be one: a 0.17.x schema has queue_name columns of
+		// its own, and the shape alone cannot tell them from a backfill.
+		s, err := shape.Detect(ctx, q)
+		if err != nil {
+			return nil, fmt.Errorf("detecting the pgflow version: %w", err)
+		}
+		if s.InProgress() {
+			d.SetOnline(string(s.Phase()))
+		}
+	}
+	rec, _, err := quiesce.Find(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("detecting the pgflow version: %w", err)
+	}
+	if rec != nil {
+		d.SetQuiesce(NewQuiesce(rec))
+	}
 	return d, nil
 }
 
@@ -163,6 +217,11 @@ func additions(want, c *catalog.Catalog) []catalog.Difference {
 }
 
 func nextStep(d *Detection) string {
+	if q := d.Quiesce; q != nil {
+		return fmt.Sprintf("an interrupted `pgflow-upgrade apply --quiesce` left its record open (phase %s, since %s): the %d worker function(s) and %d cron job(s) it recorded stay disabled and paused until it is closed; "+
+			"run `%s` to finish it (it continues from its phase, upgrades if that is not done, and restores the recorded values), or `%s` to restore them without upgrading",
+			q.Phase, q.Since.UTC().Format(time.RFC3339), q.Functions, q.CronJobs, q.Resume, q.Undo)
+	}
 	switch d.State {
 	case StateNotPgflow:
 		return "no pgflow schema in this database: point --dsn at the right database (there is nothing to upgrade here)"

@@ -127,7 +127,9 @@ func TestDetectNamesWhatDiffers(t *testing.T) {
 	}
 }
 
-// Half of the 0.17.0 change (a column added by hand) is neither version.
+// Half of the 0.17.0 change (a nullable queue_name column) is neither
+// version: it is the shape of an online upgrade in its backfill, named as
+// such with its phase, what differs from 0.16.0 still listed.
 func TestDetectHalfUpgraded(t *testing.T) {
 	db := versiontest.DB(t, versions.MustLookup("0.16.0"))
 	ctx := context.Background()
@@ -138,14 +140,38 @@ func TestDetectHalfUpgraded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if det.State != versions.StateUnknown || det.Closest != "0.16.0" || len(det.Differences) != 1 ||
+	if det.State != versions.StateOnline || det.Closest != "0.16.0" || len(det.Differences) != 1 ||
 		det.Differences[0].Kind != catalog.KindColumn || det.Differences[0].Change != catalog.ChangeExtra || det.Differences[0].Name != "queue_name" {
 		t.Fatalf("detected %s closest %s: %v", det.State, det.Closest, det.DifferenceStrings())
 	}
-	// internal/online fills in its phase when the shape is its own.
-	det.SetOnline("backfill")
-	if det.State != versions.StateOnline || !strings.Contains(det.NextStep, "pgflow-upgrade apply --online") || !strings.Contains(det.NextStep, "phase backfill") {
-		t.Fatalf("online: %s %q", det.State, det.NextStep)
+	if det.Online == nil || det.Online.Phase != "backfill" || !strings.Contains(det.NextStep, "pgflow-upgrade apply --online") ||
+		!strings.Contains(det.NextStep, "pgflow-upgrade apply --rollback-online") || strings.Contains(det.NextStep, "restore those objects") {
+		t.Fatalf("online: %s %+v %q", det.State, det.Online, det.NextStep)
+	}
+	// Without it, the same schema is 0.16.0 again.
+	if _, err := db.Pool.Exec(ctx, `alter table pgflow.step_tasks drop column queue_name`); err != nil {
+		t.Fatal(err)
+	}
+	if det, err = versions.Detect(ctx, db.Pool); err != nil || det.State != versions.StateReady || det.Online != nil {
+		t.Fatalf("after dropping the column: %v %+v", err, det)
+	}
+}
+
+// Only the progress table of an online upgrade (killed in its expand,
+// before the columns): 0.16.0 by its catalog, and yet an online upgrade in
+// progress, which plain apply must not build on.
+func TestDetectOnlineExpand(t *testing.T) {
+	db := versiontest.DB(t, versions.MustLookup("0.16.0"))
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, `create schema pgflow_upgrade; create table pgflow_upgrade.online_progress (id int)`); err != nil {
+		t.Fatal(err)
+	}
+	det, err := versions.Detect(ctx, db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if det.State != versions.StateOnline || det.Found != "0.16.0" || det.Online == nil || det.Online.Phase != "expand" {
+		t.Fatalf("detected %s found %q online %+v", det.State, det.Found, det.Online)
 	}
 }
 
