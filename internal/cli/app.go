@@ -261,8 +261,27 @@ func connectHint(err error) string {
 		case "53300":
 			return "the server has no connection slots left: retry later or raise max_connections"
 		}
+		if param, ok := strings.CutPrefix(pgErr.Message, "unsupported startup parameter: "); ok {
+			return startupParamHint(param)
+		}
 	}
 	return "check the host, port, user, password and database, and that the server accepts connections from here"
+}
+
+// startupParamHint: a connection pooler (PgBouncer says "unsupported
+// startup parameter: <name>") refused a setting the connection sends when
+// it starts. For options, that is the DSN's options= (or PGOPTIONS): such a
+// pooler passes no options to the server at all, so the settings have to
+// reach the session another way.
+func startupParamHint(param string) string {
+	if param == "options" {
+		return "the server is a connection pooler (PgBouncer) that refuses the startup parameter options, which the DSN's options= (or PGOPTIONS) sends; " +
+			"remove options from the DSN and PGOPTIONS, and set what it set on the role instead (ALTER ROLE ... SET name = value), " +
+			"or connect to PostgreSQL directly instead of through the pooler; adding options to the pooler's ignore_startup_parameters " +
+			"lets the connection through but drops those settings without a word"
+	}
+	return fmt.Sprintf("the server is a connection pooler (PgBouncer) that refuses the startup parameter %s: remove it from the DSN "+
+		"(or its PG* variable), or connect to PostgreSQL directly instead of through the pooler", param)
 }
 
 // jsonOutput says whether --format json was chosen.

@@ -112,12 +112,16 @@ func (a *App) applyOnlineAction(c *ucli.Context) error {
 	rep, applyErr := online.Apply(ctx, conn, opts)
 	code := applyExitCode(applyErr, conn, ctx.Err() != nil)
 	if applyErr != nil {
+		blocked := code == ExitEnvironment
 		if env := a.diagnose(ctx, t, applyErr); env != nil {
-			// A rerun fails the same way: no "run again to continue".
+			// A rerun fails the same way (no "run again to continue"),
+			// unless the diagnosis says it may pass.
+			env = env.forOnline()
 			code = ExitEnvironment
 			rep.Message = env.Error()
+			blocked = !env.mayPass()
 		}
-		remains, phase := a.onlineRemains(ctx, t, code == ExitEnvironment)
+		remains, phase := a.onlineRemains(ctx, t, blocked)
 		msg := withoutRerunAdvice(rep.Message)
 		if phase {
 			// The switch's own words are about its transaction only.

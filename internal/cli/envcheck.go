@@ -22,19 +22,52 @@ import (
 // nobody is told to "run again" when a rerun cannot succeed.
 
 // envError is a cause in the environment; a rerun fails the same way until
-// it is fixed.
+// it is fixed, unless rerun says otherwise.
 type envError struct {
 	cause string // what is wrong, and where it is set
 	hint  string // what to do
 	err   error  // the error it caused (nil when found beforehand)
+	// rerun, when set, is what a rerun does instead (a rerun may get
+	// through: see forOnline).
+	rerun string
+	// statementTimeout: the cause is a statement_timeout, reset this way.
+	statementTimeout *timeoutSource
 }
 
+// timeoutSource says how to undo a statement_timeout where it is set.
+type timeoutSource struct{ reset string }
+
 func (e *envError) Error() string {
-	msg := e.cause + ": " + e.hint + " (a rerun fails the same way until then)"
+	rerun := e.rerun
+	if rerun == "" {
+		rerun = "a rerun fails the same way until then"
+	}
+	msg := e.cause + ": " + e.hint + " (" + rerun + ")"
 	if e.err != nil {
 		msg += ": " + e.err.Error()
 	}
 	return msg
+}
+
+// mayPass says whether a rerun may get through with the cause unchanged.
+func (e *envError) mayPass() bool { return e.rerun != "" }
+
+// forOnline rewords a diagnosis for apply --online. The online path sets
+// statement_timeout itself on its long statements (the DDL, each batch,
+// the index builds); a role's or database's statement_timeout only reaches
+// its catalog reads and checks, which take longer or not depending on the
+// server's load: a rerun continues from where the run stopped and may get
+// through, or stop on the same timeout again.
+func (e *envError) forOnline() *envError {
+	var pgErr *pgconn.PgError
+	if errors.As(e.err, &pgErr) && pgErr.Code == "57014" && e.statementTimeout != nil {
+		st := e.statementTimeout
+		e.hint = fmt.Sprintf("apply --online bounds its long statements itself (the DDL, each batch, the index builds), but its catalog reads and checks "+
+			"run under this timeout and one of them took longer; to be sure of the next run, run it without the timeout: add options=-cstatement_timeout=0 "+
+			"to the DSN (or PGOPTIONS), or %s", st.reset)
+		e.rerun = "a rerun continues from where this one stopped, and may get through or stop on this timeout again, depending on the server's load"
+	}
+	return e
 }
 
 func (e *envError) Unwrap() error { return e.err }
@@ -135,7 +168,8 @@ func (a *App) diagnose(ctx context.Context, t *target, failure error) *envError 
 		return &envError{err: failure,
 			cause: fmt.Sprintf("a statement ran into statement_timeout %s, %s", st.value, where),
 			hint: "the migration's statements (the step_tasks rewrite, the index builds) take longer; run apply without it: add options=-cstatement_timeout=0 " +
-				"to the DSN (or PGOPTIONS), or " + reset}
+				"to the DSN (or PGOPTIONS), or " + reset,
+			statementTimeout: &timeoutSource{reset: reset}}
 	case "25P04": // idle_session_timeout
 		st, err := readSetting(ctx, conn, "idle_session_timeout")
 		if err != nil || st.value == "0" {
