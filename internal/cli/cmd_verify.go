@@ -189,7 +189,7 @@ func writeRouteFindings(w io.Writer, rr *routesResult) {
 	}
 	for _, r := range rr.Routes {
 		if r.State == routes.StateUnknown {
-			writeBlock(w, "CANNOT TELL route: ", fmt.Sprintf("flow %s, %s, queue %s: %s", r.Flow, r.StepLabel(), r.Queue, r.Error), 2)
+			writeBlock(w, "CANNOT TELL route: ", r.Where()+": "+r.Error, 2)
 		}
 	}
 	if rr.LegacyBeside > 0 {

@@ -480,7 +480,7 @@ func decide(rep *Report) {
 // finding is the route's failure, if it has one.
 func finding(r Route) (Finding, bool) {
 	f := Finding{Flow: r.Flow, Step: r.Step, Queue: r.Queue, State: r.State, Waiting: r.Waiting, Since: r.WaitingSince}
-	where := fmt.Sprintf("flow %s, %s, queue %s", r.Flow, stepPhrase(r), r.Queue)
+	where := r.Where()
 	waits := "no message waits yet"
 	if r.Waiting > 0 {
 		waits = fmt.Sprintf("%d message(s) waiting since %s", r.Waiting, r.WaitingSince.UTC().Format(time.RFC3339))
@@ -505,11 +505,14 @@ func finding(r Route) (Finding, bool) {
 	return f, true
 }
 
-func stepPhrase(r Route) string {
-	if r.Step == "" {
-		return "all steps"
+// Where names the route in a sentence: "flow img, step resize, queue
+// img__resize" ("all steps" in flow mode).
+func (r Route) Where() string {
+	step := "all steps"
+	if r.Step != "" {
+		step = "step " + r.Step
 	}
-	return "step " + r.Step
+	return fmt.Sprintf("flow %s, %s, queue %s", r.Flow, step, r.Queue)
 }
 
 // deploy says which worker serves the route.
