@@ -256,7 +256,8 @@ as $$
 declare
   v_names text[];
 begin
-  select pg_catalog.array_agg(q.queue_name::text order by q.queue_name)
+  -- The spellings are listed in the database's default collation order.
+  select pg_catalog.array_agg(q.queue_name::text order by q.queue_name::text)
     into v_names
     from pgmq.list_queues() q
    where pg_catalog.lower(q.queue_name::text) = pg_catalog.lower(p_queue_name);
@@ -264,9 +265,8 @@ begin
     return p_queue_name;
   end if;
   if pg_catalog.cardinality(v_names) > 1 then
-    raise exception 'pgmq lists more than one queue named % in some case: %', p_queue_name, v_names
-      using errcode = 'ambiguous_alias',
-            hint = 'Drop the extra queues so that one spelling is left.';
+    raise exception 'queue name "%" is ambiguous: it matches listed queues %', p_queue_name, v_names
+      using errcode = 'ambiguous_alias';
   end if;
   return v_names[1];
 end
@@ -282,19 +282,23 @@ set search_path = ''
 as $$
 declare
   v_readable text := pg_catalog.lower(p_flow_slug || '__' || p_step_slug);
+  v_shortest text := pg_catalog.lower(p_flow_slug || '__0');
   v_fallback text := pg_catalog.lower(p_flow_slug || '__' || p_step_index::text);
 begin
   if pg_catalog.length(v_readable) <= 47 then
     return v_readable;
   end if;
-  if pg_catalog.length(pg_catalog.lower(p_flow_slug || '__0')) > 47 then
-    raise exception 'flow slug % is too long for step queues: % is over 47 characters', p_flow_slug, pg_catalog.lower(p_flow_slug || '__0')
-      using errcode = 'invalid_parameter_value',
-            hint = 'Use a shorter flow slug for a step-mode flow.';
+  if pg_catalog.length(v_shortest) > 47 then
+    raise exception 'Flow "%" cannot use per-step queues.', p_flow_slug
+      using detail = pg_catalog.format('The shortest required queue "%s" is %s characters; PGMQ allows at most 47.',
+                                       v_shortest, pg_catalog.length(v_shortest)),
+            hint = 'Shorten the concrete flow slug or use the default single queue.';
   end if;
   if pg_catalog.length(v_fallback) > 47 then
-    raise exception 'no step queue name fits 47 characters for step % of flow % (tried % and %)', p_step_slug, p_flow_slug, v_readable, v_fallback
-      using errcode = 'invalid_parameter_value';
+    raise exception 'Cannot derive a queue for step "%" at index % in flow "%".', p_step_slug, p_step_index, p_flow_slug
+      using detail = pg_catalog.format('The readable name is %s characters and the index fallback is %s; PGMQ allows at most 47.',
+                                       pg_catalog.length(v_readable), pg_catalog.length(v_fallback)),
+            hint = 'Shorten the concrete flow slug, shorten the step slug enough for the readable name, or use the default single queue.';
   end if;
   return v_fallback;
 end
@@ -309,57 +313,74 @@ language plpgsql
 set search_path = ''
 as $$
 declare
-  v_steps jsonb := coalesce(p_shape -> 'steps', '[]'::jsonb);
-  v_step jsonb;
+  v_slug_rule constant text := 'Slugs are 1-128 characters of letters, digits, and single underscores, must start with a letter, cannot end with an underscore, cannot contain ''__'', and cannot be the reserved word ''run''.';
+  v_mode text := coalesce(p_queue_mode, 'flow');
+  v_steps jsonb := p_shape -> 'steps';
+  v_slugs text[] := '{}';
+  v_names text[] := '{}';
   v_slug text;
   v_name text;
-  v_index integer := 0;
+  v_index integer;
+  v_earlier integer;
   v_routes jsonb := '[]'::jsonb;
-  v_seen_slugs text[] := '{}';
-  v_seen_names text[] := '{}';
 begin
-  if p_queue_mode is null or p_queue_mode not in ('flow', 'step') then
-    raise exception 'queue mode must be ''flow'' or ''step'', got %', coalesce(p_queue_mode, 'NULL')
-      using errcode = 'invalid_parameter_value';
+  -- The checks run in a fixed order, so that a definition with several
+  -- faults always reports the same one first: the mode, an empty step-mode
+  -- flow, the flow slug, every step slug, then step by step the
+  -- case-insensitive collisions and the queue names. A NULL mode is the
+  -- default flow mode.
+  if p_queue_mode is not null and p_queue_mode not in ('flow', 'step') then
+    raise exception 'Unknown queue mode "%".', p_queue_mode
+      using hint = 'Queue mode must be ''flow'' or ''step''.';
   end if;
-  if pg_catalog.jsonb_typeof(v_steps) <> 'array' then
-    raise exception 'flow shape of % has no steps array', p_flow_slug
-      using errcode = 'invalid_parameter_value';
-  end if;
-  if p_queue_mode = 'step' and pg_catalog.jsonb_array_length(v_steps) = 0 then
-    raise exception 'step-mode flow % needs at least one step', p_flow_slug
-      using errcode = 'invalid_parameter_value';
+  -- A steps value that is not an array fails here in step mode (PostgreSQL's
+  -- own 22023), and when its elements are read in flow mode.
+  if v_mode = 'step' and coalesce(pg_catalog.jsonb_array_length(v_steps), 0) = 0 then
+    raise exception 'Flow "%" cannot use per-step queues: it has no steps.', p_flow_slug
+      using detail = 'Per-step queue mode requires at least one step.',
+            hint = 'Add a step or keep the flow on the default single queue.';
   end if;
   if not coalesce(pgflow.is_valid_slug(p_flow_slug), false) then
-    raise exception 'invalid flow slug: %', p_flow_slug
-      using errcode = 'invalid_parameter_value',
-            hint = 'A slug starts with a letter, ends with a letter or digit, has only letters, digits and single underscores, and is at most 128 characters.';
+    raise exception 'Flow slug "%" is not valid.', p_flow_slug
+      using detail = v_slug_rule,
+            hint = 'Fix the flow slug in the flow definition.';
   end if;
-  for v_step in select e.value from pg_catalog.jsonb_array_elements(v_steps) e loop
-    v_slug := v_step ->> 'slug';
+
+  select coalesce(pg_catalog.array_agg(e.value ->> 'slug' order by e.ord), '{}')
+    into v_slugs
+    from pg_catalog.jsonb_array_elements(v_steps) with ordinality as e(value, ord);
+  foreach v_slug in array v_slugs loop
     if not coalesce(pgflow.is_valid_slug(v_slug), false) then
-      raise exception 'invalid step slug % in flow %', coalesce(v_slug, 'NULL'), p_flow_slug
-        using errcode = 'invalid_parameter_value';
+      raise exception 'Step slug "%" in flow "%" is not valid.', v_slug, p_flow_slug
+        using detail = v_slug_rule,
+              hint = 'Fix the step slug in the flow definition.';
     end if;
-    if pg_catalog.lower(v_slug) = any (v_seen_slugs) then
-      raise exception 'step slugs of flow % repeat case-insensitively: %', p_flow_slug, v_slug
-        using errcode = 'invalid_parameter_value';
-    end if;
-    v_seen_slugs := v_seen_slugs || pg_catalog.lower(v_slug);
-    if p_queue_mode = 'step' then
+  end loop;
+
+  for v_index in 0 .. pg_catalog.cardinality(v_slugs) - 1 loop
+    v_slug := v_slugs[v_index + 1];
+    for v_earlier in 1 .. v_index loop
+      if pg_catalog.lower(v_slugs[v_earlier]) = pg_catalog.lower(v_slug) then
+        raise exception 'Steps "%" and "%" in flow "%" conflict case-insensitively.', v_slugs[v_earlier], v_slug, p_flow_slug
+          using detail = 'Step slugs must be unique case-insensitively.',
+                hint = 'Rename one of the colliding steps.';
+      end if;
+    end loop;
+    if v_mode = 'step' then
       v_name := pgflow._resolve_step_queue_name(p_flow_slug, v_slug, v_index);
       perform pgmq.validate_queue_name(v_name);
-      if v_name = any (v_seen_names) then
-        raise exception 'step queue name % repeats in flow %', v_name, p_flow_slug
-          using errcode = 'invalid_parameter_value';
+      v_earlier := pg_catalog.array_position(v_names, v_name);
+      if v_earlier is not null then
+        raise exception 'Steps "%" and "%" in flow "%" both resolve to queue "%".', v_slugs[v_earlier], v_slug, p_flow_slug, v_name
+          using detail = 'Generated queue names must be unique per flow.',
+                hint = 'Step slugs must be unique case-insensitively; rename one of the colliding steps.';
       end if;
-      v_seen_names := v_seen_names || v_name;
     else
       v_name := pg_catalog.lower(p_flow_slug);
     end if;
+    v_names := v_names || v_name;
     v_routes := v_routes || pg_catalog.jsonb_build_array(
       pg_catalog.jsonb_build_object('stepSlug', v_slug, 'queueName', v_name));
-    v_index := v_index + 1;
   end loop;
   return v_routes;
 end
@@ -394,6 +415,12 @@ declare
   v_status text;
   v_step record;
   v_started pgflow.step_states;
+  v_slugs text[] := '{}';
+  v_flows text[] := '{}';
+  v_queues text[] := '{}';
+  v_delays integer[] := '{}';
+  v_counts integer[] := '{}';
+  v_i integer;
   v_ids bigint[];
 begin
   select r.status into v_status from pgflow.runs r where r.run_id = start_ready_steps.run_id;
@@ -401,8 +428,9 @@ begin
     return;
   end if;
 
-  -- The ready steps, locked, in slug order (usually none: then this indexed
-  -- read is the whole call). Each is started, broadcast, sent and recorded.
+  -- The ready steps, locked and started in slug order (usually none: then
+  -- this indexed read is the whole call). Every step:<slug>:started is
+  -- broadcast before any message is sent, as pgflow 0.17.0 orders them.
   for v_step in
     select ss.flow_slug, ss.step_slug, s.queue_name, coalesce(s.opt_start_delay, 0) as start_delay
       from pgflow.step_states ss
@@ -434,97 +462,128 @@ begin
       'pgflow:run:' || v_started.run_id,
       false);
 
+    v_slugs := v_slugs || v_step.step_slug;
+    v_flows := v_flows || v_step.flow_slug;
+    v_queues := v_queues || v_step.queue_name;
+    v_delays := v_delays || v_step.start_delay;
+    v_counts := v_counts || v_started.initial_tasks;
+  end loop;
+
+  -- Then one batch per started step, in the same slug order, to the step's
+  -- queue; each task is recorded with that queue and its message.
+  for v_i in 1 .. pg_catalog.cardinality(v_slugs) loop
     select pg_catalog.array_agg(m.id order by m.ord) into v_ids
       from pgmq.send_batch(
-             v_step.queue_name,
+             v_queues[v_i],
              array(select pg_catalog.jsonb_build_object(
-                            'flow_slug', v_step.flow_slug,
-                            'run_id', v_started.run_id,
-                            'step_slug', v_step.step_slug,
+                            'flow_slug', v_flows[v_i],
+                            'run_id', start_ready_steps.run_id,
+                            'step_slug', v_slugs[v_i],
                             'task_index', i)
-                     from pg_catalog.generate_series(0, v_started.initial_tasks - 1) i
+                     from pg_catalog.generate_series(0, v_counts[v_i] - 1) i
                     order by i),
-             v_step.start_delay) with ordinality as m(id, ord);
+             v_delays[v_i]) with ordinality as m(id, ord);
 
     insert into pgflow.step_tasks (flow_slug, run_id, step_slug, task_index, message_id, queue_name)
-    select v_step.flow_slug, v_started.run_id, v_step.step_slug, (m.ord - 1)::integer, m.id, v_step.queue_name
+    select v_flows[v_i], start_ready_steps.run_id, v_slugs[v_i], (m.ord - 1)::integer, m.id, v_queues[v_i]
       from pg_catalog.unnest(v_ids) with ordinality as m(id, ord);
   end loop;
 end
 $$;
 
 -- Skips a step and every transitive dependent still created or started,
--- their active tasks, and those tasks' messages (per queue).
+-- and their active tasks; archives those tasks' messages (see below for
+-- which queues).
 create or replace function pgflow._cascade_force_skip_steps(run_id uuid, step_slug text, skip_reason text)
 returns integer
 language plpgsql
 as $$
 declare
   v_flow_slug text;
-  v_slugs text[];
-  v_reasons text[];
-  v_times timestamptz[];
+  v_count integer := 0;
   v_skipped record;
   v_group record;
+  v_archived integer;
+  v_slugs text[] := '{}';
 begin
   select r.flow_slug into v_flow_slug
     from pgflow.runs r where r.run_id = _cascade_force_skip_steps.run_id;
-  if not found then
-    raise exception 'run % not found', _cascade_force_skip_steps.run_id
-      using errcode = 'no_data_found';
+  if v_flow_slug is null then
+    raise exception 'Run not found: %', _cascade_force_skip_steps.run_id;
   end if;
 
-  with recursive tree(step_slug) as (
-    select _cascade_force_skip_steps.step_slug
-    union
-    select d.step_slug
-      from pgflow.deps d
-      join tree on d.dep_slug = tree.step_slug
-     where d.flow_slug = v_flow_slug
-  ), skipped as (
-    update pgflow.step_states ss
-       set status = 'skipped',
-           skip_reason = case when ss.step_slug = _cascade_force_skip_steps.step_slug
-                              then _cascade_force_skip_steps.skip_reason
-                              else 'dependency_skipped' end,
-           skipped_at = pg_catalog.now(),
-           remaining_tasks = null
-      from tree
-     where ss.run_id = _cascade_force_skip_steps.run_id
-       and ss.step_slug = tree.step_slug
-       and ss.status in ('created', 'started')
-    returning ss.step_slug, ss.skip_reason, ss.skipped_at
-  )
-  select pg_catalog.array_agg(k.step_slug), pg_catalog.array_agg(k.skip_reason), pg_catalog.array_agg(k.skipped_at)
-    into v_slugs, v_reasons, v_times
-    from skipped k;
-
-  if v_slugs is null then
-    return 0;
-  end if;
-
+  -- The step and every transitive dependent still created or started are
+  -- skipped in one statement; the trigger keeps the given reason, the
+  -- dependents get dependency_skipped.
+  --
+  -- Broadcast order: pgflow 0.17.0 sends from inside its UPDATE, so its
+  -- order is the order the executor visits the rows, which depends on the
+  -- plan (no ORDER BY applies): ascending step_slug when the set of steps
+  -- to skip drives the join (tiny or unanalysed tables), the physical order
+  -- of the run's step_states rows when they drive it (realistic
+  -- statistics, and what upstream's workloads and tests show). A row moves
+  -- each time it is updated, so a dependent untouched since start_flow
+  -- comes before the trigger whose remaining_deps was just decremented.
+  -- The physical order is followed here whatever the plan, read before the
+  -- update moves the rows.
   for v_skipped in
-    select x.slug, x.reason, x.at
-      -- unnest of several arrays is FROM-clause syntax and cannot be schema-qualified.
-      from unnest(v_slugs, v_reasons, v_times) as x(slug, reason, at)
-      join pgflow.steps s on s.flow_slug = v_flow_slug and s.step_slug = x.slug
-     order by s.step_index
+    with recursive tree(step_slug) as (
+      select _cascade_force_skip_steps.step_slug
+      union
+      select d.step_slug
+        from pgflow.deps d
+        join tree on d.dep_slug = tree.step_slug
+       where d.flow_slug = v_flow_slug
+    ), targets as materialized (
+      select ss.ctid as position, ss.step_slug
+        from pgflow.step_states ss
+       where ss.run_id = _cascade_force_skip_steps.run_id
+         and ss.step_slug in (select tree.step_slug from tree)
+         and ss.status in ('created', 'started')
+         for update of ss
+    ), skipped as (
+      update pgflow.step_states ss
+         set status = 'skipped',
+             skip_reason = case when ss.step_slug = _cascade_force_skip_steps.step_slug
+                                then _cascade_force_skip_steps.skip_reason
+                                else 'dependency_skipped' end,
+             skipped_at = pg_catalog.now(),
+             remaining_tasks = null
+        from targets x
+       where ss.run_id = _cascade_force_skip_steps.run_id
+         and ss.step_slug = x.step_slug
+      returning ss.step_slug, ss.skip_reason, ss.skipped_at
+    )
+    select k.step_slug, k.skip_reason, k.skipped_at
+      from skipped k
+      join targets x on x.step_slug = k.step_slug
+     order by x.position
   loop
+    v_count := v_count + 1;
+    v_slugs := v_slugs || v_skipped.step_slug;
     perform realtime.send(
       pg_catalog.jsonb_build_object(
         'event_type', 'step:skipped',
         'run_id', _cascade_force_skip_steps.run_id,
         'flow_slug', v_flow_slug,
-        'step_slug', v_skipped.slug,
+        'step_slug', v_skipped.step_slug,
         'status', 'skipped',
-        'skip_reason', v_skipped.reason,
-        'skipped_at', v_skipped.at),
-      'step:' || v_skipped.slug || ':skipped',
+        'skip_reason', v_skipped.skip_reason,
+        'skipped_at', v_skipped.skipped_at),
+      'step:' || v_skipped.step_slug || ':skipped',
       'pgflow:run:' || _cascade_force_skip_steps.run_id,
       false);
   end loop;
 
-  -- Their active tasks first, then the messages, one archive per queue.
+  -- The skipped steps' active tasks are all skipped. Their messages are
+  -- archived per queue as pgflow 0.17.0 does it: queue by queue only until
+  -- one archive call archives a message; the messages of the remaining
+  -- queues stay live (0.17.1 archives every queue). Flow mode has one
+  -- queue and is not affected. Which queue comes first follows
+  -- upstream's aggregate output, which no ORDER BY fixes; name order here.
+  if v_count = 0 then
+    return 0;
+  end if;
   for v_group in
     with done as (
       update pgflow.step_tasks t
@@ -540,83 +599,84 @@ begin
      group by done.queue_name
      order by done.queue_name
   loop
-    perform pgmq.archive(v_group.queue_name, v_group.ids);
+    select pg_catalog.count(*)::integer into v_archived from pgmq.archive(v_group.queue_name, v_group.ids);
+    exit when v_archived > 0;
   end loop;
 
   update pgflow.runs r
-     set remaining_steps = r.remaining_steps - pg_catalog.cardinality(v_slugs)
+     set remaining_steps = r.remaining_steps - v_count
    where r.run_id = _cascade_force_skip_steps.run_id;
 
-  return pg_catalog.cardinality(v_slugs);
+  return v_count;
 end
 $$;
 
 -- Decides the conditions of every created step whose dependencies are done:
 -- an unmet 'fail' step fails the run (false); unmet 'skip' steps are skipped;
 -- unmet 'skip-cascade' steps are skipped with their dependents. Repeats while
--- skips make new steps ready (at most 50 rounds).
+-- plain skips make new steps ready (at most 50 iterations).
 create or replace function pgflow.cascade_resolve_conditions(run_id uuid)
 returns boolean
 language plpgsql
 set search_path = ''
 as $$
 declare
-  v_run pgflow.runs;
+  v_status text;
+  v_input jsonb;
+  v_flow_slug text;
   v_round integer := 0;
   v_fail_slug text;
   v_skip_slugs text[];
-  v_cascade_slugs text[];
-  v_now timestamptz;
   v_skip record;
   v_slug text;
+  v_now timestamptz;
   v_group record;
 begin
-  select * into v_run from pgflow.runs r where r.run_id = cascade_resolve_conditions.run_id;
-  if not found or v_run.status = 'failed' then
-    return false;
-  end if;
-  if v_run.status = 'completed' then
-    return true;
+  -- A finished run: true when completed, false when failed. A run that
+  -- does not exist is not an error here: nothing is found, true.
+  select r.status, r.input, r.flow_slug into v_status, v_input, v_flow_slug
+    from pgflow.runs r where r.run_id = cascade_resolve_conditions.run_id;
+  if v_status in ('failed', 'completed') then
+    return v_status <> 'failed';
   end if;
 
+  -- Each iteration: the first unmet 'fail' step fails the run; else every
+  -- unmet 'skip' step is skipped (its dependents lose a dependency); then,
+  -- seeing those skips, every unmet 'skip-cascade' step is skipped with its
+  -- dependents. Another iteration follows only when plain skips happened
+  -- (they can make new steps ready). A step's condition input: the run
+  -- input for a root step, else the completed dependencies' outputs keyed
+  -- by slug (skipped ones absent).
   loop
     v_round := v_round + 1;
     if v_round > 50 then
-      raise exception 'cascade_resolve_conditions: more than 50 rounds for run %', cascade_resolve_conditions.run_id;
+      raise exception 'cascade_resolve_conditions exceeded safety limit of % iterations', 50;
     end if;
 
-    -- Created steps whose dependencies are done and whose patterns say no.
-    -- The condition input: the run input for a root step, else the outputs
-    -- of the completed dependencies keyed by slug (skipped ones absent).
-    select (pg_catalog.array_agg(c.step_slug order by c.step_index) filter (where c.when_unmet = 'fail'))[1],
-           pg_catalog.array_agg(c.step_slug order by c.step_index) filter (where c.when_unmet = 'skip'),
-           pg_catalog.array_agg(c.step_slug order by c.step_index) filter (where c.when_unmet = 'skip-cascade')
-      into v_fail_slug, v_skip_slugs, v_cascade_slugs
-      from (
-        select s.step_slug, s.step_index, s.when_unmet, s.required_input_pattern, s.forbidden_input_pattern,
-               case when s.deps_count = 0 then v_run.input
+    -- 1. The first unmet 'fail' step (in step order) fails the run, if the
+    --    run is still started; false either way.
+    select s.step_slug
+      from pgflow.step_states ss
+      join pgflow.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+      cross join lateral (
+        select case when s.deps_count = 0 then v_input
                     else coalesce((select pg_catalog.jsonb_object_agg(d.dep_slug, ds.output)
                                      from pgflow.deps d
                                      join pgflow.step_states ds
                                        on ds.run_id = ss.run_id and ds.step_slug = d.dep_slug and ds.status = 'completed'
                                     where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug), '{}'::jsonb)
-               end as cond_input
-          from pgflow.step_states ss
-          join pgflow.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
-         where ss.run_id = cascade_resolve_conditions.run_id
-           and ss.status = 'created'
-           and ss.remaining_deps = 0
-           and (s.required_input_pattern is not null or s.forbidden_input_pattern is not null)
-      ) c
-     where not ((c.required_input_pattern is null or c.cond_input @> c.required_input_pattern)
-                and (c.forbidden_input_pattern is null or not (c.cond_input @> c.forbidden_input_pattern)));
-
-    if v_fail_slug is null and v_skip_slugs is null and v_cascade_slugs is null then
-      return true;
-    end if;
-
-    -- 1. The first unmet 'fail' step fails the run.
-    if v_fail_slug is not null then
+               end as input) c
+     where ss.run_id = cascade_resolve_conditions.run_id
+       and ss.status = 'created'
+       and ss.remaining_deps = 0
+       and s.when_unmet = 'fail'
+       and (s.required_input_pattern is not null or s.forbidden_input_pattern is not null)
+       and not ((s.required_input_pattern is null or c.input @> s.required_input_pattern)
+                and (s.forbidden_input_pattern is null or not (c.input @> s.forbidden_input_pattern)))
+     order by s.step_index
+     limit 1
+      into v_fail_slug;
+    if found then
       v_now := pg_catalog.now();
       update pgflow.runs r
          set status = 'failed', failed_at = v_now
@@ -640,7 +700,7 @@ begin
           pg_catalog.jsonb_build_object(
             'event_type', 'run:failed',
             'run_id', cascade_resolve_conditions.run_id,
-            'flow_slug', v_run.flow_slug,
+            'flow_slug', v_flow_slug,
             'status', 'failed',
             'error_message', 'Condition not met',
             'failed_at', v_now),
@@ -668,15 +728,36 @@ begin
       return false;
     end if;
 
-    -- 2. Unmet 'skip' steps: skipped; each dependent loses one dependency
-    --    per skipped parent (a map whose only parent was skipped has no tasks).
-    if v_skip_slugs is not null then
+    -- 2. Every unmet 'skip' step at once. pgflow 0.17.0 broadcasts from
+    --    inside one UPDATE, in the order the executor visits the rows (plan
+    --    dependent); the cases observed follow step order, as here.
+    v_skip_slugs := array(select s.step_slug
+                            from pgflow.step_states ss
+                            join pgflow.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+                            cross join lateral (
+                              select case when s.deps_count = 0 then v_input
+                                          else coalesce((select pg_catalog.jsonb_object_agg(d.dep_slug, ds.output)
+                                                           from pgflow.deps d
+                                                           join pgflow.step_states ds
+                                                             on ds.run_id = ss.run_id and ds.step_slug = d.dep_slug and ds.status = 'completed'
+                                                          where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug), '{}'::jsonb)
+                                     end as input) c
+                           where ss.run_id = cascade_resolve_conditions.run_id
+                             and ss.status = 'created'
+                             and ss.remaining_deps = 0
+                             and s.when_unmet = 'skip'
+                             and (s.required_input_pattern is not null or s.forbidden_input_pattern is not null)
+                             and not ((s.required_input_pattern is null or c.input @> s.required_input_pattern)
+                                      and (s.forbidden_input_pattern is null or not (c.input @> s.forbidden_input_pattern)))
+                           order by s.step_index);
+    if pg_catalog.cardinality(v_skip_slugs) > 0 then
       for v_skip in
         with skipped as (
           update pgflow.step_states ss
              set status = 'skipped', skip_reason = 'condition_unmet', skipped_at = pg_catalog.now()
            where ss.run_id = cascade_resolve_conditions.run_id
              and ss.step_slug = any (v_skip_slugs)
+             and ss.status = 'created'
           returning ss.step_slug, ss.skipped_at
         )
         select k.step_slug, k.skipped_at
@@ -687,7 +768,7 @@ begin
           pg_catalog.jsonb_build_object(
             'event_type', 'step:skipped',
             'run_id', cascade_resolve_conditions.run_id,
-            'flow_slug', v_run.flow_slug,
+            'flow_slug', v_flow_slug,
             'step_slug', v_skip.step_slug,
             'status', 'skipped',
             'skip_reason', 'condition_unmet',
@@ -697,32 +778,61 @@ begin
           false);
       end loop;
 
+      -- Each dependent loses one dependency per skipped parent; a map whose
+      -- only parent was skipped has no tasks.
       update pgflow.step_states child
          set remaining_deps = child.remaining_deps - x.n,
-             initial_tasks = case when cs.step_type = 'map' and cs.deps_count = x.n then 0
+             initial_tasks = case when cs.step_type = 'map' and cs.deps_count = 1 then 0
                                   else child.initial_tasks end
         from (select d.step_slug, pg_catalog.count(*)::integer as n
                 from pgflow.deps d
-               where d.flow_slug = v_run.flow_slug
+               where d.flow_slug = v_flow_slug
                  and d.dep_slug = any (v_skip_slugs)
                group by d.step_slug) x,
              pgflow.steps cs
        where child.run_id = cascade_resolve_conditions.run_id
          and child.step_slug = x.step_slug
-         and cs.flow_slug = v_run.flow_slug and cs.step_slug = x.step_slug;
+         and cs.flow_slug = v_flow_slug and cs.step_slug = x.step_slug;
 
       update pgflow.runs r
          set remaining_steps = r.remaining_steps - pg_catalog.cardinality(v_skip_slugs)
        where r.run_id = cascade_resolve_conditions.run_id;
     end if;
 
-    -- 3. Unmet 'skip-cascade' steps, in step order, with their dependents.
-    if v_cascade_slugs is not null then
-      foreach v_slug in array v_cascade_slugs loop
-        perform pgflow._cascade_force_skip_steps(cascade_resolve_conditions.run_id, v_slug, 'condition_unmet');
-      end loop;
+    -- 3. Unmet 'skip-cascade' steps, found after this iteration's plain
+    --    skips (a step they made ready is handled now), in step order.
+    for v_slug in
+      select s.step_slug
+        from pgflow.step_states ss
+        join pgflow.steps s on s.flow_slug = ss.flow_slug and s.step_slug = ss.step_slug
+        cross join lateral (
+          select case when s.deps_count = 0 then v_input
+                      else coalesce((select pg_catalog.jsonb_object_agg(d.dep_slug, ds.output)
+                                       from pgflow.deps d
+                                       join pgflow.step_states ds
+                                         on ds.run_id = ss.run_id and ds.step_slug = d.dep_slug and ds.status = 'completed'
+                                      where d.flow_slug = s.flow_slug and d.step_slug = s.step_slug), '{}'::jsonb)
+                 end as input) c
+       where ss.run_id = cascade_resolve_conditions.run_id
+         and ss.status = 'created'
+         and ss.remaining_deps = 0
+         and s.when_unmet = 'skip-cascade'
+         and (s.required_input_pattern is not null or s.forbidden_input_pattern is not null)
+         and not ((s.required_input_pattern is null or c.input @> s.required_input_pattern)
+                  and (s.forbidden_input_pattern is null or not (c.input @> s.forbidden_input_pattern)))
+       order by s.step_index
+    loop
+      perform pgflow._cascade_force_skip_steps(cascade_resolve_conditions.run_id, v_slug, 'condition_unmet');
+    end loop;
+
+    select r.status into v_status from pgflow.runs r where r.run_id = cascade_resolve_conditions.run_id;
+    if v_status in ('failed', 'completed') then
+      return v_status <> 'failed';
     end if;
+
+    exit when pg_catalog.cardinality(v_skip_slugs) = 0;
   end loop;
+  return true;
 end
 $$;
 
@@ -757,8 +867,11 @@ begin
    where ss.run_id = complete_task.run_id and ss.step_slug = complete_task.step_slug for update;
 
   -- Failed meanwhile, or a late report for a step no longer started: the
-  -- message goes, nothing else changes.
-  if v_run.status = 'failed' or v_state.status is distinct from 'started' then
+  -- message goes, nothing else changes. A step with no state row at all
+  -- does not take this exit: the report falls through, changes nothing, and
+  -- the run's ready steps and completion are still looked at (as pgflow
+  -- 0.17.0 does).
+  if v_run.status = 'failed' or v_state.status <> 'started' then
     perform pgflow._archive_task_message(complete_task.run_id, complete_task.step_slug, complete_task.task_index);
     return query select * from pgflow.step_tasks t
       where t.run_id = complete_task.run_id and t.step_slug = complete_task.step_slug
@@ -767,19 +880,19 @@ begin
   end if;
 
   select * into v_step from pgflow.steps s
-   where s.flow_slug = v_state.flow_slug and s.step_slug = complete_task.step_slug;
+   where s.flow_slug = v_run.flow_slug and s.step_slug = complete_task.step_slug;
 
   -- A single step feeding a map whose task count is still unknown must
-  -- produce an array.
+  -- produce an array. With several such maps, which one the error names is
+  -- not defined (pgflow 0.17.0 takes any one).
   if v_step.step_type = 'single' and pg_catalog.jsonb_typeof(complete_task.output) is distinct from 'array' then
     select d.step_slug into v_map_child
       from pgflow.deps d
       join pgflow.steps cs on cs.flow_slug = d.flow_slug and cs.step_slug = d.step_slug and cs.step_type = 'map'
       join pgflow.step_states cst on cst.run_id = complete_task.run_id and cst.step_slug = d.step_slug
-     where d.flow_slug = v_state.flow_slug
+     where d.flow_slug = v_run.flow_slug
        and d.dep_slug = complete_task.step_slug
        and cst.initial_tasks is null
-     order by cs.step_index
      limit 1;
     if v_map_child is not null then
       v_type := coalesce(pg_catalog.jsonb_typeof(complete_task.output), 'null');
@@ -859,7 +972,8 @@ begin
   if found then
     -- One update counts the step down and, with its last task, completes
     -- it with its output: a single step's task output, a map's task outputs
-    -- in task_index order (one row version, not two).
+    -- in task_index order, those of its completed tasks (this one included;
+    -- one row version, not two).
     update pgflow.step_states ss
        set remaining_tasks = ss.remaining_tasks - 1,
            status = case when ss.remaining_tasks = 1 then 'completed' else ss.status end,
@@ -870,7 +984,8 @@ begin
                         then coalesce((select pg_catalog.jsonb_agg(t.output order by t.task_index)
                                          from pgflow.step_tasks t
                                         where t.run_id = complete_task.run_id
-                                          and t.step_slug = complete_task.step_slug), '[]'::jsonb)
+                                          and t.step_slug = complete_task.step_slug
+                                          and t.status = 'completed'), '[]'::jsonb)
                       else complete_task.output end
      where ss.run_id = complete_task.run_id and ss.step_slug = complete_task.step_slug
     returning * into v_state;
@@ -878,12 +993,16 @@ begin
     if v_state.remaining_tasks = 0 then
       v_completed := v_state;
 
-      -- Dependents lose one dependency; a dependent map learns its size.
+      -- Dependents lose one dependency; a dependent map learns its size:
+      -- a map parent's completed task count, else its output array's length.
       update pgflow.step_states child
          set remaining_deps = child.remaining_deps - 1,
              initial_tasks = case
                when cs.step_type <> 'map' then child.initial_tasks
-               when v_step.step_type = 'map' then v_state.initial_tasks
+               when v_step.step_type = 'map'
+                 then (select pg_catalog.count(*)::integer from pgflow.step_tasks t
+                        where t.run_id = complete_task.run_id and t.step_slug = complete_task.step_slug
+                          and t.status = 'completed')
                when pg_catalog.jsonb_typeof(v_completed.output) = 'array'
                  then pg_catalog.jsonb_array_length(v_completed.output)
                else null end
@@ -952,9 +1071,9 @@ as $$
 declare
   v_run pgflow.runs;
   v_state pgflow.step_states;
-  v_task pgflow.step_tasks;
   v_step pgflow.steps;
   v_flow pgflow.flows;
+  v_task pgflow.step_tasks;
   v_max_attempts integer;
   v_base_delay integer;
   v_now timestamptz;
@@ -970,11 +1089,19 @@ begin
     return;
   end if;
 
-  select * into v_run from pgflow.runs r where r.run_id = fail_task.run_id for update;
+  -- The run and the step's state, locked together in one statement (with
+  -- no state row nothing is locked, and the report falls through to the
+  -- task's own checks), then read as they are now.
+  perform 1
+     from pgflow.runs r
+     join pgflow.step_states ss on ss.run_id = r.run_id and ss.step_slug = fail_task.step_slug
+    where r.run_id = fail_task.run_id
+      for update of r, ss;
+  select * into v_run from pgflow.runs r where r.run_id = fail_task.run_id;
   select * into v_state from pgflow.step_states ss
-   where ss.run_id = fail_task.run_id and ss.step_slug = fail_task.step_slug for update;
+   where ss.run_id = fail_task.run_id and ss.step_slug = fail_task.step_slug;
 
-  if v_run.status = 'failed' or v_state.status is distinct from 'started' then
+  if v_run.status = 'failed' or v_state.status <> 'started' then
     perform pgflow._archive_task_message(fail_task.run_id, fail_task.step_slug, fail_task.task_index);
     return query select * from pgflow.step_tasks t
       where t.run_id = fail_task.run_id and t.step_slug = fail_task.step_slug
@@ -984,157 +1111,155 @@ begin
 
   select * into v_task from pgflow.step_tasks t
    where t.run_id = fail_task.run_id and t.step_slug = fail_task.step_slug
-     and t.task_index = fail_task.task_index and t.status = 'started'
-     for update;
-  if not found then
-    return query select * from pgflow.step_tasks t
-      where t.run_id = fail_task.run_id and t.step_slug = fail_task.step_slug
-        and t.task_index = fail_task.task_index;
-    return;
-  end if;
-
+     and t.task_index = fail_task.task_index;
   select * into v_step from pgflow.steps s
-   where s.flow_slug = v_state.flow_slug and s.step_slug = fail_task.step_slug;
-  select * into v_flow from pgflow.flows f where f.flow_slug = v_state.flow_slug;
+   where s.flow_slug = v_run.flow_slug and s.step_slug = fail_task.step_slug;
+  select * into v_flow from pgflow.flows f where f.flow_slug = v_run.flow_slug;
   v_max_attempts := coalesce(v_step.opt_max_attempts, v_flow.opt_max_attempts);
   v_base_delay := coalesce(v_step.opt_base_delay, v_flow.opt_base_delay);
 
-  -- Attempts left: back to queued; the message reappears after the delay.
-  if v_task.attempts_count < v_max_attempts then
+  -- Only a started task changes (each update below is guarded by it).
+  -- Attempts left: back to queued.
+  if v_task.status = 'started' and v_task.attempts_count < v_max_attempts then
     update pgflow.step_tasks t
        set status = 'queued', started_at = null, error_message = fail_task.error_message
      where t.run_id = fail_task.run_id and t.step_slug = fail_task.step_slug
-       and t.task_index = fail_task.task_index;
-    if v_task.message_id is not null then
-      perform pgmq.set_vt(v_task.queue_name, v_task.message_id,
-                          pgflow.calculate_retry_delay(v_base_delay, v_task.attempts_count));
+       and t.task_index = fail_task.task_index and t.status = 'started';
+  elsif v_task.status = 'started' then
+    -- Exhausted.
+    v_now := pg_catalog.now();
+    update pgflow.step_tasks t
+       set status = 'failed', failed_at = v_now, error_message = fail_task.error_message
+     where t.run_id = fail_task.run_id and t.step_slug = fail_task.step_slug
+       and t.task_index = fail_task.task_index and t.status = 'started';
+
+    if v_step.when_exhausted = 'fail' then
+      update pgflow.step_states ss
+         set status = 'failed', failed_at = v_now, error_message = fail_task.error_message
+       where ss.run_id = fail_task.run_id and ss.step_slug = fail_task.step_slug;
+      update pgflow.runs r set status = 'failed', failed_at = v_now
+       where r.run_id = fail_task.run_id;
+      perform realtime.send(
+        pg_catalog.jsonb_build_object(
+          'event_type', 'step:failed',
+          'run_id', fail_task.run_id,
+          'step_slug', fail_task.step_slug,
+          'status', 'failed',
+          'error_message', fail_task.error_message,
+          'failed_at', v_now),
+        'step:' || fail_task.step_slug || ':failed',
+        'pgflow:run:' || fail_task.run_id,
+        false);
+      perform realtime.send(
+        pg_catalog.jsonb_build_object(
+          'event_type', 'run:failed',
+          'run_id', fail_task.run_id,
+          'flow_slug', v_run.flow_slug,
+          'status', 'failed',
+          'error_message', fail_task.error_message,
+          'failed_at', v_now),
+        'run:failed',
+        'pgflow:run:' || fail_task.run_id,
+        false);
+      -- Every active task of the run is cancelled first, then archived per queue.
+      for v_group in
+        with cancelled as (
+          update pgflow.step_tasks t
+             set status = 'cancelled'
+           where t.run_id = fail_task.run_id
+             and t.status in ('queued', 'started')
+          returning t.queue_name, t.message_id
+        )
+        select c.queue_name, pg_catalog.array_agg(c.message_id order by c.message_id) as ids
+          from cancelled c
+         where c.message_id is not null
+         group by c.queue_name
+         order by c.queue_name
+      loop
+        perform pgmq.archive(v_group.queue_name, v_group.ids);
+      end loop;
+    else
+      -- skip / skip-cascade: the step is skipped for handler_failed.
+      update pgflow.step_states ss
+         set status = 'skipped', skip_reason = 'handler_failed', skipped_at = v_now,
+             error_message = fail_task.error_message, remaining_tasks = null
+       where ss.run_id = fail_task.run_id and ss.step_slug = fail_task.step_slug
+         and ss.status <> 'skipped';
+      v_first_skip := found;
+      if v_first_skip then
+        update pgflow.runs r set remaining_steps = r.remaining_steps - 1
+         where r.run_id = fail_task.run_id;
+      end if;
+      -- The step's other active tasks are skipped first, then archived per queue.
+      for v_group in
+        with skipped as (
+          update pgflow.step_tasks t
+             set status = 'skipped'
+           where t.run_id = fail_task.run_id and t.step_slug = fail_task.step_slug
+             and t.status in ('queued', 'started')
+          returning t.queue_name, t.message_id
+        )
+        select k.queue_name, pg_catalog.array_agg(k.message_id order by k.message_id) as ids
+          from skipped k
+         where k.message_id is not null
+         group by k.queue_name
+         order by k.queue_name
+      loop
+        perform pgmq.archive(v_group.queue_name, v_group.ids);
+      end loop;
+      perform realtime.send(
+        pg_catalog.jsonb_build_object(
+          'event_type', 'step:skipped',
+          'run_id', fail_task.run_id,
+          'step_slug', fail_task.step_slug,
+          'status', 'skipped',
+          'skip_reason', 'handler_failed',
+          'error_message', fail_task.error_message,
+          'skipped_at', v_now),
+        'step:' || fail_task.step_slug || ':skipped',
+        'pgflow:run:' || fail_task.run_id,
+        false);
+
+      if v_step.when_exhausted = 'skip-cascade' then
+        perform pgflow._cascade_force_skip_steps(fail_task.run_id, fail_task.step_slug, 'handler_failed');
+      elsif v_first_skip then
+        -- skip: each dependent loses this dependency (a map whose only
+        -- parent this was has no tasks).
+        update pgflow.step_states child
+           set remaining_deps = child.remaining_deps - 1,
+               initial_tasks = case when cs.step_type = 'map' then 0 else child.initial_tasks end
+          from pgflow.deps d, pgflow.steps cs
+         where d.flow_slug = v_run.flow_slug and d.dep_slug = fail_task.step_slug
+           and cs.flow_slug = d.flow_slug and cs.step_slug = d.step_slug
+           and child.run_id = fail_task.run_id and child.step_slug = d.step_slug;
+        if not pgflow.cascade_resolve_conditions(fail_task.run_id) then
+          perform pgflow._archive_task_message(fail_task.run_id, fail_task.step_slug, fail_task.task_index);
+          return query select * from pgflow.step_tasks t
+            where t.run_id = fail_task.run_id and t.step_slug = fail_task.step_slug
+              and t.task_index = fail_task.task_index;
+          return;
+        end if;
+        perform pgflow.cascade_complete_taskless_steps(fail_task.run_id);
+        perform pgflow.start_ready_steps(fail_task.run_id);
+      end if;
+      perform pgflow.maybe_complete_run(fail_task.run_id);
     end if;
-    return query select * from pgflow.step_tasks t
-      where t.run_id = fail_task.run_id and t.step_slug = fail_task.step_slug
-        and t.task_index = fail_task.task_index;
-    return;
   end if;
 
-  -- Exhausted.
-  v_now := pg_catalog.now();
-  update pgflow.step_tasks t
-     set status = 'failed', failed_at = v_now, error_message = fail_task.error_message
+  -- Whatever happened above, the message follows the task row: a queued
+  -- task's message reappears after the retry delay, a failed task's is
+  -- archived. So a report for a task that is already queued again (after a
+  -- retry or a requeue) also pushes its message back by the delay, as
+  -- pgflow 0.17.0 does.
+  select * into v_task from pgflow.step_tasks t
    where t.run_id = fail_task.run_id and t.step_slug = fail_task.step_slug
      and t.task_index = fail_task.task_index;
-
-  if v_step.when_exhausted = 'fail' then
-    update pgflow.step_states ss
-       set status = 'failed', failed_at = v_now, error_message = fail_task.error_message
-     where ss.run_id = fail_task.run_id and ss.step_slug = fail_task.step_slug;
-    update pgflow.runs r set status = 'failed', failed_at = v_now
-     where r.run_id = fail_task.run_id;
-    perform realtime.send(
-      pg_catalog.jsonb_build_object(
-        'event_type', 'step:failed',
-        'run_id', fail_task.run_id,
-        'step_slug', fail_task.step_slug,
-        'status', 'failed',
-        'error_message', fail_task.error_message,
-        'failed_at', v_now),
-      'step:' || fail_task.step_slug || ':failed',
-      'pgflow:run:' || fail_task.run_id,
-      false);
-    perform realtime.send(
-      pg_catalog.jsonb_build_object(
-        'event_type', 'run:failed',
-        'run_id', fail_task.run_id,
-        'flow_slug', v_run.flow_slug,
-        'status', 'failed',
-        'error_message', fail_task.error_message,
-        'failed_at', v_now),
-      'run:failed',
-      'pgflow:run:' || fail_task.run_id,
-      false);
-    -- Every active task of the run is cancelled first, then archived per queue.
-    for v_group in
-      with cancelled as (
-        update pgflow.step_tasks t
-           set status = 'cancelled'
-         where t.run_id = fail_task.run_id
-           and t.status in ('queued', 'started')
-        returning t.queue_name, t.message_id
-      )
-      select c.queue_name, pg_catalog.array_agg(c.message_id order by c.message_id) as ids
-        from cancelled c
-       where c.message_id is not null
-       group by c.queue_name
-       order by c.queue_name
-    loop
-      perform pgmq.archive(v_group.queue_name, v_group.ids);
-    end loop;
-  else
-    -- skip / skip-cascade: the step is skipped for handler_failed.
-    update pgflow.step_states ss
-       set status = 'skipped', skip_reason = 'handler_failed', skipped_at = v_now,
-           error_message = fail_task.error_message, remaining_tasks = null
-     where ss.run_id = fail_task.run_id and ss.step_slug = fail_task.step_slug
-       and ss.status <> 'skipped';
-    v_first_skip := found;
-    if v_first_skip then
-      update pgflow.runs r set remaining_steps = r.remaining_steps - 1
-       where r.run_id = fail_task.run_id;
-    end if;
-    -- The step's other active tasks are skipped first, then archived per queue.
-    for v_group in
-      with skipped as (
-        update pgflow.step_tasks t
-           set status = 'skipped'
-         where t.run_id = fail_task.run_id and t.step_slug = fail_task.step_slug
-           and t.status in ('queued', 'started')
-        returning t.queue_name, t.message_id
-      )
-      select k.queue_name, pg_catalog.array_agg(k.message_id order by k.message_id) as ids
-        from skipped k
-       where k.message_id is not null
-       group by k.queue_name
-       order by k.queue_name
-    loop
-      perform pgmq.archive(v_group.queue_name, v_group.ids);
-    end loop;
-    perform realtime.send(
-      pg_catalog.jsonb_build_object(
-        'event_type', 'step:skipped',
-        'run_id', fail_task.run_id,
-        'step_slug', fail_task.step_slug,
-        'status', 'skipped',
-        'skip_reason', 'handler_failed',
-        'error_message', fail_task.error_message,
-        'skipped_at', v_now),
-      'step:' || fail_task.step_slug || ':skipped',
-      'pgflow:run:' || fail_task.run_id,
-      false);
-
-    if v_step.when_exhausted = 'skip-cascade' then
-      perform pgflow._cascade_force_skip_steps(fail_task.run_id, fail_task.step_slug, 'handler_failed');
-    elsif v_first_skip then
-      -- skip: each dependent loses this dependency (a map whose only
-      -- parent this was has no tasks).
-      update pgflow.step_states child
-         set remaining_deps = child.remaining_deps - 1,
-             initial_tasks = case when cs.step_type = 'map' then 0 else child.initial_tasks end
-        from pgflow.deps d, pgflow.steps cs
-       where d.flow_slug = v_state.flow_slug and d.dep_slug = fail_task.step_slug
-         and cs.flow_slug = d.flow_slug and cs.step_slug = d.step_slug
-         and child.run_id = fail_task.run_id and child.step_slug = d.step_slug;
-      if not pgflow.cascade_resolve_conditions(fail_task.run_id) then
-        perform pgflow._archive_task_message(fail_task.run_id, fail_task.step_slug, fail_task.task_index);
-        return query select * from pgflow.step_tasks t
-          where t.run_id = fail_task.run_id and t.step_slug = fail_task.step_slug
-            and t.task_index = fail_task.task_index;
-        return;
-      end if;
-      perform pgflow.cascade_complete_taskless_steps(fail_task.run_id);
-      perform pgflow.start_ready_steps(fail_task.run_id);
-    end if;
-    perform pgflow.maybe_complete_run(fail_task.run_id);
+  if v_task.status = 'queued' and v_task.message_id is not null then
+    perform pgmq.set_vt(v_task.queue_name, v_task.message_id,
+                        pgflow.calculate_retry_delay(v_base_delay, v_task.attempts_count));
+  elsif v_task.status = 'failed' and v_task.message_id is not null then
+    perform pgmq.archive(v_task.queue_name, v_task.message_id);
   end if;
-
-  perform pgflow._archive_task_message(fail_task.run_id, fail_task.step_slug, fail_task.task_index);
   return query select * from pgflow.step_tasks t
     where t.run_id = fail_task.run_id and t.step_slug = fail_task.step_slug
       and t.task_index = fail_task.task_index;
@@ -1144,8 +1269,9 @@ $$;
 -- Recovers tasks whose worker vanished: started longer ago than the step's
 -- (else the flow's) timeout + 30 s, on a started run and step. Under three
 -- requeues they become queued with their message visible at once; the rest
--- are marked permanently stalled and their messages archived (per queue).
--- Returns how many were requeued.
+-- are marked permanently stalled, and their messages archived (per queue)
+-- only when the same call requeued something. Returns how many were
+-- requeued.
 create or replace function pgflow.requeue_stalled_tasks()
 returns integer
 language plpgsql
@@ -1153,54 +1279,73 @@ security definer
 set search_path = ''
 as $$
 declare
-  v_requeued integer := 0;
-  v_group record;
+  v_groups jsonb;
+  v_requeued integer;
+  v_group jsonb;
+  v_ids bigint[];
 begin
-  for v_group in
-    with stalled as (
-      select t.run_id, t.step_slug, t.task_index, t.requeued_count < 3 as requeue
-        from pgflow.step_tasks t
-        join pgflow.runs r on r.run_id = t.run_id and r.status = 'started'
-        join pgflow.step_states ss on ss.run_id = t.run_id and ss.step_slug = t.step_slug and ss.status = 'started'
-        join pgflow.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
-        join pgflow.flows f on f.flow_slug = t.flow_slug
-       where t.status = 'started'
-         and t.permanently_stalled_at is null
-         and t.started_at < pg_catalog.now()
-                            - pg_catalog.make_interval(secs => coalesce(s.opt_timeout, f.opt_timeout) + 30)
-         for update of t skip locked
-    ), requeued as (
-      update pgflow.step_tasks t
-         set status = 'queued', started_at = null, last_worker_id = null,
-             requeued_count = t.requeued_count + 1, last_requeued_at = pg_catalog.now()
-        from stalled x
-       where x.requeue
-         and t.run_id = x.run_id and t.step_slug = x.step_slug and t.task_index = x.task_index
-      returning t.queue_name, t.message_id, true as requeue
-    ), given_up as (
-      update pgflow.step_tasks t
-         set permanently_stalled_at = pg_catalog.now()
-        from stalled x
-       where not x.requeue
-         and t.run_id = x.run_id and t.step_slug = x.step_slug and t.task_index = x.task_index
-      returning t.queue_name, t.message_id, false as requeue
-    ), touched as (
-      select * from requeued union all select * from given_up
-    )
+  -- The task rows change in one statement: under three requeues a task
+  -- goes back to queued, at three it is marked permanently stalled (it
+  -- stays started). Rows another transaction holds are skipped.
+  with stalled as (
+    select t.run_id, t.step_slug, t.task_index, t.requeued_count < 3 as requeue
+      from pgflow.step_tasks t
+      join pgflow.runs r on r.run_id = t.run_id and r.status = 'started'
+      join pgflow.step_states ss on ss.run_id = t.run_id and ss.step_slug = t.step_slug and ss.status = 'started'
+      join pgflow.steps s on s.flow_slug = t.flow_slug and s.step_slug = t.step_slug
+      join pgflow.flows f on f.flow_slug = t.flow_slug
+     where t.status = 'started'
+       and t.permanently_stalled_at is null
+       and t.started_at < pg_catalog.now()
+                          - pg_catalog.make_interval(secs => coalesce(s.opt_timeout, f.opt_timeout) + 30)
+       for update of t skip locked
+  ), requeued as (
+    update pgflow.step_tasks t
+       set status = 'queued', started_at = null, last_worker_id = null,
+           requeued_count = t.requeued_count + 1, last_requeued_at = pg_catalog.now()
+      from stalled x
+     where x.requeue
+       and t.run_id = x.run_id and t.step_slug = x.step_slug and t.task_index = x.task_index
+    returning t.queue_name, t.message_id, true as requeue
+  ), given_up as (
+    update pgflow.step_tasks t
+       set permanently_stalled_at = pg_catalog.now()
+      from stalled x
+     where not x.requeue
+       and t.run_id = x.run_id and t.step_slug = x.step_slug and t.task_index = x.task_index
+    returning t.queue_name, t.message_id, false as requeue
+  ), touched as (
+    select * from requeued union all select * from given_up
+  ), groups as (
     select x.queue_name, x.requeue, pg_catalog.count(*)::integer as n,
            pg_catalog.array_agg(x.message_id order by x.message_id) filter (where x.message_id is not null) as ids
       from touched x
      group by x.queue_name, x.requeue
-     order by x.queue_name, x.requeue
-  loop
-    if v_group.requeue then
-      v_requeued := v_requeued + v_group.n;
-      if v_group.ids is not null then
-        perform pgflow.set_vt_batch(v_group.queue_name, v_group.ids,
-                                    pg_catalog.array_fill(0, array[pg_catalog.cardinality(v_group.ids)]));
-      end if;
-    elsif v_group.ids is not null then
-      perform pgmq.archive(v_group.queue_name, v_group.ids);
+  )
+  select coalesce(pg_catalog.sum(g.n) filter (where g.requeue), 0)::integer,
+         pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object('queue', g.queue_name, 'requeue', g.requeue, 'ids', g.ids)
+                              order by g.queue_name, g.requeue)
+    into v_requeued, v_groups
+    from groups g;
+
+  -- The messages, as pgflow 0.17.0 treats them: only when at least one
+  -- task was requeued are the requeued tasks' messages made visible at once
+  -- and the permanently stalled tasks' messages archived. When nothing was
+  -- requeued, the newly stalled tasks' messages are left in their queues
+  -- untouched (later calls skip those tasks, so nothing archives them here).
+  if v_requeued = 0 then
+    return 0;
+  end if;
+  for v_group in select e.value from pg_catalog.jsonb_array_elements(v_groups) e loop
+    if pg_catalog.jsonb_typeof(v_group -> 'ids') <> 'array' then
+      continue;
+    end if;
+    v_ids := array(select e.value::bigint from pg_catalog.jsonb_array_elements_text(v_group -> 'ids') e);
+    if (v_group ->> 'requeue')::boolean then
+      perform pgflow.set_vt_batch(v_group ->> 'queue', v_ids,
+                                  pg_catalog.array_fill(0, array[pg_catalog.cardinality(v_ids)]));
+    else
+      perform pgmq.archive(v_group ->> 'queue', v_ids);
     end if;
   end loop;
   return v_requeued;
@@ -1222,21 +1367,26 @@ declare
 begin
   perform pg_catalog.pg_advisory_xact_lock(1, pg_catalog.hashtext(v_queue));
 
-  select * into v_flow from pgflow.flows f where f.flow_slug = create_flow.flow_slug;
-  if not found then
-    if exists (select 1 from pgmq.list_queues() q where pg_catalog.lower(q.queue_name::text) = v_queue) then
-      raise exception 'cannot create flow %: pgmq already lists a queue named %', create_flow.flow_slug, v_queue
-        using errcode = 'unique_violation',
-              hint = 'Queues are pgflow''s own: drop the stray queue, or choose another slug.';
-    end if;
-    insert into pgflow.flows (flow_slug, opt_max_attempts, opt_base_delay, opt_timeout)
-    values (create_flow.flow_slug,
-            coalesce(create_flow.max_attempts, 3),
-            coalesce(create_flow.base_delay, 5),
-            coalesce(create_flow.timeout, 60))
-    returning * into v_flow;
+  -- A listed queue of this name refuses a new flow. Only when no flow of
+  -- this name in any case exists: a case variant of an existing flow is
+  -- refused by the unique index on lower(flow_slug) below instead.
+  if not exists (select 1 from pgflow.flows f where pg_catalog.lower(f.flow_slug) = v_queue)
+     and exists (select 1 from pgmq.list_queues() q where pg_catalog.lower(q.queue_name::text) = v_queue) then
+    raise exception 'cannot create flow "%": queue "%" is already in use by another owner', create_flow.flow_slug, v_queue
+      using errcode = 'unique_violation';
   end if;
 
+  -- Insert, or return the existing row unchanged (locked by a no-op update).
+  insert into pgflow.flows as f (flow_slug, opt_max_attempts, opt_base_delay, opt_timeout)
+  values (create_flow.flow_slug,
+          coalesce(create_flow.max_attempts, 3),
+          coalesce(create_flow.base_delay, 5),
+          coalesce(create_flow.timeout, 60))
+  on conflict on constraint flows_pkey do update set flow_slug = f.flow_slug
+  returning * into v_flow;
+
+  -- A flow-mode flow's queue, unless a queue of that name (in any case) is
+  -- listed; a step-mode flow has no flow queue.
   if v_flow.queue_mode = 'flow'
      and not exists (select 1 from pgmq.list_queues() q where pg_catalog.lower(q.queue_name::text) = v_queue) then
     perform pgmq.create(v_queue);
@@ -1266,45 +1416,42 @@ language plpgsql
 set search_path = ''
 as $$
 declare
-  v_mode text;
   v_step pgflow.steps;
-  v_deps text[] := coalesce(add_step.deps_slugs, '{}');
+  v_deps integer := coalesce(pg_catalog.array_length(add_step.deps_slugs, 1), 0);
 begin
   perform pg_catalog.pg_advisory_xact_lock(1, pg_catalog.hashtext(pg_catalog.lower(add_step.flow_slug)));
 
-  select f.queue_mode into v_mode from pgflow.flows f where f.flow_slug = add_step.flow_slug;
-  if v_mode = 'step' then
-    raise exception 'flow % uses step queues: its steps come only from ensure_flow_compiled', add_step.flow_slug
-      using errcode = 'feature_not_supported',
-            hint = 'Compile step-mode flows at worker startup (ensure_flow_compiled with queue_mode ''step'').';
+  -- The map rule is checked before the step-mode refusal.
+  if coalesce(add_step.step_type, 'single') = 'map' and v_deps > 1 then
+    raise exception 'Map step "%" can have at most one dependency, but % were provided: %',
+      add_step.step_slug, v_deps, pg_catalog.array_to_string(add_step.deps_slugs, ', ');
   end if;
-  if add_step.step_type = 'map' and pg_catalog.cardinality(v_deps) > 1 then
-    raise exception 'map step % can have at most one dependency, got %', add_step.step_slug, pg_catalog.cardinality(v_deps)
-      using errcode = 'invalid_parameter_value';
+  if exists (select 1 from pgflow.flows f
+              where f.flow_slug = add_step.flow_slug and f.queue_mode = 'step') then
+    raise exception 'Flow "%" uses per-step queues: steps cannot be added incrementally.', add_step.flow_slug
+      using detail = 'A step-mode definition is provisioned only by complete compilation.',
+            hint = 'Recompile the complete flow definition with every step instead.';
   end if;
 
+  -- Insert, or return the existing step unchanged (locked by a no-op
+  -- update): a conflict never changes a route. The queue is the flow's.
   insert into pgflow.steps as s (flow_slug, step_slug, step_type, step_index, deps_count,
                                  opt_max_attempts, opt_base_delay, opt_timeout, opt_start_delay,
                                  required_input_pattern, forbidden_input_pattern, when_unmet, when_exhausted,
                                  queue_name)
-  select add_step.flow_slug, add_step.step_slug, add_step.step_type,
-         coalesce((select pg_catalog.max(x.step_index) + 1 from pgflow.steps x where x.flow_slug = add_step.flow_slug), 0),
-         pg_catalog.cardinality(v_deps),
-         add_step.max_attempts, add_step.base_delay, add_step.timeout, add_step.start_delay,
-         add_step.required_input_pattern, add_step.forbidden_input_pattern,
-         add_step.when_unmet, add_step.when_exhausted,
-         pg_catalog.lower(add_step.flow_slug)
-  on conflict on constraint steps_pkey do nothing
+  values (add_step.flow_slug, add_step.step_slug, coalesce(add_step.step_type, 'single'),
+          coalesce((select pg_catalog.max(x.step_index) + 1 from pgflow.steps x where x.flow_slug = add_step.flow_slug), 0),
+          v_deps,
+          add_step.max_attempts, add_step.base_delay, add_step.timeout, add_step.start_delay,
+          add_step.required_input_pattern, add_step.forbidden_input_pattern,
+          add_step.when_unmet, add_step.when_exhausted,
+          pg_catalog.lower(add_step.flow_slug))
+  on conflict on constraint steps_pkey do update set step_slug = s.step_slug
   returning * into v_step;
-
-  if v_step.step_slug is null then
-    select * into v_step from pgflow.steps s
-     where s.flow_slug = add_step.flow_slug and s.step_slug = add_step.step_slug;
-  end if;
 
   insert into pgflow.deps (flow_slug, dep_slug, step_slug)
   select add_step.flow_slug, d.dep, add_step.step_slug
-    from pg_catalog.unnest(v_deps) as d(dep)
+    from pg_catalog.unnest(coalesce(add_step.deps_slugs, '{}')) as d(dep)
   on conflict on constraint deps_pkey do nothing;
 
   return v_step;
@@ -1312,7 +1459,8 @@ end
 $$;
 
 -- Deletes a flow with all its data and queues: each distinct step queue,
--- plus lower(slug) in flow mode, dropped under the spelling pgmq lists.
+-- plus lower(slug) in flow mode, dropped under the spelling pgmq lists (a
+-- queue pgmq does not list makes the deletion fail).
 create or replace function pgflow.delete_flow_and_data(p_flow_slug text)
 returns void
 language plpgsql
@@ -1324,18 +1472,20 @@ declare
 begin
   perform pg_catalog.pg_advisory_xact_lock(1, pg_catalog.hashtext(pg_catalog.lower(p_flow_slug)));
 
+  -- Each distinct route (plus lower(slug) in flow mode) is dropped under
+  -- the spelling pgmq lists. A route pgmq does not list is passed on as it
+  -- is, as pgflow 0.17.0 does: pgmq 1.5.1's drop_queue then fails (42P01)
+  -- and the whole deletion rolls back. The routes come in de-duplication
+  -- order, which no ORDER BY fixes (upstream's is plan-dependent); it only
+  -- decides which error is reported first.
   select f.queue_mode into v_mode from pgflow.flows f where f.flow_slug = p_flow_slug;
   if found then
     for v_queue in
       select s.queue_name from pgflow.steps s where s.flow_slug = p_flow_slug
       union
       select pg_catalog.lower(p_flow_slug) where v_mode = 'flow'
-      order by 1
     loop
-      -- Only queues pgmq lists (pgmq 1.5.1's drop_queue raises on others).
-      if exists (select 1 from pgmq.list_queues() q where pg_catalog.lower(q.queue_name::text) = v_queue) then
-        perform pgmq.drop_queue(pgflow._listed_queue_name(v_queue));
-      end if;
+      perform pgmq.drop_queue(pgflow._listed_queue_name(v_queue));
     end loop;
   end if;
 
@@ -1381,41 +1531,47 @@ set search_path = ''
 as $$
 declare
   v_other text;
-  v_listed integer;
+  v_listed text[];
 begin
+  -- Another flow (compared case-insensitively) routes to it: as a step
+  -- queue, or as its flow-mode queue.
   select s.flow_slug into v_other
     from pgflow.steps s
-   where s.queue_name = p_queue_name and s.flow_slug <> p_flow_slug
+   where s.queue_name = p_queue_name
+     and pg_catalog.lower(s.flow_slug) <> pg_catalog.lower(p_flow_slug)
    limit 1;
   if v_other is null then
     select f.flow_slug into v_other
       from pgflow.flows f
      where f.queue_mode = 'flow'
        and pg_catalog.lower(f.flow_slug) = p_queue_name
-       and f.flow_slug <> p_flow_slug
+       and pg_catalog.lower(f.flow_slug) <> pg_catalog.lower(p_flow_slug)
      limit 1;
   end if;
   if v_other is not null then
-    raise exception 'queue % of flow % is already the queue of flow %', p_queue_name, p_flow_slug, v_other
-      using errcode = 'unique_violation';
+    raise exception 'cannot create flow "%": queue "%" is already used by another flow ("%")', p_flow_slug, p_queue_name, v_other
+      using detail = 'Generated per-step queue names must belong to exactly one concrete flow.',
+            hint = 'Use a different concrete flow slug, or drop the conflicting definition.';
   end if;
 
-  select pg_catalog.count(*)::integer into v_listed
+  -- The listed spellings, in the database's default collation order.
+  select pg_catalog.array_agg(q.queue_name::text order by q.queue_name::text) into v_listed
     from pgmq.list_queues() q
    where pg_catalog.lower(q.queue_name::text) = p_queue_name;
-  if v_listed > 1 then
-    raise exception 'pgmq lists more than one queue named % in some case', p_queue_name
-      using errcode = 'ambiguous_alias';
+  if pg_catalog.cardinality(v_listed) > 1 then
+    raise exception 'queue "%" matches multiple listed PGMQ queues (%)', p_queue_name, v_listed
+      using detail = 'An ambiguous case-insensitive match is external damage.',
+            hint = 'Resolve the duplicate queue spellings manually, then retry.';
   end if;
 
   if exists (select 1 from pgflow.steps s
               where s.flow_slug = p_flow_slug and s.queue_name = p_queue_name) then
     return false;
   end if;
-  if v_listed = 1 then
-    raise exception 'queue % exists in pgmq but no route of flow % owns it', p_queue_name, p_flow_slug
-      using errcode = 'duplicate_object',
-            hint = 'Queues are pgflow''s own: drop the stray queue, then compile again.';
+  if v_listed is not null then
+    raise exception 'cannot create flow "%": queue "%" is already listed in PGMQ and not owned by this flow', p_flow_slug, p_queue_name
+      using detail = 'A missing definition must not adopt an already listed queue.',
+            hint = 'Drop the conflicting queue or use a different concrete flow slug.';
   end if;
   return true;
 end
@@ -1432,39 +1588,43 @@ alter table pgflow.steps add constraint steps_step_slug_check check (pgflow.is_v
 -- C3. Compilation and claiming entry points of the 0.17 protocol.
 -- ---------------------------------------------------------------------------
 
--- Builds a flow from a FlowShape. Flow mode: create_flow, then add_step per
--- step. Step mode: every route is derived and checked before anything
--- changes, the missing queues are created, then the flow, its steps (each
--- with its own queue) and the dependencies are inserted.
+-- Builds a flow from a FlowShape (a NULL mode is flow mode). Flow mode:
+-- create_flow, then add_step per step. Step mode: every route is derived
+-- and checked before anything changes, the missing queues are created, then
+-- the flow and, step by step, each step (with its own queue) and its
+-- dependencies are inserted.
 create function pgflow._create_flow_from_shape(p_flow_slug text, p_shape jsonb, p_queue_mode text default 'flow')
 returns void
 language plpgsql
 set search_path = ''
 as $$
 declare
+  v_mode text := coalesce(p_queue_mode, 'flow');
   v_routes jsonb;
   v_route jsonb;
   v_step jsonb;
   v_index integer;
   v_opts jsonb := coalesce(p_shape -> 'options', '{}'::jsonb);
   v_step_opts jsonb;
+  v_deps jsonb;
   v_create text[] := '{}';
   v_queue text;
 begin
   perform pg_catalog.pg_advisory_xact_lock(1, pg_catalog.hashtext(pg_catalog.lower(p_flow_slug)));
-  v_routes := pgflow._derive_queue_routes(p_flow_slug, p_shape, p_queue_mode);
+  v_routes := pgflow._derive_queue_routes(p_flow_slug, p_shape, v_mode);
 
-  if p_queue_mode = 'flow' then
+  if v_mode = 'flow' then
     perform pgflow.create_flow(p_flow_slug,
                                (v_opts ->> 'maxAttempts')::integer,
                                (v_opts ->> 'baseDelay')::integer,
                                (v_opts ->> 'timeout')::integer);
-    for v_step in select e.value from pg_catalog.jsonb_array_elements(p_shape -> 'steps') e loop
+    for v_step in select e.value from pg_catalog.jsonb_array_elements(p_shape -> 'steps') with ordinality e order by e.ordinality loop
       v_step_opts := coalesce(v_step -> 'options', '{}'::jsonb);
       perform pgflow.add_step(
         flow_slug => p_flow_slug,
         step_slug => v_step ->> 'slug',
-        deps_slugs => coalesce(array(select pg_catalog.jsonb_array_elements_text(v_step -> 'dependencies')), '{}'),
+        deps_slugs => coalesce(array(select d.value from pg_catalog.jsonb_array_elements_text(v_step -> 'dependencies') with ordinality d
+                                      order by d.ordinality), '{}'),
         max_attempts => (v_step_opts ->> 'maxAttempts')::integer,
         base_delay => (v_step_opts ->> 'baseDelay')::integer,
         timeout => (v_step_opts ->> 'timeout')::integer,
@@ -1480,8 +1640,12 @@ begin
     return;
   end if;
 
-  -- Step mode: check every route first.
-  for v_route in select e.value from pg_catalog.jsonb_array_elements(v_routes) e loop
+  -- Step mode: every route is checked before anything changes (the first
+  -- failure wins), then the missing queues are created, then the flow row
+  -- (an existing row of exactly this slug is kept as it is), then step by
+  -- step in shape order the step and its own dependencies. A dependency on
+  -- a later step therefore fails (23503); a repeated one is stored once.
+  for v_route in select e.value from pg_catalog.jsonb_array_elements(v_routes) with ordinality e order by e.ordinality loop
     if pgflow._assert_step_queue_available(p_flow_slug, v_route ->> 'queueName') then
       v_create := v_create || (v_route ->> 'queueName');
     end if;
@@ -1495,22 +1659,25 @@ begin
           coalesce((v_opts ->> 'maxAttempts')::integer, 3),
           coalesce((v_opts ->> 'baseDelay')::integer, 5),
           coalesce((v_opts ->> 'timeout')::integer, 60),
-          'step');
+          'step')
+  on conflict on constraint flows_pkey do nothing;
 
   v_index := 0;
-  for v_step in select e.value from pg_catalog.jsonb_array_elements(p_shape -> 'steps') e loop
+  for v_step in select e.value from pg_catalog.jsonb_array_elements(p_shape -> 'steps') with ordinality e order by e.ordinality loop
     v_step_opts := coalesce(v_step -> 'options', '{}'::jsonb);
-    if coalesce(v_step ->> 'stepType', 'single') = 'map'
-       and pg_catalog.jsonb_array_length(coalesce(v_step -> 'dependencies', '[]'::jsonb)) > 1 then
-      raise exception 'map step % can have at most one dependency', v_step ->> 'slug'
-        using errcode = 'invalid_parameter_value';
+    v_deps := coalesce(v_step -> 'dependencies', '[]'::jsonb);
+    if coalesce(v_step ->> 'stepType', 'single') = 'map' and pg_catalog.jsonb_array_length(v_deps) > 1 then
+      raise exception 'Map step "%" can have at most one dependency, but % were provided: %',
+        v_step ->> 'slug', pg_catalog.jsonb_array_length(v_deps),
+        (select pg_catalog.string_agg(d.value, ', ' order by d.ordinality)
+           from pg_catalog.jsonb_array_elements_text(v_deps) with ordinality d);
     end if;
     insert into pgflow.steps (flow_slug, step_slug, step_type, step_index, deps_count,
                               opt_max_attempts, opt_base_delay, opt_timeout, opt_start_delay,
                               required_input_pattern, forbidden_input_pattern, when_unmet, when_exhausted,
                               queue_name)
     values (p_flow_slug, v_step ->> 'slug', coalesce(v_step ->> 'stepType', 'single'), v_index,
-            pg_catalog.jsonb_array_length(coalesce(v_step -> 'dependencies', '[]'::jsonb)),
+            pg_catalog.jsonb_array_length(v_deps),
             (v_step_opts ->> 'maxAttempts')::integer, (v_step_opts ->> 'baseDelay')::integer,
             (v_step_opts ->> 'timeout')::integer, (v_step_opts ->> 'startDelay')::integer,
             case when (v_step -> 'requiredInputPattern' ->> 'defined')::boolean
@@ -1519,20 +1686,19 @@ begin
                  then v_step -> 'forbiddenInputPattern' -> 'value' end,
             coalesce(v_step ->> 'whenUnmet', 'skip'), coalesce(v_step ->> 'whenExhausted', 'fail'),
             v_routes -> v_index ->> 'queueName');
+    insert into pgflow.deps (flow_slug, dep_slug, step_slug)
+    select p_flow_slug, d.value, v_step ->> 'slug'
+      from pg_catalog.jsonb_array_elements_text(v_deps) d
+    on conflict on constraint deps_pkey do nothing;
     v_index := v_index + 1;
   end loop;
-
-  insert into pgflow.deps (flow_slug, dep_slug, step_slug)
-  select p_flow_slug, dep.value, st.value ->> 'slug'
-    from pg_catalog.jsonb_array_elements(p_shape -> 'steps') st,
-         pg_catalog.jsonb_array_elements_text(coalesce(st.value -> 'dependencies', '[]'::jsonb)) dep;
 end
 $$;
 
 -- The worker's startup call: compile a missing flow, verify an existing one
 -- (shape, queue mode and the ordered step -> queue routes), recompile it on a
 -- local database, or report the mismatch. A supplied route_map must equal the
--- derived routes entry for entry.
+-- derived routes entry for entry. A NULL queue mode is flow mode.
 create function pgflow.ensure_flow_compiled(flow_slug text, shape jsonb, queue_mode text default 'flow',
                                             route_map jsonb default null)
 returns jsonb
@@ -1540,79 +1706,96 @@ language plpgsql
 set search_path = ''
 as $$
 declare
+  v_mode text := coalesce(ensure_flow_compiled.queue_mode, 'flow');
   v_routes jsonb;
+  v_count integer;
+  v_i integer;
+  v_given jsonb;
+  v_derived jsonb;
   v_stored_mode text;
   v_stored_routes jsonb;
   v_shape_diffs text[];
   v_route_diffs text[] := '{}';
+  v_diffs text[];
   v_route jsonb;
-  v_i integer;
 begin
   perform pg_catalog.pg_advisory_xact_lock(1, pg_catalog.hashtext(pg_catalog.lower(ensure_flow_compiled.flow_slug)));
 
-  v_routes := pgflow._derive_queue_routes(ensure_flow_compiled.flow_slug, ensure_flow_compiled.shape,
-                                          ensure_flow_compiled.queue_mode);
+  -- The routes are derived (and the definition validated) before anything
+  -- else is looked at. A supplied route map must then match them: its
+  -- length first, then entry by entry on stepSlug and queueName (other keys
+  -- are ignored); the first differing entry is reported, 1-based.
+  v_routes := pgflow._derive_queue_routes(ensure_flow_compiled.flow_slug, ensure_flow_compiled.shape, v_mode);
+  v_count := pg_catalog.jsonb_array_length(v_routes);
   if ensure_flow_compiled.route_map is not null then
-    if pg_catalog.jsonb_typeof(ensure_flow_compiled.route_map) <> 'array'
-       or pg_catalog.jsonb_array_length(ensure_flow_compiled.route_map) <> pg_catalog.jsonb_array_length(v_routes) then
-      raise exception 'route map of flow % does not match its derived routes: expected %, got %',
-        ensure_flow_compiled.flow_slug, v_routes, ensure_flow_compiled.route_map
-        using errcode = 'invalid_parameter_value';
+    if pg_catalog.jsonb_array_length(ensure_flow_compiled.route_map) <> v_count then
+      raise exception 'supplied route map for flow "%" has % entries but % step(s) was derived',
+        ensure_flow_compiled.flow_slug, pg_catalog.jsonb_array_length(ensure_flow_compiled.route_map), v_count
+        using detail = 'The route map must cover the complete ordered shape exactly.',
+              hint = 'Pass withStepQueues() route snapshots or omit the map to let SQL derive it.';
     end if;
-    for v_i in 0 .. pg_catalog.jsonb_array_length(v_routes) - 1 loop
-      if (ensure_flow_compiled.route_map -> v_i ->> 'stepSlug') is distinct from (v_routes -> v_i ->> 'stepSlug')
-         or (ensure_flow_compiled.route_map -> v_i ->> 'queueName') is distinct from (v_routes -> v_i ->> 'queueName') then
-        raise exception 'route map of flow % does not match its derived routes at entry %: expected %, got %',
-          ensure_flow_compiled.flow_slug, v_i, v_routes -> v_i, ensure_flow_compiled.route_map -> v_i
-          using errcode = 'invalid_parameter_value';
+    for v_i in 0 .. v_count - 1 loop
+      v_given := ensure_flow_compiled.route_map -> v_i;
+      v_derived := v_routes -> v_i;
+      if (v_given ->> 'stepSlug') is distinct from (v_derived ->> 'stepSlug')
+         or (v_given ->> 'queueName') is distinct from (v_derived ->> 'queueName') then
+        raise exception 'supplied route map for flow "%" disagrees with the derived route at position %',
+          ensure_flow_compiled.flow_slug, v_i + 1
+          using detail = pg_catalog.format('Supplied (%s, %s); derived (%s, %s).',
+                                           v_given ->> 'stepSlug', v_given ->> 'queueName',
+                                           v_derived ->> 'stepSlug', v_derived ->> 'queueName'),
+                hint = 'SQL derives queue names from the flow slug, step slugs, and shape order; fix the supplied map.';
       end if;
     end loop;
   end if;
 
   select f.queue_mode into v_stored_mode from pgflow.flows f where f.flow_slug = ensure_flow_compiled.flow_slug;
   if not found then
-    perform pgflow._create_flow_from_shape(ensure_flow_compiled.flow_slug, ensure_flow_compiled.shape,
-                                           ensure_flow_compiled.queue_mode);
+    perform pgflow._create_flow_from_shape(ensure_flow_compiled.flow_slug, ensure_flow_compiled.shape, v_mode);
     return pg_catalog.jsonb_build_object('status', 'compiled', 'differences', '[]'::jsonb, 'mismatchKind', null);
   end if;
 
-  v_shape_diffs := pgflow._compare_flow_shapes(ensure_flow_compiled.shape,
-                                               pgflow._get_flow_shape(ensure_flow_compiled.flow_slug));
-
-  if v_stored_mode is distinct from ensure_flow_compiled.queue_mode then
-    v_route_diffs := v_route_diffs || pg_catalog.format('Queue mode differs: database has %s, local has %s',
-                                                        v_stored_mode, ensure_flow_compiled.queue_mode);
+  -- Differences: the shape's (the worker's shape first, the database's
+  -- second), then the queue mode, then the ordered step -> queue routes.
+  -- Options are not compared.
+  v_shape_diffs := coalesce(pgflow._compare_flow_shapes(ensure_flow_compiled.shape,
+                                                        pgflow._get_flow_shape(ensure_flow_compiled.flow_slug)), '{}');
+  if v_stored_mode is distinct from v_mode then
+    v_route_diffs := v_route_diffs || pg_catalog.format('Queue mode differs: database has ''%s'', worker expects ''%s''',
+                                                        v_stored_mode, v_mode);
   end if;
   select coalesce(pg_catalog.jsonb_agg(pg_catalog.jsonb_build_object('stepSlug', s.step_slug, 'queueName', s.queue_name)
                                         order by s.step_index), '[]'::jsonb)
     into v_stored_routes
     from pgflow.steps s where s.flow_slug = ensure_flow_compiled.flow_slug;
   if v_stored_routes <> v_routes then
-    v_route_diffs := v_route_diffs || pg_catalog.format('Queue routes differ: database has %s, local has %s',
-                                                        v_stored_routes, v_routes);
+    v_route_diffs := v_route_diffs || pg_catalog.format('Step routes differ: database has [%s], worker expects [%s]',
+      (select pg_catalog.string_agg((e.value ->> 'stepSlug') || ' -> ' || (e.value ->> 'queueName'), ', ' order by e.ordinality)
+         from pg_catalog.jsonb_array_elements(v_stored_routes) with ordinality e),
+      (select pg_catalog.string_agg((e.value ->> 'stepSlug') || ' -> ' || (e.value ->> 'queueName'), ', ' order by e.ordinality)
+         from pg_catalog.jsonb_array_elements(v_routes) with ordinality e));
   end if;
+  v_diffs := v_shape_diffs || v_route_diffs;
 
-  if coalesce(pg_catalog.cardinality(v_shape_diffs), 0) = 0 and pg_catalog.cardinality(v_route_diffs) = 0 then
-    if ensure_flow_compiled.queue_mode = 'step' then
-      for v_route in select e.value from pg_catalog.jsonb_array_elements(v_routes) e loop
+  if pg_catalog.cardinality(v_diffs) = 0 then
+    if v_mode = 'step' then
+      for v_route in select e.value from pg_catalog.jsonb_array_elements(v_routes) with ordinality e order by e.ordinality loop
         perform pgflow._assert_step_queue_available(ensure_flow_compiled.flow_slug, v_route ->> 'queueName');
       end loop;
     end if;
     return pg_catalog.jsonb_build_object('status', 'verified', 'differences', '[]'::jsonb, 'mismatchKind', null);
   end if;
 
-  v_shape_diffs := coalesce(v_shape_diffs, '{}') || v_route_diffs;
   if pgflow.is_local() then
     perform pgflow.delete_flow_and_data(ensure_flow_compiled.flow_slug);
-    perform pgflow._create_flow_from_shape(ensure_flow_compiled.flow_slug, ensure_flow_compiled.shape,
-                                           ensure_flow_compiled.queue_mode);
-    return pg_catalog.jsonb_build_object('status', 'recompiled', 'differences', pg_catalog.to_jsonb(v_shape_diffs),
+    perform pgflow._create_flow_from_shape(ensure_flow_compiled.flow_slug, ensure_flow_compiled.shape, v_mode);
+    return pg_catalog.jsonb_build_object('status', 'recompiled', 'differences', pg_catalog.to_jsonb(v_diffs),
                                          'mismatchKind', null);
   end if;
   return pg_catalog.jsonb_build_object(
     'status', 'mismatch',
-    'differences', pg_catalog.to_jsonb(v_shape_diffs),
-    'mismatchKind', case when pg_catalog.cardinality(v_shape_diffs) = pg_catalog.cardinality(v_route_diffs)
+    'differences', pg_catalog.to_jsonb(v_diffs),
+    'mismatchKind', case when pg_catalog.cardinality(v_shape_diffs) = 0 and pg_catalog.cardinality(v_route_diffs) > 0
                          then 'routing' else 'shape' end);
 end
 $$;
@@ -1625,8 +1808,8 @@ create function pgflow.start_tasks(flow_slug text, msg_ids bigint[], worker_id u
                                    step_slug text default null)
 returns setof pgflow.step_task_record
 language plpgsql
-set plan_cache_mode = force_custom_plan
 set search_path = ''
+set plan_cache_mode = force_custom_plan
 as $$
 declare
   v_mode text;
@@ -1638,20 +1821,27 @@ begin
   if not found then
     return;
   end if;
+  -- An unknown flow claims nothing and is no error. Step mode needs the
+  -- exact step selector of a persisted route; flow mode takes none (a
+  -- wrong queue there simply claims nothing).
   if v_mode = 'step' then
     if start_tasks.step_slug is null then
-      raise exception 'flow % uses step queues: start_tasks needs the step_slug of queue %', start_tasks.flow_slug, start_tasks.queue_name
-        using errcode = 'invalid_parameter_value';
+      raise exception 'Flow "%" uses per-step queues: an exact step_slug is required to claim tasks.', start_tasks.flow_slug
+        using detail = pg_catalog.format('Queue "%s" is a private step queue; a claim without a step selector could mix steps.',
+                                         start_tasks.queue_name),
+              hint = 'Pass the exact step_slug of the polled step; direct SQL cannot obtain flow-wide claims in step mode.';
     end if;
     if not exists (select 1 from pgflow.steps s
                     where s.flow_slug = start_tasks.flow_slug and s.step_slug = start_tasks.step_slug
                       and s.queue_name = start_tasks.queue_name) then
-      raise exception 'flow % has no route from step % to queue %', start_tasks.flow_slug, start_tasks.step_slug, start_tasks.queue_name
-        using errcode = 'invalid_parameter_value';
+      raise exception 'Step "%" does not route to queue "%" in flow "%".', start_tasks.step_slug, start_tasks.queue_name, start_tasks.flow_slug
+        using detail = 'The step selector must match a persisted step route (flow_slug, step_slug, queue_name) exactly.',
+              hint = 'Poll the queue recorded for this step and pass its exact canonical name and spelling.';
     end if;
   elsif start_tasks.step_slug is not null then
-    raise exception 'flow % uses one flow queue: start_tasks takes no step_slug (got %)', start_tasks.flow_slug, start_tasks.step_slug
-      using errcode = 'invalid_parameter_value';
+    raise exception 'Flow "%" uses the default flow queue: a step selector is not allowed.', start_tasks.flow_slug
+      using detail = pg_catalog.format('Step "%s" was supplied, but flow queue mode has no per-step queues.', start_tasks.step_slug),
+            hint = 'Omit step_slug to claim flow-wide tasks.';
   end if;
 
   -- One statement claims, takes a root step's input from the run row it
@@ -1660,19 +1850,18 @@ begin
   -- small: few joins each, and the dependency lookups only planned (below)
   -- when a claimed step has dependencies.
   --
-  -- The claim is guarded: the rows are found by their message through the
-  -- unique (queue_name, message_id) index alone and locked, the conditions
-  -- are checked on the locked (latest) rows, and only those still queued on
-  -- a started run and step are updated, by primary key. Finding them by
-  -- that index alone keeps the plan cheap whatever the statistics say
-  -- (after a burst of new runs they are stale, and a plan chosen from them
-  -- can scan every queued task).
+  -- The claim is guarded: the candidates are found by their message
+  -- through the unique (queue_name, message_id) index alone and read
+  -- without locks; only the rows actually claimed are locked, by the update
+  -- itself, which re-checks that each is still queued (a row a concurrent
+  -- claim took is left out). Finding them by that index alone keeps the
+  -- plan cheap whatever the statistics say (after a burst of new runs they
+  -- are stale, and a plan chosen from them can scan every queued task).
   with locked as materialized (
     select k.run_id, k.step_slug, k.task_index, k.flow_slug, k.status
       from pgflow.step_tasks k
      where k.queue_name = start_tasks.queue_name
        and k.message_id = any (start_tasks.msg_ids)
-       for update of k
   ), claimable as materialized (
     select l.run_id, l.step_slug, l.task_index
       from locked l
@@ -1690,6 +1879,7 @@ begin
            last_worker_id = start_tasks.worker_id
       from claimable c, pgflow.runs r
      where t.run_id = c.run_id and t.step_slug = c.step_slug and t.task_index = c.task_index
+       and t.status = 'queued'
        and r.run_id = t.run_id
     returning t.run_id, t.step_slug, t.task_index, t.message_id, r.input as run_input
   ), tasks as (
@@ -1725,17 +1915,21 @@ begin
   if not found then
     return;  -- nothing claimed
   end if;
+  -- A claimed task whose message is not in the queue fails the whole
+  -- call, so no task stays claimed and no attempt is counted. pgflow 0.17.0
+  -- fails it with a deliberate text-to-integer cast (22P02) whose text
+  -- says what happened; the same cast fails here, for the same answer.
   if v_out.hidden < pg_catalog.cardinality(v_out.ids) then
-    raise exception 'start_tasks: % tasks claimed but only % messages of queue % found to hide',
-      pg_catalog.cardinality(v_out.ids), v_out.hidden, start_tasks.queue_name
-      using errcode = 'object_not_in_prerequisite_state';
+    v_out.hidden := pg_catalog.format('start_tasks(): visibility updated %s of %s claimed messages',
+                                      v_out.hidden, pg_catalog.cardinality(v_out.ids))::integer;
   end if;
 
-  -- unnest of several arrays is FROM-clause syntax and cannot be schema-qualified.
+  -- The rows come in message order (pgflow 0.17.0 defines no order).
   if not v_out.has_deps then
     return query
     select start_tasks.flow_slug, o.run_id, o.step_slug, o.input, o.msg_id, o.task_index, o.flow_input
-      from unnest(v_out.run_ids, v_out.step_slugs, v_out.inputs, v_out.ids, v_out.task_indexes, v_out.flow_inputs)
+      from rows from (pg_catalog.unnest(v_out.run_ids), pg_catalog.unnest(v_out.step_slugs), pg_catalog.unnest(v_out.inputs),
+                     pg_catalog.unnest(v_out.ids), pg_catalog.unnest(v_out.task_indexes), pg_catalog.unnest(v_out.flow_inputs))
              as o(run_id, step_slug, input, msg_id, task_index, flow_input)
      order by o.msg_id;
     return;
@@ -1760,7 +1954,8 @@ begin
                            where d.flow_slug = start_tasks.flow_slug and d.step_slug = o.step_slug), '{}'::jsonb)
          end,
          o.msg_id, o.task_index, o.flow_input
-    from unnest(v_out.run_ids, v_out.step_slugs, v_out.inputs, v_out.ids, v_out.task_indexes, v_out.flow_inputs)
+    from rows from (pg_catalog.unnest(v_out.run_ids), pg_catalog.unnest(v_out.step_slugs), pg_catalog.unnest(v_out.inputs),
+                     pg_catalog.unnest(v_out.ids), pg_catalog.unnest(v_out.task_indexes), pg_catalog.unnest(v_out.flow_inputs))
            as o(run_id, step_slug, input, msg_id, task_index, flow_input)
     join pgflow.steps s on s.flow_slug = start_tasks.flow_slug and s.step_slug = o.step_slug
    order by o.msg_id;

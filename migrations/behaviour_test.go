@@ -291,6 +291,10 @@ func TestBehaviourMatches016AcrossTheUpgrade(t *testing.T) {
 	}
 	want := run(false)
 	got := run(true)
+	// The skips of one cascade come in another order on 0.17.0 (the run's
+	// rows in physical order, not step order; TestCascadeSkipBroadcastOrder
+	// asserts it): compared as sets here.
+	want["events"], got["events"] = sortSkipRuns(want["events"]), sortSkipRuns(got["events"])
 	for _, key := range []string{"runs", "step_states", "step_tasks", "messages", "events", "queues", "after_delete"} {
 		if !reflect.DeepEqual(want[key], got[key]) {
 			t.Errorf("%s differ after the upgrade:\n%s", key, lineDiff(want[key], got[key]))
@@ -361,4 +365,23 @@ func containsLine(lines []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// sortSkipRuns sorts each run of consecutive step:<slug>:skipped events.
+func sortSkipRuns(events []string) []string {
+	out := append([]string(nil), events...)
+	isSkip := func(e string) bool { return strings.Contains(e, ":skipped ") }
+	for i := 0; i < len(out); {
+		j := i
+		for j < len(out) && isSkip(out[j]) {
+			j++
+		}
+		if j > i {
+			sort.Strings(out[i:j])
+			i = j
+		} else {
+			i++
+		}
+	}
+	return out
 }

@@ -2,15 +2,18 @@ package migrations_test
 
 import (
 	"context"
+	"errors"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
 // start_tasks hides each claimed message for its step's timeout (else the
 // flow's) + 2 s, returns the claims in msg_id order, and fails as a whole
-// (55000, nothing claimed) when a claimed task's message is gone from the
-// queue.
+// (nothing claimed) when a claimed task's message is gone from the queue,
+// with pgflow 0.17.0's deliberate text-to-integer cast failure (22P02).
 func TestStartTasksLeaseAndGuard(t *testing.T) {
 	ctx := context.Background()
 	db := testdb.Baseline(t)
@@ -30,8 +33,10 @@ func TestStartTasksLeaseAndGuard(t *testing.T) {
 	}
 	exec(t, p, `select pgmq.delete('lease_flow', $1::bigint)`, ids[1])
 	_, err := p.Exec(ctx, `select * from pgflow.start_tasks('Lease_Flow', $1, $2::uuid, 'lease_flow')`, ids, workerID)
-	if pgCode(err) != "55000" {
-		t.Fatalf("claim with a missing message: %v, want 55000", err)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "22P02" ||
+		pgErr.Message != `invalid input syntax for type integer: "start_tasks(): visibility updated 3 of 4 claimed messages"` {
+		t.Fatalf("claim with a missing message: %v, want 22P02 naming 3 of 4", err)
 	}
 	if n := scalar[int](t, p, `select count(*) from pgflow.step_tasks where status <> 'queued' or attempts_count <> 0`); n != 0 {
 		t.Fatalf("%d tasks changed by the failed claim", n)

@@ -175,40 +175,68 @@ func TestStrayQueuesAreRefused(t *testing.T) {
 
 // requeue_stalled_tasks, on the stored queue: a stalled task goes back to
 // queued with its message visible three times, then is marked permanently
-// stalled with its message archived.
+// stalled. Its message is archived only by a call that also requeues
+// something; a call that requeues nothing leaves it in its queue.
 func TestRequeueStalledUsesTheStoredQueue(t *testing.T) {
 	db := testdb.Baseline(t)
 	p := db.Pool
 	exec(t, p, `select pgflow.create_flow('Slow_Flow', timeout => 1)`)
 	exec(t, p, `select pgflow.add_step('Slow_Flow', 'only')`)
 	exec(t, p, `select pgflow.start_flow('Slow_Flow', '{}')`)
+	exec(t, p, `select pgflow.start_flow('Slow_Flow', '{}')`)
 	applyMigration(t, p)
 	exec(t, p, `insert into pgflow.workers (worker_id, queue_name, function_name) values ($1, 'slow_flow', 'fn')`, workerID)
-	stall := func() {
+	stall := func(want int) {
 		ids := scalar[[]int64](t, p, `select coalesce(array_agg(msg_id), '{}') from pgmq.read('slow_flow', 30, 10)`)
-		if n := scalar[int](t, p, `select count(*) from pgflow.start_tasks('Slow_Flow', $1, $2::uuid, 'slow_flow')`, ids, workerID); n != 1 {
-			t.Fatalf("claimed %d, want 1", n)
+		if n := scalar[int](t, p, `select count(*) from pgflow.start_tasks('Slow_Flow', $1, $2::uuid, 'slow_flow')`, ids, workerID); n != want {
+			t.Fatalf("claimed %d, want %d", n, want)
 		}
-		exec(t, p, `update pgflow.step_tasks set queued_at = now() - interval '2 hours', started_at = now() - interval '1 hour'`)
+		exec(t, p, `update pgflow.step_tasks set queued_at = now() - interval '2 hours', started_at = now() - interval '1 hour' where status = 'started'`)
 	}
 	for i := 1; i <= 3; i++ {
-		stall()
-		if n := scalar[int](t, p, `select pgflow.requeue_stalled_tasks()`); n != 1 {
-			t.Fatalf("round %d: requeued %d, want 1", i, n)
+		stall(2)
+		if n := scalar[int](t, p, `select pgflow.requeue_stalled_tasks()`); n != 2 {
+			t.Fatalf("round %d: requeued %d, want 2", i, n)
 		}
-		if st := scalar[string](t, p, `select status || '/' || requeued_count from pgflow.step_tasks`); st != fmt.Sprintf("queued/%d", i) {
-			t.Fatalf("round %d: task %s", i, st)
+		if st := scalar[string](t, p, `select string_agg(status || '/' || requeued_count, ',') from pgflow.step_tasks`); st != fmt.Sprintf("queued/%d,queued/%d", i, i) {
+			t.Fatalf("round %d: tasks %s", i, st)
 		}
 	}
-	stall()
+	stall(2)
 	if n := scalar[int](t, p, `select pgflow.requeue_stalled_tasks()`); n != 0 {
 		t.Fatalf("requeued %d after three requeues, want 0", n)
 	}
-	if !scalar[bool](t, p, `select permanently_stalled_at is not null and status = 'started' from pgflow.step_tasks`) {
-		t.Fatal("the task is not permanently stalled")
+	if n := scalar[int](t, p, `select count(*) from pgflow.step_tasks where permanently_stalled_at is not null and status = 'started'`); n != 2 {
+		t.Fatalf("%d tasks permanently stalled, want 2", n)
 	}
-	if n := scalar[int](t, p, `select (select count(*) from pgmq.a_slow_flow) - (select count(*) from pgmq.q_slow_flow)`); n != 1 {
-		t.Fatalf("archived minus queued = %d, want the one message archived", n)
+	if n := scalar[int](t, p, `select count(*) from pgmq.a_slow_flow`); n != 0 {
+		t.Fatalf("%d messages archived by a call that requeued nothing, want 0", n)
+	}
+	if n := scalar[int](t, p, `select count(*) from pgmq.q_slow_flow`); n != 2 {
+		t.Fatalf("%d messages left in the queue, want both", n)
+	}
+	// A later call skips the stalled tasks: their messages stay.
+	if n := scalar[int](t, p, `select pgflow.requeue_stalled_tasks()`); n != 0 {
+		t.Fatalf("requeued %d, want 0", n)
+	}
+	if n := scalar[int](t, p, `select count(*) from pgmq.q_slow_flow`); n != 2 {
+		t.Fatalf("%d messages left in the queue, want both", n)
+	}
+
+	// A call that requeues one task archives the messages of the tasks it
+	// marks permanently stalled in the same call.
+	exec(t, p, `update pgflow.step_tasks set permanently_stalled_at = null, requeued_count = 3`)
+	exec(t, p, `update pgflow.step_tasks set requeued_count = 0
+	             where task_index = 0 and run_id = (select min(run_id::text)::uuid from pgflow.step_tasks)`)
+	if n := scalar[int](t, p, `select pgflow.requeue_stalled_tasks()`); n != 1 {
+		t.Fatalf("requeued %d, want 1", n)
+	}
+	if n := scalar[int](t, p, `select count(*) from pgmq.a_slow_flow`); n != 1 {
+		t.Fatalf("%d messages archived, want the stalled task's one", n)
+	}
+	if n := scalar[int](t, p, `select count(*) from pgmq.q_slow_flow q join pgflow.step_tasks t on t.message_id = q.msg_id
+	                            where t.status = 'queued' and q.vt <= now()`); n != 1 {
+		t.Fatalf("%d requeued messages visible, want 1", n)
 	}
 }
 
