@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/mattn/go-runewidth"
+
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -67,6 +69,16 @@ func TestAuditCleanDatabaseExitsZero(t *testing.T) {
 	lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
 	if !strings.HasPrefix(lines[0], "GO: 0 blockers, 1 warning, 0 cannot tell (exit 0)") {
 		t.Errorf("the first line is not the verdict: %q", lines[0])
+	}
+	// A clean audit of a small real 0.16.0 database: about 30 lines of at
+	// most 100 columns.
+	if len(lines) > 30 {
+		t.Errorf("a clean audit prints %d lines:\n%s", len(lines), r.stdout)
+	}
+	for _, l := range lines {
+		if runewidth.StringWidth(l) > 100 {
+			t.Errorf("a line of %d columns: %q", runewidth.StringWidth(l), l)
+		}
 	}
 	for _, want := range []string{"schema state baseline", "pgmq.installed", "WARNING backup.pgdump_pgmq", "  remedy: "} {
 		if !strings.Contains(r.stdout, want) {

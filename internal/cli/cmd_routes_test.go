@@ -124,7 +124,7 @@ func TestVerifyRoutes(t *testing.T) {
 			}
 			text := cellText(r.stdout)
 			for _, want := range []string{"2 routes, 1 without a worker that can claim", "FAIL route: flow img, step resize, queue img__resize: 1 message(s) waiting since",
-				"and no live worker", "deploy: deploy a pgflow 0.17 worker for step resize of flow img"} {
+				"and no live worker", "remedy: deploy a pgflow 0.17 worker for step resize of flow img"} {
 				if !strings.Contains(text, want) {
 					t.Errorf("verify --routes lacks %q:\n%s", want, r.stdout)
 				}

@@ -110,7 +110,7 @@ func (a *App) statusAction(c *ucli.Context) error {
 // writeStatus prints the version and the next step on the first line, then
 // what is in progress, the migrations and, on 0.17, the routes.
 func writeStatus(w io.Writer, where string, st *upgrade.StatusReport, on *online.StatusInfo, qs *quiesce.StatusInfo, rr *routesResult, verbose bool) error {
-	fmt.Fprintf(w, "pgflow version: %s; next step: %s\n", versionSummary(st.PgflowVersion), statusNextStep(st.PgflowVersion, rr))
+	writeBlock(w, "pgflow version: ", versionSummary(st.PgflowVersion)+"; next step: "+statusNextStep(st.PgflowVersion, rr), 2)
 	fmt.Fprintf(w, "status of %s\n", where)
 	fmt.Fprintf(w, "schema state: %s\n", st.State.State)
 	diffs := st.State.Differences
@@ -191,7 +191,7 @@ func versionSummary(d *versions.Detection) string {
 // with routes that no worker can serve, the deploy that is missing.
 func statusNextStep(d *versions.Detection, rr *routesResult) string {
 	if rr != nil && rr.Report != nil && len(rr.Findings) > 0 {
-		return fmt.Sprintf("deploy the worker(s) of the %s below that no worker can serve, then check with `pgflow-upgrade verify --routes`",
+		return fmt.Sprintf("deploy a worker for the %s below, then `pgflow-upgrade verify --routes`",
 			plural(len(rr.Findings), "route", "routes"))
 	}
 	if d == nil {
@@ -221,7 +221,7 @@ func writeRoutesTable(w io.Writer, rep *routes.Report) error {
 		}
 		rows = append(rows, []string{r.Flow, r.QueueMode, r.StepLabel(), r.Queue, depth, age, workersCell(r)})
 	}
-	return writeTable(w, []string{"flow", "mode", "step", "queue", "visible / hidden", "oldest", "live workers"}, rows)
+	return writeTable(w, []string{"flow", "mode", "step", "queue", "visible/hidden", "oldest", "live workers"}, rows)
 }
 
 // workersCell names a route's live workers, each function once with how

@@ -145,7 +145,8 @@ func writeVerify(w io.Writer, where string, vr *upgrade.VerifyReport, rr *routes
 			}
 		}
 	}
-	fmt.Fprintf(w, "%s (verify of %s, exit %d)\n", line, where, code)
+	fmt.Fprintln(w, line)
+	fmt.Fprintf(w, "verify of %s: exit %d\n", where, code)
 	for _, o := range failed {
 		writeBlock(w, "FAIL "+o.ID+": ", o.Title+": "+o.Detail, 2)
 	}
@@ -185,7 +186,7 @@ func writeRouteFindings(w io.Writer, rr *routesResult) {
 	}
 	for _, f := range rr.Findings {
 		writeBlock(w, "FAIL route: ", f.Message, 2)
-		writeBlock(w, "  deploy: ", f.Deploy, 4)
+		writeBlock(w, "  remedy: ", f.Deploy, 4)
 	}
 	for _, r := range rr.Routes {
 		if r.State == routes.StateUnknown {
