@@ -18,9 +18,13 @@ build: ## build bin/pgflow-upgrade
 	$(GO) build -o bin/pgflow-upgrade ./cmd/pgflow-upgrade
 
 .PHONY: test
-test: setup ## run the whole suite (ephemeral local cluster, or PGFLOW_UPGRADE_TEST_DSN)
+test: setup ## run the whole suite with -race (ephemeral local cluster, or PGFLOW_UPGRADE_TEST_DSN)
 	$(GO) vet $(PKGS)
 	$(GO) test -race -count=1 -timeout 40m $(PKGS)
+
+.PHONY: test-short
+test-short: setup ## the inner loop: go test -short (long tests and most seeds skipped, each saying so)
+	$(GO) test -short -count=1 -timeout 10m $(PKGS)
 
 .PHONY: fuzz
 fuzz: setup ## run every Fuzz* target for $(FUZZTIME) each (their seed corpora run in `make test`)

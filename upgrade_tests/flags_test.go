@@ -3,13 +3,14 @@ package upgrade_tests
 import (
 	"context"
 	"flag"
+	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
 var (
-	seeds = flag.Int("seeds", 50, "how many random 0.16.0 states TestRandom upgrades (seeds 1..N)")
+	seeds = flag.Int("seeds", 50, "how many random 0.16.0 states TestRandom upgrades (seeds 1..N; 5 with -short unless given)")
 	seed  = flag.Uint64("seed", 0, "run TestRandom on this one seed only (rerun a failure)")
 	// While the migration is being edited atlas.sum lags behind it; this
 	// lets a developer run the scenarios anyway. Never in CI.
@@ -25,4 +26,18 @@ func upgradeFunc() scenario.UpgradeFunc {
 	return func(ctx context.Context, db *scenario.DB) (*upgrade.Report, error) {
 		return scenario.ApplyWith(ctx, db, upgrade.Options{Verify: func() error { return nil }})
 	}
+}
+
+// seedCount is the number of seeds a seeded test runs: the flag's value, or
+// short under -short when the flag was not given (the inner loop).
+func seedCount(name string, value, short int) int {
+	if !testing.Short() {
+		return value
+	}
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	if given {
+		return value
+	}
+	return short
 }

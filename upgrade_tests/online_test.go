@@ -27,7 +27,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 )
 
-var onlineSeeds = flag.Int("online-seeds", 20, "how many seeded interrupted online upgrades TestOnlineInterrupted runs")
+var onlineSeeds = flag.Int("online-seeds", 20, "how many seeded interrupted online upgrades TestOnlineInterrupted runs (3 with -short unless given)")
 
 // onlineOptions: small batches, so a small state takes many batches (many
 // points to be interrupted at).
@@ -167,9 +167,11 @@ func startTraffic(ctx context.Context, pool *pgxpool.Pool) (*appTraffic, func() 
 			} else if ctx.Err() == nil {
 				a.fail(fmt.Errorf("start_flow during the online upgrade: %w", err))
 			}
+			// 50 runs a second: every phase still meets traffic, and the
+			// tables the backfill walks do not grow faster than a test needs.
 			select {
 			case <-ctx.Done():
-			case <-time.After(5 * time.Millisecond):
+			case <-time.After(20 * time.Millisecond):
 			}
 		}
 	}()
@@ -205,7 +207,7 @@ func withoutTraffic(fp *fingerprint.Fingerprint) {
 // identical, every row (old and written by the traffic) has the right
 // queue_name, verify passes, and nothing of the online upgrade is left.
 func TestOnlineInterrupted(t *testing.T) {
-	for s := 1; s <= *onlineSeeds; s++ {
+	for s := 1; s <= seedCount("online-seeds", *onlineSeeds, 3); s++ {
 		t.Run(fmt.Sprintf("seed=%d", s), func(t *testing.T) {
 			t.Parallel()
 			if err := interruptedSeed(t, uint64(s)); err != nil {

@@ -16,11 +16,12 @@ import (
 // must hold the right values, and the new worker must drain every run that
 // can finish.
 func TestRandom(t *testing.T) {
-	list := make([]uint64, 0, *seeds)
+	n := seedCount("seeds", *seeds, 5)
+	list := make([]uint64, 0, n)
 	if *seed != 0 {
 		list = append(list, *seed)
 	} else {
-		for s := 1; s <= *seeds; s++ {
+		for s := 1; s <= n; s++ {
 			list = append(list, uint64(s))
 		}
 	}

@@ -235,6 +235,7 @@ func TestAuditForecastMeasuresASample(t *testing.T) {
 // otherwise reports the forecast unavailable with what to do (the audit
 // itself is unaffected either way).
 func TestAuditForecastCalibrateLocal(t *testing.T) {
+	testdb.SkipIfShort(t, "--calibrate-local measures on an ephemeral cluster of this machine's binaries when they exist, and...")
 	db := auditDB(t)
 	doc, _ := auditForecast(t, db.DSN, "--calibrate-local", "--calibrate-rows", "2000,10000")
 	f := doc.Forecast

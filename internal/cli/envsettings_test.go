@@ -18,6 +18,7 @@ import (
 // apply names the cause and what to do, exits 3, never says to rerun (a
 // rerun fails alike), and apply --online says what remains in the database.
 func TestApplyEnvironmentSettings(t *testing.T) {
+	testdb.SkipIfShort(t, "Server settings and roles that make apply fail the same way every time: apply names the cause and what to...")
 	type setting struct {
 		name  string
 		setup func(t *testing.T, db *testdb.DB, role string) // role: a superuser made for the case
@@ -133,6 +134,7 @@ func TestApplyOnlineEnvironmentSaysWhatRemains(t *testing.T) {
 // the test's own. audit reads it; apply (both modes) refuses before taking
 // any lock: exit 3, "standby", point --dsn at the primary.
 func TestApplyOnStandby(t *testing.T) {
+	testdb.SkipIfShort(t, "a hot standby made with pg_basebackup from a cluster of the test's own")
 	ctx := context.Background()
 	primary, err := pgprovider.Open(ctx, pgprovider.Options{SkipDocker: true})
 	if err != nil {

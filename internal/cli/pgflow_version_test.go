@@ -41,6 +41,7 @@ func versionOf(t *testing.T, r result) versionJSON {
 
 // status, audit and apply name the version they find, with the next step.
 func TestCommandsNameThePgflowVersion(t *testing.T) {
+	testdb.SkipIfShort(t, "status, audit and apply name the version they find, with the next step")
 	cases := []struct {
 		name      string
 		db        func(t *testing.T) *testdb.DB

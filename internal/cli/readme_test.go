@@ -97,6 +97,7 @@ func shellWords(line string, env map[string]string) []string {
 // and a fresh empty one ($EMPTY_URL), in a scratch directory. Each must
 // exit 0 and print something, its tables at most 100 columns wide.
 func TestReadmeExamples(t *testing.T) {
+	testdb.SkipIfShort(t, "runs every pgflow-upgrade command line of the README, in order, each '''sh block against a fresh pgflow...")
 	blocks := readmeExamples(t)
 	n := 0
 	for _, b := range blocks {

@@ -56,6 +56,7 @@ func writeMembers(t *testing.T, path string, blocks []string, times []int) {
 // read before the refusal. Both end with exit 2 and a message, not a crash,
 // under 256 MB.
 func TestReplayFromHugeCaptureBoundedRSS(t *testing.T) {
+	testdb.SkipIfShort(t, "runs the built binary on two hostile capture files and measures its peak RSS (getrusage): a gzip bomb...")
 	dir := t.TempDir()
 	row := `{"table": "pgflow.runs", "row": {"run_id": "00000000-0000-0000-0000-000000000000", "flow_slug": "f", "status": "started", "input": {"padding": "` + strings.Repeat("x", 400) + `"}}}` + "\n"
 	perBlock := (64 << 20) / len(row)

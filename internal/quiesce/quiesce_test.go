@@ -138,6 +138,7 @@ func TestQuiesceInterrupted(t *testing.T) {
 // --resume-quiesce finishes the upgrade and restores, --undo-quiesce
 // restores without upgrading (or after it, when the crash came after).
 func TestQuiesceCrashResumeUndo(t *testing.T) {
+	testdb.SkipIfShort(t, "A crash at every step leaves the recorded state (status shows it); --resume-quiesce finishes the upgrade...")
 	for _, point := range []string{quiesce.PointPaused, quiesce.PointDeprecated, quiesce.PointDrained, quiesce.PointApplied} {
 		for _, finish := range []string{"resume", "undo"} {
 			t.Run(point+"/"+finish, func(t *testing.T) {

@@ -20,6 +20,7 @@ import (
 // both figures are reported; with tiny budgets the two measured cases fail
 // on their budget, and the others still pass.
 func TestRehearsalOnACustomizedCapture(t *testing.T) {
+	testdb.SkipIfShort(t, "a 0.16.0 database with the owners' additions (customizeSQL) is captured, rebuilt into a template, and the...")
 	ctx := context.Background()
 	dropRole(t, "w19r_capture_reader")
 	src := testdb.Empty(t)

@@ -25,3 +25,12 @@ func (db *DB) HoldLock(t testing.TB, stmt string) (release func()) {
 	t.Cleanup(release)
 	return release
 }
+
+// SkipIfShort skips a long test under -short (make test-short, the inner
+// loop), saying what it proves and that make test runs it.
+func SkipIfShort(t testing.TB, proves string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skipf("long test skipped under -short (make test runs it): %s", proves)
+	}
+}

@@ -346,6 +346,7 @@ func TestApplyLockRetriesThenGivesUp(t *testing.T) {
 // (and before the post-conditions, the Supabase record and the commit):
 // after every kill the database equals the baseline, and a rerun succeeds.
 func TestApplyKilledAtEveryStatement(t *testing.T) {
+	testdb.SkipIfShort(t, "The backend is terminated before each statement of the migration in turn (and before the post-conditions,...")
 	ctx := testCtx(t)
 	db := inflightDB(t) // the baseline has the Supabase ledger (fixture stand-in)
 	before := testdb.State(t, db.Pool)
