@@ -19,8 +19,9 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb 
   need+=(postgresql-15 postgresql-contrib)
 fi
 command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
-# pg_cron only for the Debian server this script installs or finds (15).
-if [ ! -e /usr/lib/postgresql/15/lib/pg_cron.so ] && { [ ! -d /usr/lib/postgresql ] || [ -d /usr/lib/postgresql/15 ] || [ ${#need[@]} -gt 0 ]; }; then
+# pg_cron for Debian's PostgreSQL 15, when that is the server (found or
+# about to be installed).
+if [ ! -e /usr/lib/postgresql/15/lib/pg_cron.so ] && { [ -d /usr/lib/postgresql/15 ] || [[ " ${need[*]:-} " == *" postgresql-15 "* ]]; }; then
   need+=(postgresql-15-cron)
 fi
 
