@@ -134,8 +134,9 @@ func (s Shape) HasIndex(name string) bool   { return slices.Contains(s.Indexes, 
 func (s Shape) IndexValid(name string) bool { return slices.Contains(s.IndexesValid, name) }
 
 // Detect reads the Shape from the catalog: one query on pg_catalog, no lock
-// on a pgflow table, and no privilege on schema pgflow_upgrade needed (the
-// progress table is looked up in pg_class, not through to_regclass).
+// on a pgflow table, and no privilege on schema pgflow or pgflow_upgrade
+// needed (every object is looked up in pg_class and pg_proc by namespace,
+// not through to_regclass, which needs USAGE on the schema).
 // Definitions are compared as pg_get_constraintdef prints them, without the
 // "pgflow." qualification (which depends on the caller's search_path).
 func Detect(ctx context.Context, q Querier) (Shape, error) {
@@ -158,14 +159,17 @@ func Detect(ctx context.Context, q Querier) (Shape, error) {
 		             from pg_catalog.pg_class ic join pg_catalog.pg_index i on i.indexrelid = ic.oid
 		             where ic.relnamespace = pg_catalog.to_regnamespace('pgflow') and ic.relname = any($5::text[]))
 		select (select pg_catalog.count(*) from t) = 2,
-		       exists (select 1 from pg_catalog.pg_attribute a
-		               where a.attrelid = pg_catalog.to_regclass('pgflow.flows') and a.attname = 'queue_mode' and not a.attisdropped),
+		       exists (select 1 from pg_catalog.pg_attribute a join pg_catalog.pg_class c on c.oid = a.attrelid
+		               where c.relnamespace = pg_catalog.to_regnamespace('pgflow') and c.relname = 'flows' and c.relkind in ('r', 'p')
+		                 and a.attname = 'queue_mode' and not a.attisdropped),
 		       (select pg_catalog.count(*) from col)::int,
 		       coalesce((select pg_catalog.bool_and(not attnotnull and atttypid = 'pg_catalog.text'::pg_catalog.regtype) from col), true),
 		       (select pg_catalog.count(*) from pg_catalog.pg_trigger g join t on g.tgrelid = t.oid where g.tgname = $3 and not g.tgisinternal)::int,
 		       (select pg_catalog.count(*) from pg_catalog.pg_trigger g join t on g.tgrelid = t.oid where g.tgname = $3 and not g.tgisinternal
 		          and g.tgtype::int & 20 = 20)::int, -- TRIGGER_TYPE_INSERT (4) | TRIGGER_TYPE_UPDATE (16)
-		       pg_catalog.to_regprocedure('pgflow.is_valid_queue_name(text)') is not null,
+		       exists (select 1 from pg_catalog.pg_proc p
+		               where p.pronamespace = pg_catalog.to_regnamespace('pgflow') and p.proname = 'is_valid_queue_name'
+		                 and pg_catalog.oidvectortypes(p.proargtypes) = 'text'),
 		       (select pg_catalog.count(*) from con where contype = 'c' and def = case conname when $1 then $6 else $7 end)::int,
 		       (select pg_catalog.count(*) from con where contype = 'c' and def = case conname when $1 then $6 else $7 end and convalidated)::int,
 		       exists (select 1 from con where contype <> 'c' or def <> case conname when $1 then $6 else $7 end),
