@@ -15,7 +15,6 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 const applyDescription = `Upgrades real pgflow 0.16.0 to upstream pgflow's 0.17.0 schema (private step
@@ -141,15 +140,6 @@ func (a *App) applyAction(c *ucli.Context) error {
 	rep, applyErr := upgrade.Apply(ctx, conn, opts)
 	prog.stop()
 	code := applyExitCode(applyErr, conn, ctx.Err() != nil)
-	if v := rep.PgflowVersion; v != nil && v.State == versions.StateUnknown && !conn.IsClosed() && ctx.Err() == nil {
-		// Refused on an unknown shape: say so when it is our online upgrade.
-		if on, err := onlineStatus(ctx, conn); err == nil {
-			on.Annotate(v)
-			if v.Online != nil {
-				rep.Message += "; " + v.NextStep
-			}
-		}
-	}
 	if env := a.diagnose(ctx, t, applyErr); env != nil {
 		// A setting or a role a rerun runs into again: say which.
 		code = ExitEnvironment

@@ -92,13 +92,6 @@ func (a *App) auditAction(c *ucli.Context) error {
 		}
 		return withCode(ExitEnvironment, fmt.Errorf("audit of %s: %w", dsn.Describe(t.config), err))
 	}
-	if rep.PgflowVersion != nil && rep.PgflowVersion.State == versions.StateUnknown {
-		// Name an online upgrade of ours in progress, with its phase (best
-		// effort: a role that cannot read pgflow_upgrade still gets its audit).
-		if on, err := onlineStatus(ctx, conn); err == nil {
-			on.Annotate(rep.PgflowVersion)
-		}
-	}
 	code := auditExitCode(rep)
 	fc := a.runForecast(ctx, conn, rep, plan, c.Duration("check-timeout"), c.Duration("lock-timeout"))
 	if ctx.Err() != nil {
