@@ -7,7 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/datagen"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -132,5 +135,58 @@ func TestDeadClientReleasesLocks(t *testing.T) {
 	// Both rolled back: the database is still the 0.16.0 baseline.
 	if r := run(t, nil, "--dsn", db.DSN, "status"); r.code != 0 || !(strings.Contains(r.stdout, "0.16.0") || strings.Contains(r.stdout, "baseline")) {
 		t.Fatalf("status after the dead clients: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
+
+// TestToolTransactionsCheckTheClient: every transaction a session of the
+// tool opens (dsn.Pin) checks its client every dsn.ClientCheckInterval while
+// a statement runs, and only the transaction: the session's own setting is
+// left as the server has it.
+func TestToolTransactionsCheckTheClient(t *testing.T) {
+	db := testdb.Empty(t)
+	ctx := context.Background()
+	cfg, err := dsn.ParseConfig(db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn.Pin(cfg)
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var major int
+	if err := conn.QueryRow(ctx, `select pg_catalog.current_setting('server_version_num')::int / 10000`).Scan(&major); err != nil {
+		t.Fatal(err)
+	}
+	if major < 14 {
+		t.Skipf("client_connection_check_interval needs PostgreSQL 14 (server %d)", major)
+	}
+	interval := func(q interface {
+		QueryRow(context.Context, string, ...any) pgx.Row
+	}) string {
+		var v string
+		if err := q.QueryRow(ctx, `select pg_catalog.current_setting('client_connection_check_interval')`).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	outside := interval(conn)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := time.ParseDuration(dsn.ClientCheckInterval)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := interval(tx); got != want.String() && got != dsn.ClientCheckInterval {
+		t.Errorf("client_connection_check_interval in a transaction: %s, want %s", got, dsn.ClientCheckInterval)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if after := interval(conn); after != outside {
+		t.Errorf("after the transaction: %s, want the session's %s", after, outside)
 	}
 }
