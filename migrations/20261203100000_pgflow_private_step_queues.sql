@@ -1695,6 +1695,83 @@ begin
 end
 $$;
 
+-- The shape differences ensure_flow_compiled reports (and workers log and
+-- match): p_local is the worker's shape ("first"), p_db the database's
+-- ("second"), indexes 0-based. pgflow 0.17.0 keeps its 0.16.0 function;
+-- it is defined here with exactly those texts, so that every upgraded
+-- database reports them whatever copy it had. Slug, type, whenUnmet and
+-- whenExhausted are compared as text with plain inequality (a key missing
+-- on either side reports nothing); the patterns as whole jsonb wrappers
+-- (a missing key differs from {"defined": false}); dependencies as lists
+-- sorted in the database's collation.
+create or replace function pgflow._compare_flow_shapes(p_local jsonb, p_db jsonb)
+returns text[]
+language plpgsql
+stable
+set search_path = ''
+as $$
+declare
+  v_local jsonb := coalesce(p_local -> 'steps', '[]'::jsonb);
+  v_db jsonb := coalesce(p_db -> 'steps', '[]'::jsonb);
+  v_nl integer := pg_catalog.jsonb_array_length(v_local);
+  v_nd integer := pg_catalog.jsonb_array_length(v_db);
+  v_out text[] := '{}';
+  v_l jsonb;
+  v_d jsonb;
+  v_ldeps text[];
+  v_ddeps text[];
+  v_key text;
+  v_i integer;
+begin
+  if v_nl <> v_nd then
+    v_out := v_out || pg_catalog.format('Step count differs: %s vs %s', v_nl, v_nd);
+  end if;
+
+  for v_i in 0 .. greatest(v_nl, v_nd) - 1 loop
+    v_l := v_local -> v_i;
+    v_d := v_db -> v_i;
+    if v_l is null then
+      v_out := v_out || pg_catalog.format('Step at index %s: missing in first shape (second has ''%s'')', v_i, v_d ->> 'slug');
+      continue;
+    end if;
+    if v_d is null then
+      v_out := v_out || pg_catalog.format('Step at index %s: missing in second shape (first has ''%s'')', v_i, v_l ->> 'slug');
+      continue;
+    end if;
+
+    if (v_l ->> 'slug') <> (v_d ->> 'slug') then
+      v_out := v_out || pg_catalog.format('Step at index %s: slug differs ''%s'' vs ''%s''', v_i, v_l ->> 'slug', v_d ->> 'slug');
+    end if;
+    if (v_l ->> 'stepType') <> (v_d ->> 'stepType') then
+      v_out := v_out || pg_catalog.format('Step at index %s: type differs ''%s'' vs ''%s''', v_i, v_l ->> 'stepType', v_d ->> 'stepType');
+    end if;
+
+    v_ldeps := array(select e.value from pg_catalog.jsonb_array_elements_text(coalesce(v_l -> 'dependencies', '[]'::jsonb)) e
+                      order by e.value);
+    v_ddeps := array(select e.value from pg_catalog.jsonb_array_elements_text(coalesce(v_d -> 'dependencies', '[]'::jsonb)) e
+                      order by e.value);
+    if v_ldeps is distinct from v_ddeps then
+      v_out := v_out || pg_catalog.format('Step at index %s: dependencies differ [%s] vs [%s]', v_i,
+                                          pg_catalog.array_to_string(v_ldeps, ', '), pg_catalog.array_to_string(v_ddeps, ', '));
+    end if;
+
+    foreach v_key in array array['whenUnmet', 'whenExhausted'] loop
+      if (v_l ->> v_key) <> (v_d ->> v_key) then
+        v_out := v_out || pg_catalog.format('Step at index %s: %s differs ''%s'' vs ''%s''', v_i, v_key, v_l ->> v_key, v_d ->> v_key);
+      end if;
+    end loop;
+
+    foreach v_key in array array['requiredInputPattern', 'forbiddenInputPattern'] loop
+      if (v_l -> v_key) is distinct from (v_d -> v_key) then
+        v_out := v_out || pg_catalog.format('Step at index %s: %s differs ''%s'' vs ''%s''', v_i, v_key, v_l -> v_key, v_d -> v_key);
+      end if;
+    end loop;
+  end loop;
+
+  return v_out;
+end
+$$;
+
 -- The worker's startup call: compile a missing flow, verify an existing one
 -- (shape, queue mode and the ordered step -> queue routes), recompile it on a
 -- local database, or report the mismatch. A supplied route_map must equal the

@@ -1,0 +1,281 @@
+package migrations_test
+
+import (
+	"context"
+	"encoding/json"
+	"reflect"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// events returns the names of the broadcasts recorded for a run, in order.
+func events(t *testing.T, p q, run string) []string {
+	t.Helper()
+	return scalar[[]string](t, p, `select coalesce(array_agg(b.event order by b.id), '{}') from realtime.recorded_broadcasts b
+		where b.topic = 'pgflow:run:' || $1`, run)
+}
+
+// claimAndComplete reads a queue, claims what it read and completes each
+// claimed task with output.
+func claimAndComplete(t *testing.T, p q, flow, queue, step, output string) {
+	t.Helper()
+	ids := scalar[[]int64](t, p, `select coalesce(array_agg(msg_id), '{}') from pgmq.read($1, 30, 100)`, queue)
+	args := []any{flow, ids, workerID, queue}
+	sql := `select run_id::text, step_slug, task_index from pgflow.start_tasks($1, $2, $3::uuid, $4)`
+	if step != "" {
+		sql = `select run_id::text, step_slug, task_index from pgflow.start_tasks($1, $2, $3::uuid, $4, $5)`
+		args = append(args, step)
+	}
+	rows, err := p.Query(context.Background(), sql, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type task struct {
+		Run, Step string
+		Index     int
+	}
+	tasks, err := pgx.CollectRows(rows, pgx.RowToStructByPos[task])
+	if err != nil || len(tasks) == 0 {
+		t.Fatalf("claiming on %s: %v (%d tasks)", queue, err, len(tasks))
+	}
+	for _, k := range tasks {
+		exec(t, p, `select count(*) from pgflow.complete_task($1::uuid, $2, $3, $4::jsonb)`, k.Run, k.Step, k.Index, output)
+	}
+}
+
+// The 0.17.0 engine's behaviour beyond its errors, on databases upgraded by
+// both paths.
+func TestBehaviourAsUpstream017(t *testing.T) {
+	onEachPath(t, func(t *testing.T, p *pgxpool.Pool) {
+		exec(t, p, `insert into pgflow.workers (worker_id, queue_name, function_name) values ($1, 'any', 'fn')`, workerID)
+		t.Run("differences and mismatchKind", func(t *testing.T) { testDifferences(t, p) })
+		t.Run("skips of one completion: plain skip first, each cascade as it becomes ready", func(t *testing.T) { testConditionSkipOrder(t, p) })
+		t.Run("start_ready_steps: slug order, every start before any message", func(t *testing.T) { testStartOrder(t, p) })
+		t.Run("force skip archives the first non-empty queue only", func(t *testing.T) { testForceSkipArchive(t, p) })
+		t.Run("fail_task on a queued task pushes its message back", func(t *testing.T) { testFailQueued(t, p) })
+		t.Run("delete_flow_and_data on a dropped step queue rolls back", func(t *testing.T) { testDeleteMissingQueue(t, p) })
+		t.Run("definition writers", func(t *testing.T) { testDefinitionWriters(t, p) })
+	})
+}
+
+func testDifferences(t *testing.T, p *pgxpool.Pool) {
+	compile := func(db q, flow, shape string, mode any) map[string]any {
+		t.Helper()
+		return scalar[map[string]any](t, db, `select pgflow.ensure_flow_compiled($1, $2::jsonb, $3)`, flow, shape, mode)
+	}
+	etl := shapeJSON(stepJSON("extract", "single"), stepJSON("transform", "single", "extract"), stepJSON("load", "single", "transform"))
+	if got := compile(p, "etl_pipeline", etl, nil); !reflect.DeepEqual(got, map[string]any{"status": "compiled", "differences": []any{}, "mismatchKind": nil}) {
+		t.Fatalf("first compile (NULL mode = flow mode): %v", got)
+	}
+	if m := scalar[string](t, p, `select queue_mode from pgflow.flows where flow_slug = 'etl_pipeline'`); m != "flow" {
+		t.Fatalf("NULL mode compiled as %s", m)
+	}
+	withOptions := `{"options": {"maxAttempts": 9, "timeout": 99}, "steps": [` +
+		stepJSON("extract", "single") + `, ` + stepJSON("transform", "single", "extract") + `, ` + stepJSON("load", "single", "transform") + `]}`
+	if got := compile(p, "etl_pipeline", withOptions, "flow"); got["status"] != "verified" {
+		t.Fatalf("options are not compared: %v", got)
+	}
+	more := shapeJSON(stepJSON("extract", "single"), stepJSON("transform", "single", "extract"), stepJSON("load", "single", "transform"),
+		stepJSON("extra", "single", "load"))
+	want := map[string]any{"status": "mismatch", "mismatchKind": "shape", "differences": []any{
+		"Step count differs: 4 vs 3",
+		"Step at index 3: missing in second shape (first has 'extra')",
+		"Step routes differ: database has [extract -> etl_pipeline, transform -> etl_pipeline, load -> etl_pipeline], worker expects [extract -> etl_pipeline, transform -> etl_pipeline, load -> etl_pipeline, extra -> etl_pipeline]",
+	}}
+	if got := compile(p, "etl_pipeline", more, "flow"); !reflect.DeepEqual(got, want) {
+		t.Fatalf("a step more:\n got %v\nwant %v", got, want)
+	}
+
+	// Per index: slug, type, dependencies, then the patterns as jsonb text;
+	// a key missing on one side (whenUnmet here) reports nothing.
+	compile(p, "pat", shapeJSON(stepJSON("a", "single"), stepJSON("b", "single", "a")), "flow")
+	worker := `{"steps": [{"slug": "a", "stepType": "single", "dependencies": [], "whenExhausted": "fail",
+		"requiredInputPattern": {"defined": true, "value": {"tier": "premium"}}, "forbiddenInputPattern": {"defined": false}},
+		` + stepJSON("c", "map", "a") + `]}`
+	want = map[string]any{"status": "mismatch", "mismatchKind": "shape", "differences": []any{
+		`Step at index 0: requiredInputPattern differs '{"value": {"tier": "premium"}, "defined": true}' vs '{"defined": false}'`,
+		"Step at index 1: slug differs 'c' vs 'b'",
+		"Step at index 1: type differs 'map' vs 'single'",
+		"Step routes differ: database has [a -> pat, b -> pat], worker expects [a -> pat, c -> pat]",
+	}}
+	if got := compile(p, "pat", worker, "flow"); !reflect.DeepEqual(got, want) {
+		t.Fatalf("changed steps:\n got %v\nwant %v", got, want)
+	}
+
+	gate := shapeJSON(stepJSON("standard_report", "single"), stepJSON("premium_report", "single"))
+	compile(p, "gate_flow", gate, "flow")
+	want = map[string]any{"status": "mismatch", "mismatchKind": "routing", "differences": []any{
+		"Queue mode differs: database has 'flow', worker expects 'step'",
+		"Step routes differ: database has [standard_report -> gate_flow, premium_report -> gate_flow], worker expects [standard_report -> gate_flow__standard_report, premium_report -> gate_flow__premium_report]",
+	}}
+	if got := compile(p, "gate_flow", gate, "step"); !reflect.DeepEqual(got, want) {
+		t.Fatalf("step mode on a flow-mode flow:\n got %v\nwant %v", got, want)
+	}
+
+	// A local database recompiles, reporting the same differences.
+	ctx := context.Background()
+	tx, err := p.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	exec(t, tx, `select set_config('app.settings.jwt_secret', 'super-secret-jwt-token-with-at-least-32-characters-long', true)`)
+	want["status"], want["mismatchKind"] = "recompiled", nil
+	if got := compile(tx, "gate_flow", gate, "step"); !reflect.DeepEqual(got, want) {
+		t.Fatalf("local recompile:\n got %v\nwant %v", got, want)
+	}
+}
+
+func testConditionSkipOrder(t *testing.T, p *pgxpool.Pool) {
+	for _, s := range []string{
+		`select pgflow.create_flow('conds')`,
+		`select pgflow.add_step('conds', 'root')`,
+		`select pgflow.add_step('conds', 'a_skip', array['root'], required_input_pattern => '{"root": {"ok": true}}')`,
+		`select pgflow.add_step('conds', 'b_casc', array['a_skip'], required_input_pattern => '{"a_skip": {}}', when_unmet => 'skip-cascade')`,
+		`select pgflow.add_step('conds', 'b_child', array['b_casc'])`,
+		`select pgflow.add_step('conds', 'c_casc', array['root'], required_input_pattern => '{"root": {"ok": true}}', when_unmet => 'skip-cascade')`,
+		`select pgflow.add_step('conds', 'c_child', array['c_casc'])`,
+	} {
+		exec(t, p, s)
+	}
+	run := scalar[string](t, p, `select run_id::text from pgflow.start_flow('conds', '{}')`)
+	claimAndComplete(t, p, "conds", "conds", "", `{"ok": false}`)
+	got := events(t, p, run)
+	want := []string{"run:started", "step:root:started", "step:root:completed",
+		"step:a_skip:skipped", "step:b_child:skipped", "step:b_casc:skipped", "step:c_child:skipped", "step:c_casc:skipped",
+		"run:completed"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("events\n got %v\nwant %v", got, want)
+	}
+	reasons := scalar[string](t, p, `select string_agg(step_slug || '=' || skip_reason, ',' order by step_slug) from pgflow.step_states
+		where run_id = $1::uuid and status = 'skipped'`, run)
+	if reasons != "a_skip=condition_unmet,b_casc=condition_unmet,b_child=dependency_skipped,c_casc=condition_unmet,c_child=dependency_skipped" {
+		t.Fatalf("skip reasons %s", reasons)
+	}
+	// A run that does not exist is no error to cascade_resolve_conditions.
+	if !scalar[bool](t, p, `select pgflow.cascade_resolve_conditions('`+missingRunID+`')`) {
+		t.Fatal("cascade_resolve_conditions on a missing run: false, want true")
+	}
+}
+
+func testStartOrder(t *testing.T, p *pgxpool.Pool) {
+	for _, s := range []string{
+		`select pgflow.create_flow('fanout')`,
+		`select pgflow.add_step('fanout', 'root')`,
+		`select pgflow.add_step('fanout', 'zeta', array['root'])`,
+		`select pgflow.add_step('fanout', 'alpha', array['root'])`,
+		`select pgflow.add_step('fanout', 'mid', array['root'], step_type => 'map')`,
+	} {
+		exec(t, p, s)
+	}
+	run := scalar[string](t, p, `select run_id::text from pgflow.start_flow('fanout', '{}')`)
+	claimAndComplete(t, p, "fanout", "fanout", "", `[1, 2]`)
+	got := events(t, p, run)
+	want := []string{"run:started", "step:root:started", "step:root:completed", "step:alpha:started", "step:mid:started", "step:zeta:started"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("events\n got %v\nwant %v", got, want)
+	}
+	order := scalar[string](t, p, `select string_agg(step_slug || task_index, ',' order by message_id) from pgflow.step_tasks
+		where run_id = $1::uuid and step_slug <> 'root'`, run)
+	if order != "alpha0,mid0,mid1,zeta0" {
+		t.Fatalf("messages sent in the order %s, want by slug then task index", order)
+	}
+}
+
+func testForceSkipArchive(t *testing.T, p *pgxpool.Pool) {
+	shape := shapeJSON(stepJSON("r", "single"), stepJSON("x", "single", "r"), stepJSON("y", "single", "r"), stepJSON("z", "single", "r"))
+	exec(t, p, `select pgflow.ensure_flow_compiled('fan', $1::jsonb, 'step')`, shape)
+	live := func(run string) string {
+		return scalar[string](t, p, `select string_agg(t.step_slug || '=' || case
+				when exists (select 1 from pgmq.q_fan__x q where t.queue_name = 'fan__x' and q.msg_id = t.message_id)
+				  or exists (select 1 from pgmq.q_fan__y q where t.queue_name = 'fan__y' and q.msg_id = t.message_id)
+				  or exists (select 1 from pgmq.q_fan__z q where t.queue_name = 'fan__z' and q.msg_id = t.message_id) then 'live'
+				else 'archived' end, ',' order by t.step_slug)
+			from pgflow.step_tasks t where t.run_id = $1::uuid and t.step_slug <> 'r'`, run)
+	}
+	for _, preArchived := range []bool{false, true} {
+		run := scalar[string](t, p, `select run_id::text from pgflow.start_flow('fan', '{}')`)
+		claimAndComplete(t, p, "fan", "fan__r", "r", `"done"`)
+		want := "x=archived,y=live,z=live"
+		if preArchived {
+			exec(t, p, `select pgmq.archive('fan__x', (select message_id from pgflow.step_tasks where run_id = $1::uuid and step_slug = 'x'))`, run)
+			want = "x=archived,y=archived,z=live"
+		}
+		if n := scalar[int](t, p, `select pgflow._cascade_force_skip_steps($1::uuid, 'r', 'manual')`, run); n != 3 {
+			t.Fatalf("skipped %d, want the three started dependents", n)
+		}
+		if st := scalar[string](t, p, `select string_agg(distinct status, ',') from pgflow.step_tasks where run_id = $1::uuid and step_slug <> 'r'`, run); st != "skipped" {
+			t.Fatalf("dependents' tasks %s, want all skipped", st)
+		}
+		if got := live(run); got != want {
+			t.Fatalf("pre-archived %v: messages %s, want %s", preArchived, got, want)
+		}
+	}
+}
+
+func testFailQueued(t *testing.T, p *pgxpool.Pool) {
+	exec(t, p, `select pgflow.create_flow('retry_later', base_delay => 7)`)
+	exec(t, p, `select pgflow.add_step('retry_later', 'only')`)
+	run := scalar[string](t, p, `select run_id::text from pgflow.start_flow('retry_later', '{}')`)
+	row := scalar[string](t, p, `select status || '/' || attempts_count || '/' || coalesce(error_message, '-')
+		from pgflow.fail_task($1::uuid, 'only', 0, 'not mine')`, run)
+	if row != "queued/0/-" {
+		t.Fatalf("task %s, want unchanged queued/0/-", row)
+	}
+	secs := scalar[float64](t, p, `select extract(epoch from q.vt - now())::float8 from pgmq.q_retry_later q
+		join pgflow.step_tasks t on t.message_id = q.msg_id where t.run_id = $1::uuid`, run)
+	if secs < 6 || secs > 8 {
+		t.Fatalf("message visible in %.1f s, want pushed back by calculate_retry_delay(7, 0) = 7 s", secs)
+	}
+}
+
+func testDeleteMissingQueue(t *testing.T, p *pgxpool.Pool) {
+	exec(t, p, `select pgflow.ensure_flow_compiled('doomed_steps', $1::jsonb, 'step')`, shapeJSON(stepJSON("a", "single"), stepJSON("b", "single")))
+	exec(t, p, `select pgmq.drop_queue('doomed_steps__b')`)
+	if _, err := p.Exec(context.Background(), `select pgflow.delete_flow_and_data('doomed_steps')`); pgCode(err) != "42P01" {
+		t.Fatalf("delete with a dropped step queue: %v, want 42P01", err)
+	}
+	if n := scalar[int](t, p, `select (select count(*) from pgflow.steps where flow_slug = 'doomed_steps')
+		+ (select count(*) from pgmq.list_queues() where queue_name = 'doomed_steps__a')`); n != 3 {
+		t.Fatal("the failed deletion changed something")
+	}
+}
+
+func testDefinitionWriters(t *testing.T, p *pgxpool.Pool) {
+	// add_step: a NULL step_type is a single step; an existing step is
+	// returned unchanged.
+	exec(t, p, `select pgflow.create_flow('defs')`)
+	if ty := scalar[string](t, p, `select step_type from pgflow.add_step('defs', 'a', step_type => null)`); ty != "single" {
+		t.Fatalf("NULL step_type stored as %s", ty)
+	}
+	if got := scalar[string](t, p, `select coalesce(opt_timeout::text, '-') || '/' || step_index from pgflow.add_step('defs', 'a', timeout => 5)`); got != "-/0" {
+		t.Fatalf("re-adding a step changed it: %s", got)
+	}
+	// Step mode: a repeated dependency is stored once and counted twice.
+	exec(t, p, `select pgflow.ensure_flow_compiled('dupdeps', $1::jsonb, 'step')`,
+		shapeJSON(stepJSON("a", "single"), stepJSON("b", "single", "a", "a")))
+	if got := scalar[string](t, p, `select s.deps_count || '/' || (select count(*) from pgflow.deps d where d.flow_slug = 'dupdeps')
+		from pgflow.steps s where s.flow_slug = 'dupdeps' and s.step_slug = 'b'`); got != "2/1" {
+		t.Fatalf("deps_count/deps rows %s, want 2/1", got)
+	}
+	// start_tasks's settings: search_path first, then plan_cache_mode.
+	cfg := scalar[[]string](t, p, `select proconfig from pg_proc where oid = 'pgflow.start_tasks(text, bigint[], uuid, text, text)'::regprocedure`)
+	if !reflect.DeepEqual(cfg, []string{`search_path=""`, "plan_cache_mode=force_custom_plan"}) {
+		t.Fatalf("start_tasks proconfig %q", cfg)
+	}
+	// The compile result has exactly three keys.
+	var keys []string
+	raw := scalar[string](t, p, `select pgflow.ensure_flow_compiled('defs2', $1::jsonb)::text`, shapeJSON(stepJSON("a", "single")))
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(raw), &m); err != nil {
+		t.Fatal(err)
+	}
+	for k := range m {
+		keys = append(keys, k)
+	}
+	if len(keys) != 3 || string(m["mismatchKind"]) != "null" {
+		t.Fatalf("compile result %s", raw)
+	}
+}
