@@ -82,7 +82,7 @@ func TestCommandsNameThePgflowVersion(t *testing.T) {
 			env := map[string]string{"PGFLOW_UPGRADE_DSN": db.DSN}
 
 			r := run(t, env, "status")
-			if r.code != c.statusRC || !strings.Contains(r.stdout, "next step: ") || !strings.Contains(r.stdout, c.next) ||
+			if r.code != c.statusRC || !strings.Contains(r.stdout, "next step: ") || !strings.Contains(cellText(r.stdout), c.next) ||
 				(c.found != "" && !strings.Contains(r.stdout, "pgflow version: pgflow "+c.found)) {
 				t.Fatalf("status: exit %d (want %d)\n%s%s", r.code, c.statusRC, r.stdout, r.stderr)
 			}
