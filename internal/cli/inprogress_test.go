@@ -276,3 +276,70 @@ func TestApplyQuiesceChecksTheStateFirst(t *testing.T) {
 		})
 	}
 }
+
+// An apply --quiesce killed after its upgrade committed, before its
+// restore, leaves an upgraded schema with the functions disabled and the
+// jobs paused: verify fails on it, naming both commands, and a plain apply
+// refuses instead of calling it "already upgraded".
+func TestVerifyFailsWhileAQuiesceRecordIsOpen(t *testing.T) {
+	ctx := context.Background()
+	db := quiesceDB(t)
+	before := recordedValues(t, db)
+	conn, err := pgx.Connect(ctx, db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	crash := errors.New("killed by the test")
+	q := &quiesce.Options{Mode: quiesce.ModeApply, DrainTimeout: 10 * time.Second, Hooks: quiesce.Hooks{Crash: true,
+		At: func(_ context.Context, p string) error {
+			if p == quiesce.PointApplied {
+				return crash
+			}
+			return nil
+		}}}
+	if _, err := upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: q}); !errors.Is(err, crash) {
+		t.Fatalf("apply --quiesce did not stop after its commit: %v", err)
+	}
+	const resume, undo = "pgflow-upgrade apply --resume-quiesce --yes", "pgflow-upgrade apply --undo-quiesce --yes"
+
+	type verifyJSON struct {
+		Checks []struct {
+			ID     string `json:"id"`
+			OK     bool   `json:"ok"`
+			Detail string `json:"detail"`
+		} `json:"checks"`
+	}
+	closed := func(r result) (found, ok bool, detail string) {
+		t.Helper()
+		var v verifyJSON
+		if err := json.Unmarshal([]byte(r.stdout), &v); err != nil {
+			t.Fatalf("verify json (%v): %s%s", err, r.stdout, r.stderr)
+		}
+		for _, c := range v.Checks {
+			if c.ID == "quiesce_closed" {
+				return true, c.OK, c.Detail
+			}
+		}
+		return false, false, ""
+	}
+	r := run(t, nil, "--dsn", db.DSN, "--format", "json", "verify")
+	if found, ok, detail := closed(r); r.code != cli.ExitFindings || !found || ok || !strings.Contains(detail, "phase applied") ||
+		!strings.Contains(detail, resume) || !strings.Contains(detail, undo) {
+		t.Fatalf("verify with the record open: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := run(t, nil, "--dsn", db.DSN, "apply", "--yes"); r.code != cli.ExitFindings || !strings.Contains(r.stdout+r.stderr, resume) ||
+		strings.Contains(r.stdout, "already upgraded: pgflow") {
+		t.Fatalf("plain apply with the record open: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := run(t, nil, "--dsn", db.DSN, "apply", "--resume-quiesce", "--yes"); r.code != cli.ExitOK {
+		t.Fatalf("resume: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if got := recordedValues(t, db); got != before {
+		t.Fatalf("resume gave %s, want %s", got, before)
+	}
+	r = run(t, nil, "--dsn", db.DSN, "--format", "json", "verify")
+	if found, ok, _ := closed(r); r.code != cli.ExitOK || !found || !ok {
+		t.Fatalf("verify after the resume: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}

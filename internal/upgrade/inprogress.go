@@ -35,9 +35,19 @@ func onlineRefusal(d *versions.Detection) error {
 
 // quiesceRefusal: the refusal of an apply that would leave q open.
 func quiesceRefusal(q *versions.Quiesce) error {
-	return fmt.Errorf("%w (phase %s, since %s): the %d worker function(s) and %d cron job(s) it recorded are still disabled and paused, and an apply that does not finish it would leave them so; "+
-		"run `%s` to finish it (upgrade and restore), or `%s` to restore the recorded values without upgrading; nothing was changed",
-		ErrQuiesceRecorded, q.Phase, q.Since.UTC().Format(time.RFC3339), q.Functions, q.CronJobs, q.Resume, q.Undo)
+	return fmt.Errorf("%w %s, and an apply that does not finish it would leave them so; %s; nothing was changed",
+		ErrQuiesceRecorded, quiesceHeld(q), quiesceCommands(q))
+}
+
+// quiesceHeld: q's phase and what it holds disabled and paused.
+func quiesceHeld(q *versions.Quiesce) string {
+	return fmt.Sprintf("(phase %s, since %s): the %d worker function(s) and %d cron job(s) it recorded are still disabled and paused",
+		q.Phase, q.Since.UTC().Format(time.RFC3339), q.Functions, q.CronJobs)
+}
+
+// quiesceCommands: the two commands that close q.
+func quiesceCommands(q *versions.Quiesce) string {
+	return fmt.Sprintf("run `%s` to finish it (upgrade if not done, and restore), or `%s` to restore the recorded values without upgrading", q.Resume, q.Undo)
 }
 
 // CheckQuiesce is the gate of a run whose quiesce options are q (nil: no

@@ -7,6 +7,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // VerifyReport is what `verify` prints.
@@ -28,5 +30,31 @@ func Verify(ctx context.Context, conn *pgx.Conn) (*VerifyReport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("verifying the upgraded schema: %w", err)
 	}
+	q, err := quiesceClosed(ctx, tx)
+	if err != nil {
+		return nil, fmt.Errorf("verifying the upgraded schema: %w", err)
+	}
+	out = append(out, q)
 	return &VerifyReport{OK: len(Failed(out)) == 0, Checks: out}, nil
+}
+
+// quiesceClosed: no apply --quiesce record is left open. Not one of the
+// schema's post-conditions (apply checks those inside its own quiesce): an
+// apply --quiesce killed after its commit, before its restore, leaves an
+// upgraded schema with every worker function disabled and pgflow's cron
+// jobs paused.
+func quiesceClosed(ctx context.Context, q Querier) (CheckOutcome, error) {
+	o := CheckOutcome{ID: "quiesce_closed", Title: "no apply --quiesce left its record open (worker functions disabled, cron jobs paused)", OK: true}
+	rec, unreadable, err := quiesce.Find(ctx, q)
+	switch {
+	case err != nil:
+		return o, err
+	case unreadable:
+		o.Detail = "not checked: this role cannot read pgflow_upgrade.quiesce"
+	case rec != nil:
+		o.OK = false
+		q := versions.NewQuiesce(rec)
+		o.Detail = ErrQuiesceRecorded.Error() + " " + quiesceHeld(q) + "; " + quiesceCommands(q)
+	}
+	return o, nil
 }
