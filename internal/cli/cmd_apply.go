@@ -28,7 +28,9 @@ transaction on ONE connection:
      (transaction-level, so it works through pgbouncer/Supavisor in transaction mode);
      only then SET LOCAL lock_timeout = --lock-timeout;
   3. state: already pgflow 0.17.0 (by this tool or by pgflow's own migration) -> a no-op
-     that says so; anything but 0.16.0 -> refuse;
+     that says so; anything but 0.16.0 -> refuse; an apply --quiesce killed before its
+     restore, or an unfinished apply --online -> refuse, naming the two commands that
+     finish or undo it (--resume-quiesce / --undo-quiesce, --online / --rollback-online);
   4. table locks in the fixed order
        flows, steps (ACCESS EXCLUSIVE) -> deps -> runs -> step_states (EXCLUSIVE)
        -> step_tasks (ACCESS EXCLUSIVE) -> workers (EXCLUSIVE)
