@@ -212,3 +212,23 @@ func TestVerifyRoutesThroughPooler(t *testing.T) {
 		t.Fatalf("status through the pooler: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }
+
+// TestVerifyRoutesOutOfTime: a queue table locked past --lock-timeout is
+// exit 4 (cannot tell) with the SQLSTATE, and changes nothing; status shows
+// the routes as unknown and keeps its exit code.
+func TestVerifyRoutesOutOfTime(t *testing.T) {
+	db := stepFlowWaiting(t, func(t *testing.T) *testdb.DB { db := testdb.Baseline(t); testdb.Migrate(t, db.Pool); return db })
+	release := db.HoldLock(t, `lock table pgmq.q_img__resize in access exclusive mode`)
+	defer release()
+	start := time.Now()
+	r := run(t, nil, "--dsn", db.DSN, "verify", "--routes", "--grace", "200ms", "--lock-timeout", "200ms")
+	if r.code != cli.ExitInconclusive || !strings.HasPrefix(r.stdout, "CANNOT TELL: 0 of ") || !strings.Contains(cellText(r.stdout), "55P03") {
+		t.Fatalf("verify --routes behind a lock: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if took := time.Since(start); took > 20*time.Second {
+		t.Fatalf("verify --routes waited %s behind the lock", took)
+	}
+	if r := run(t, nil, "--dsn", db.DSN, "status"); r.code != cli.ExitOK || !strings.Contains(cellText(r.stdout), "routes: cannot tell: reading the queue img__resize") {
+		t.Fatalf("status behind a lock: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}

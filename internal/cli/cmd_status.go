@@ -30,8 +30,9 @@ func (a *App) statusCommand() *ucli.Command {
 		Description: "Read-only: catalog queries, pgflow_upgrade.schema_revisions and, on pgflow 0.17, the queue routes\n" +
 			"(pgflow.flows, pgflow.steps, the pgmq queue tables, pgflow.workers), in READ ONLY transactions with\n" +
 			"statement_timeout and lock_timeout set.\n" +
-			"Exit codes: 0 pgflow 0.16.0, 0.17.x or not pgflow; 1 older than 0.16.0, partial/unknown schema or embedded migrations\n" +
-			"not matching atlas.sum; 3 connection error. A route without a worker does not change it: verify --routes does.",
+			"Exit codes: 0 pgflow 0.16.0, 0.17.x, an online upgrade of ours in progress, or not pgflow; 1 older than 0.16.0,\n" +
+			"partial/unknown schema, embedded migrations not matching atlas.sum, or an apply --quiesce record left open;\n" +
+			"3 connection error. A route without a worker does not change it: verify --routes does.",
 		Flags: []ucli.Flag{
 			&ucli.BoolFlag{Name: "verbose", Usage: "also the embedded migrations' table and the schema's differences in full (JSON always has all)"},
 		},
