@@ -104,10 +104,12 @@ func init() {
 		{
 			ID: "pgmq.flow_queue_missing", Title: "every flow has its queue", Severity: Warning, Preflight: true,
 			Needs: NeedsPgflow | NeedsPGMQ,
-			Meaning: "A flow's queue is lower(flow_slug) in any listed spelling. A flow without one has nowhere to put its tasks' messages: start_flow fails " +
-				"before and after the upgrade. The migration itself does not need it.",
-			Remedy: "Create the missing queue (select pgmq.create('<queue>')) or delete the flow (select pgflow.delete_flow_and_data('<slug>')), then audit again.",
-			Run:    checkFlowQueueMissing,
+			Meaning: "A flow's queue is lower(flow_slug) in any listed spelling (on 0.17.0: each step's stored queue_name, plus lower(flow_slug) in flow mode). " +
+				"A flow without one has nowhere to put its tasks' messages: start_flow fails before and after the upgrade. The migration itself does not need it. " +
+				"On 0.17.0 pgflow's delete_flow_and_data also fails for such a flow (pgmq 1.5.1's drop_queue raises 42P01) and changes nothing.",
+			Remedy: "Create the missing queue (select pgmq.create('<queue>')); to remove the flow instead, create it first all the same, then " +
+				"select pgflow.delete_flow_and_data('<slug>'); audit again.",
+			Run: checkFlowQueueMissing,
 		},
 		{
 			ID: "pgmq.queue_physical", Title: "flow queues have the tables pgflow needs", Severity: Warning, Preflight: true,

@@ -61,22 +61,37 @@ func versionBelow(v string, major, minor int) bool {
 
 func checkFlowQueueMissing(ctx context.Context, q Querier, env Env) ([]Finding, error) {
 	c := check("pgmq.flow_queue_missing")
-	// pgmq names a queue's tables lower(name): a flow's queue is any listed
-	// spelling of lower(flow_slug) (0.16.0 created it as the slug was given,
-	// 0.17.0 sends to lower(flow_slug)).
+	// pgmq names a queue's tables lower(name): a queue is there when any
+	// listed spelling lowers to it. Up to 0.16.0 (and while an online upgrade
+	// prepares) a flow's queue is lower(flow_slug) (0.16.0 created it as the
+	// slug was given); on 0.17.0 the routes are the steps' stored queue_name,
+	// plus lower(flow_slug) for a flow-mode flow (a step-mode flow has no
+	// flow queue).
+	var v17 bool
+	if err := q.QueryRow(ctx, `select exists (select 1 from pg_catalog.pg_attribute a
+		where a.attrelid = 'pgflow.flows'::pg_catalog.regclass and a.attname = 'queue_mode' and not a.attisdropped)`).Scan(&v17); err != nil {
+		return nil, fmt.Errorf("looking for flows.queue_mode: %w", err)
+	}
+	routes := `select f.flow_slug, pg_catalog.lower(f.flow_slug) as queue from pgflow.flows f`
+	if v17 {
+		routes = `select f.flow_slug, pg_catalog.lower(f.flow_slug) as queue from pgflow.flows f where f.queue_mode = 'flow'
+		  union
+		  select s.flow_slug, s.queue_name from pgflow.steps s`
+	}
 	var n int64
 	var samples []map[string]any
 	err := scanTable(ctx, q, "flows", func(int64) (int64, error) {
 		return 0, q.QueryRow(ctx, `
 		with queues as materialized (select pg_catalog.lower(l.queue_name::text) as queue from pgmq.list_queues() l),
+		routes as (`+routes+`),
 		m as (
-		  select f.flow_slug from pgflow.flows f
-		  where not exists (select 1 from queues q where q.queue = pg_catalog.lower(f.flow_slug))
+		  select r.flow_slug, r.queue from routes r
+		  where not exists (select 1 from queues q where q.queue = r.queue)
 		)
 		select (select pg_catalog.count(*) from m),
 		       pg_catalog.to_jsonb(array(
-		         select pg_catalog.jsonb_build_object('flow_slug', m.flow_slug, 'expected_queue', pg_catalog.lower(m.flow_slug))
-		         from m order by m.flow_slug limit $1))`, env.Sample).Scan(&n, &samples)
+		         select pg_catalog.jsonb_build_object('flow_slug', m.flow_slug, 'expected_queue', m.queue)
+		         from m order by m.flow_slug, m.queue limit $1))`, env.Sample).Scan(&n, &samples)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("comparing flows with pgmq.list_queues(): %w", err)
@@ -84,7 +99,11 @@ func checkFlowQueueMissing(ctx context.Context, q Querier, env Env) ([]Finding, 
 	if n == 0 {
 		return nil, nil
 	}
-	return []Finding{c.finding(n, fmt.Sprintf("%d flow(s) without their pgmq queue", n), samples)}, nil
+	msg := fmt.Sprintf("%d flow queue(s) missing from pgmq", n)
+	if v17 {
+		msg += ": pgflow 0.17.0's delete_flow_and_data fails on these flows (42P01 on pgmq 1.5.1) until the queue exists again (docs/upstream-notes.md)"
+	}
+	return []Finding{c.finding(n, msg, samples)}, nil
 }
 
 // queuePhysicalSQL lists what is wrong with each flow queue's q_ and a_
