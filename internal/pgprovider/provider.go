@@ -5,8 +5,9 @@
 //
 //  1. a DSN: an existing server; throwaway databases are created on it and
 //     dropped afterwards;
-//  2. a Docker engine that answers: a container from an image that has pgmq
-//     (through dockertest);
+//  2. a Docker engine that answers, in a build with -tags docker (the
+//     default build links no Docker client): a container from an image that
+//     has pgmq (through dockertest);
 //  3. the PostgreSQL binaries on this machine: an ephemeral cluster in a
 //     temporary directory on a free loopback port, run as an unprivileged user
 //     when the process is root. This is the embedded default.
