@@ -277,24 +277,22 @@ func writeAuditTable(w *bytes.Buffer, target string, rep *audit.Report, fc *fore
 		writeBlock(w, fmt.Sprintf("CANNOT TELL %s (%s): ", r.ID, r.Status), r.Title+": "+why, 2)
 	}
 
-	if len(info) > 0 || !verbose {
+	if !verbose {
 		fmt.Fprintln(w)
-	}
-	if !verbose {
 		fmt.Fprintf(w, "%s (--verbose: samples, inventories, check timings, forecast details):\n", plural(len(info), "informational finding", "informational findings"))
-	}
-	for _, f := range info {
-		fmt.Fprintln(w, "  "+oneLine(f.CheckID+": "+withoutSelf(f.Message, "audit"), lineWidth-2))
-	}
-	for _, r := range rep.Checks {
-		if r.Status == audit.StatusSkipped {
-			fmt.Fprintln(w, "  "+oneLine("skipped "+r.ID+": "+r.Error, lineWidth-2))
+		for _, f := range info {
+			fmt.Fprintln(w, "  "+oneLine(f.CheckID+": "+withoutSelf(f.Message, "audit"), lineWidth-2))
 		}
-	}
-	if !verbose {
+		for _, r := range rep.Checks {
+			if r.Status == audit.StatusSkipped {
+				fmt.Fprintln(w, "  "+oneLine("skipped "+r.ID+": "+r.Error, lineWidth-2))
+			}
+		}
 		writeForecastLine(w, fc)
 		return nil
 	}
+	// --verbose: the informational findings are rows of the findings'
+	// table, the skipped checks rows of the checks' table.
 
 	fmt.Fprintln(w)
 	if len(findings) == 0 {
