@@ -69,6 +69,12 @@ func CancelAutovacuum(ctx context.Context, db Beginner) (int, error) {
 		return 0, fmt.Errorf("cancelling autovacuum on pgflow tables: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
+	// Inside a transaction pg_stat_activity keeps the rows of its first
+	// read: a worker that started since would be missed, and the pid of
+	// one that ended could name another process by now.
+	if _, err := tx.Exec(ctx, `select pg_catalog.pg_stat_clear_snapshot()`); err != nil {
+		return 0, fmt.Errorf("cancelling autovacuum on pgflow tables: %w", err)
+	}
 	var n int
 	if err := tx.QueryRow(ctx, autovacuumSQL).Scan(&n); err != nil {
 		return 0, fmt.Errorf("cancelling autovacuum on pgflow tables: %w", err)

@@ -345,10 +345,17 @@ func blockers(ctx context.Context, tx pgx.Tx, table, mode string) []Blocker {
 // LockHolders lists the other sessions of this database that hold or wait
 // for a lock on pgflow.<table> conflicting with mode (a LOCK TABLE mode of
 // LockPlan), granted first: who the lock error names.
+//
+// In a transaction that read pg_stat_activity before, the rows would be the
+// ones of that first read (the server keeps them for the transaction), so
+// the snapshot is dropped first: a holder that came since is named too.
 func LockHolders(ctx context.Context, q Querier, table, mode string) ([]Blocker, error) {
 	want, ok := conflicts[mode]
 	if !ok {
 		return nil, fmt.Errorf("lock holders: unknown lock mode %q", mode)
+	}
+	if _, err := q.Exec(ctx, `select pg_catalog.pg_stat_clear_snapshot()`); err != nil {
+		return nil, fmt.Errorf("lock holders of pgflow.%s: %w", table, err)
 	}
 	rows, err := q.Query(ctx, `
 		select l.pid, coalesce(a.usename::pg_catalog.text, ''), coalesce(a.application_name, ''),

@@ -134,3 +134,53 @@ func TestBlockerNamesTheBackend(t *testing.T) {
 		}
 	}
 }
+
+// TestLockHoldersSeeNewSessionsInATransaction: apply names the holders from
+// inside its transaction, after earlier reads of pg_stat_activity in it; a
+// session that took its lock since must still be named with who it is (the
+// server keeps pg_stat_activity's rows of a transaction's first read).
+func TestLockHoldersSeeNewSessionsInATransaction(t *testing.T) {
+	ctx := testCtx(t)
+	db := inflightDB(t)
+	conn := connect(t, db)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	// What apply's transaction has done before it names holders: read
+	// pg_stat_activity (the autovacuum cancel, an earlier attempt).
+	if _, err := upgrade.CancelAutovacuum(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `select pg_catalog.count(*) from pg_catalog.pg_stat_activity`); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg, err := pgx.ParseConfig(db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.RuntimeParams["application_name"] = "late holder"
+	late, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Close(context.Background())
+	ltx, err := late.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ltx.Rollback(context.Background())
+	if _, err := ltx.Exec(ctx, `lock table pgflow.step_tasks in access share mode`); err != nil {
+		t.Fatal(err)
+	}
+
+	after, err := upgrade.LockHolders(ctx, tx, "step_tasks", "access exclusive")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after) != 1 || after[0].ApplicationName != "late holder" || after[0].BackendType != "client backend" || after[0].User == "" {
+		t.Fatalf("holders after a session took its lock: %+v, want it named (application \"late holder\", a client backend, its user)", after)
+	}
+}
