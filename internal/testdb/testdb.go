@@ -44,6 +44,7 @@ var (
 	templates   = map[string]string{} // kind → database name
 	pgmqKind    string
 	cronKind    string
+	pgmqStandIn bool // PGFLOW_UPGRADE_PGMQ_STANDIN=1: the templates get the stand-in
 )
 
 // Main opens the server, runs the tests, and removes everything it made,
@@ -171,7 +172,11 @@ func fill(ctx context.Context, dsn, kind string) error {
 		return err
 	}
 	defer conn.Close(ctx)
-	got, err := fixtures.InstallPGMQ(ctx, conn)
+	install := fixtures.InstallPGMQ
+	if pgmqStandIn {
+		install = fixtures.InstallPGMQStandIn
+	}
+	got, err := install(ctx, conn)
 	if err != nil {
 		return err
 	}
@@ -212,9 +217,13 @@ func announceComponents(ctx context.Context) error {
 	                                               where name = 'pgmq'), '')`).Scan(&pgmqVersion); err != nil {
 		return fmt.Errorf("asking the server about pgmq: %w", err)
 	}
-	if pgmqVersion != "" {
+	pgmqStandIn = os.Getenv("PGFLOW_UPGRADE_PGMQ_STANDIN") == "1"
+	switch {
+	case pgmqStandIn:
+		fmt.Fprintln(os.Stderr, "testdb: pgmq: the project's stand-in (PGFLOW_UPGRADE_PGMQ_STANDIN=1)")
+	case pgmqVersion != "":
 		fmt.Fprintf(os.Stderr, "testdb: pgmq: real extension %s\n", pgmqVersion)
-	} else {
+	default:
 		fmt.Fprintln(os.Stderr, "testdb: pgmq: the project's stand-in (the server offers no pgmq extension)")
 	}
 	if cron.Available {
