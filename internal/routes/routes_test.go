@@ -281,3 +281,66 @@ func sqlstate(err error) string {
 	}
 	return ""
 }
+
+// recorder is a pgx tracer that keeps every statement a connection sends.
+type recorder struct{ sql []string }
+
+func (r *recorder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	r.sql = append(r.sql, d.SQL)
+	return ctx
+}
+
+func (r *recorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestReadSendsOnlySelectsInAReadOnlyTransaction: every statement Read sends
+// (a routes read with queues, workers and the upgrade's record) is a SELECT
+// inside one BEGIN ... READ ONLY transaction that is rolled back; the
+// database is unchanged.
+func TestReadSendsOnlySelectsInAReadOnlyTransaction(t *testing.T) {
+	db := testdb.Baseline(t)
+	exec(t, db, `select pgflow.create_flow('legacy')`)
+	exec(t, db, `select pgflow.add_step('legacy', 'a')`)
+	exec(t, db, `select pgflow.start_flow('legacy', '{}'::jsonb)`)
+	testdb.Migrate(t, db.Pool, `
+		create schema pgflow_upgrade;
+		create table pgflow_upgrade.schema_revisions (version text primary key, name text not null, applied_at timestamptz not null default now());
+		insert into pgflow_upgrade.schema_revisions (version, name) values ('20261203100000', 'pgflow_private_step_queues')`)
+	// Compiles img (its queues); stopped so that no heartbeat changes
+	// pgflow.workers while the state is compared.
+	if err := startWorker(t, db, "fetch", "fetch-fn").Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	before := testdb.State(t, db.Pool)
+
+	cfg, err := pgx.ParseConfig(db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	cfg.Tracer = rec
+	conn, err := pgx.ConnectConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	rep, err := routes.Read(context.Background(), conn, routes.Options{Grace: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Routes) != 3 || rep.UpgradedAt == nil || len(rep.Findings) != 1 {
+		t.Fatalf("the read did not read everything: %+v", rep)
+	}
+	if len(rec.sql) < 8 {
+		t.Fatalf("only %d statements traced: %q", len(rec.sql), rec.sql)
+	}
+	first, last := strings.ToLower(rec.sql[0]), strings.ToLower(rec.sql[len(rec.sql)-1])
+	if !strings.HasPrefix(first, "begin") || !strings.Contains(first, "read only") || last != "rollback" {
+		t.Fatalf("not one read-only transaction rolled back: first %q, last %q", first, last)
+	}
+	for _, s := range rec.sql[1 : len(rec.sql)-1] {
+		if !strings.HasPrefix(strings.ToLower(strings.TrimSpace(s)), "select") {
+			t.Errorf("a statement that is not a SELECT: %q", s)
+		}
+	}
+	testdb.SameState(t, before, testdb.State(t, db.Pool), "routes.Read")
+}
