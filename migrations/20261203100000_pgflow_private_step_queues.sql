@@ -21,6 +21,12 @@
 --                                  compile and claim entry points, the
 --                                  0.16.0 entry points dropped)
 --
+-- The replaced functions answer as upstream's 0.17.0 do: the same errors
+-- (SQLSTATE, message, DETAIL, HINT) in the same order of validation, the
+-- same difference texts, broadcasts and queue effects, also where upstream
+-- is arguably wrong (docs/upstream-notes.md). Unlike some of upstream's,
+-- every name they use is schema-qualified.
+--
 -- Run it as one transaction. `pgflow-upgrade apply` does that for you, with
 -- the advisory lock, bounded table locks, a preflight under the locks and
 -- post-conditions; run by hand, it fails atomically on the same data that

@@ -57,6 +57,7 @@ func TestBehaviourAsUpstream017(t *testing.T) {
 		t.Run("fail_task on a queued task pushes its message back", func(t *testing.T) { testFailQueued(t, p) })
 		t.Run("delete_flow_and_data on a dropped step queue rolls back", func(t *testing.T) { testDeleteMissingQueue(t, p) })
 		t.Run("definition writers", func(t *testing.T) { testDefinitionWriters(t, p) })
+		t.Run("cascade_resolve_conditions runs 50 iterations", func(t *testing.T) { testFiftyIterations(t, p) })
 	})
 }
 
@@ -277,5 +278,19 @@ func testDefinitionWriters(t *testing.T, p *pgxpool.Pool) {
 	}
 	if len(keys) != 3 || string(m["mismatchKind"]) != "null" {
 		t.Fatalf("compile result %s", raw)
+	}
+}
+
+// 49 steps skipped one per iteration take 50 iterations (the last finds
+// nothing): within the limit, the run completes. (50 such steps need a 51st
+// iteration: the error case E4.)
+func testFiftyIterations(t *testing.T, p *pgxpool.Pool) {
+	exec(t, p, `select pgflow.create_flow('chain49')`)
+	exec(t, p, `select pgflow.add_step('chain49', 's' || i, case when i = 0 then '{}' else array['s' || (i - 1)] end,
+		required_input_pattern => '{"go": true}') from generate_series(0, 48) i`)
+	run := scalar[string](t, p, `select run_id::text from pgflow.start_flow('chain49', '{}')`)
+	if st := scalar[string](t, p, `select status || ' ' || (select count(*) from pgflow.step_states s where s.run_id = r.run_id and s.status = 'skipped')
+		from pgflow.runs r where r.run_id = $1::uuid`, run); st != "completed 49" {
+		t.Fatalf("run %s, want completed with 49 skipped steps", st)
 	}
 }
