@@ -137,6 +137,14 @@ func TestVerifyRoutes(t *testing.T) {
 				d.Routes.Findings[0].Queue != "img__resize" || d.Routes.Findings[0].Waiting != 1 || d.Routes.Findings[0].Since == nil {
 				t.Fatalf("verify --routes JSON: %+v", d)
 			}
+			// --verbose adds every check and the route table.
+			if r := run(t, nil, "--dsn", db.DSN, "verify", "--routes", "--grace", "200ms", "--verbose"); r.code != cli.ExitFindings ||
+				!strings.Contains(r.stdout, "LIVE WORKERS") || !strings.Contains(cellText(r.stdout), "ok | catalog_0_17_0") {
+				t.Fatalf("verify --routes --verbose: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+			}
+			if r := run(t, nil, "--dsn", db.DSN, "verify", "--routes", "--grace", "0s"); r.code != cli.ExitUsage {
+				t.Fatalf("verify --grace 0s: exit %d, want %d\n%s", r.code, cli.ExitUsage, r.stderr)
+			}
 			// Within the default grace (20 s) the fresh message is not waiting yet.
 			if r := run(t, nil, "--dsn", db.DSN, "verify", "--routes"); r.code != cli.ExitOK || !strings.HasPrefix(r.stdout, "PASS: ") {
 				t.Fatalf("verify --routes within the grace period: exit %d\n%s%s", r.code, r.stdout, r.stderr)
