@@ -88,7 +88,7 @@ func stepRouteWithoutWorker(ctx context.Context, env *Env) error {
 		!strings.Contains(f.Deploy, "step resize of flow stepflow") {
 		return errorf("the route check's finding: %+v", f)
 	}
-	env.Notef("without resize's worker: %s; deploy: %s", f.Message, f.Deploy)
+	env.Notef("without resize's worker: %s; remedy: %s", f.Message, f.Deploy)
 
 	resize, err := startStepWorker(ctx, db, "resize")
 	if err != nil {
