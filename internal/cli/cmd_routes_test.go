@@ -208,11 +208,18 @@ func TestVerifyRoutesReadOnly(t *testing.T) {
 }
 
 // TestVerifyRoutesThroughPooler: verify --routes and status through
-// PgBouncer in transaction mode with a plain connection string.
+// PgBouncer in transaction mode, with a plain connection string and with
+// the simple protocol.
 func TestVerifyRoutesThroughPooler(t *testing.T) {
 	b := pooled(t)
 	db := stepFlowWaiting(t, func(t *testing.T) *testdb.DB { db := testdb.Baseline(t); testdb.Migrate(t, db.Pool); return db })
-	dsn := viaBouncer(t, b, db, "")
+	for _, mode := range []string{"", "simple_protocol"} {
+		dsn := viaBouncer(t, b, db, mode)
+		t.Run("mode "+mode, func(t *testing.T) { throughPooler(t, dsn) })
+	}
+}
+
+func throughPooler(t *testing.T, dsn string) {
 	if r := run(t, nil, "--dsn", dsn, "verify", "--routes", "--grace", "200ms"); r.code != cli.ExitFindings || !strings.Contains(cellText(r.stdout), "step resize, queue img__resize") {
 		t.Fatalf("verify --routes through the pooler: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
