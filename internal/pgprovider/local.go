@@ -145,6 +145,7 @@ func openLocal(ctx context.Context, extra map[string]string, logf func(string, .
 		return nil, fmt.Errorf("creating the cluster directory: %w", err)
 	}
 	cleanup := func() { _ = os.RemoveAll(dir) }
+	claimClusterDir(dir, logf) // stale.go: this process owns dir; directories of killed runs go
 	if err := owner.chownTree(dir); err != nil {
 		cleanup()
 		return nil, fmt.Errorf("handing %s to the cluster user: %w", dir, err)
