@@ -999,12 +999,13 @@ begin
     if v_state.remaining_tasks = 0 then
       v_completed := v_state;
 
-      -- Dependents lose one dependency; a dependent map learns its size:
-      -- a map parent's completed task count, else its output array's length.
+      -- Dependents lose one dependency; a dependent map whose size is still
+      -- unknown learns it: a map parent's completed task count, else its
+      -- output array's length.
       update pgflow.step_states child
          set remaining_deps = child.remaining_deps - 1,
              initial_tasks = case
-               when cs.step_type <> 'map' then child.initial_tasks
+               when cs.step_type <> 'map' or child.initial_tasks is not null then child.initial_tasks
                when v_step.step_type = 'map'
                  then (select pg_catalog.count(*)::integer from pgflow.step_tasks t
                         where t.run_id = complete_task.run_id and t.step_slug = complete_task.step_slug
@@ -1233,7 +1234,7 @@ begin
         -- parent this was has no tasks).
         update pgflow.step_states child
            set remaining_deps = child.remaining_deps - 1,
-               initial_tasks = case when cs.step_type = 'map' then 0 else child.initial_tasks end
+               initial_tasks = case when cs.step_type = 'map' and cs.deps_count = 1 then 0 else child.initial_tasks end
           from pgflow.deps d, pgflow.steps cs
          where d.flow_slug = v_run.flow_slug and d.dep_slug = fail_task.step_slug
            and cs.flow_slug = d.flow_slug and cs.step_slug = d.step_slug
