@@ -1649,9 +1649,10 @@ begin
 
   -- Step mode: every route is checked before anything changes (the first
   -- failure wins), then the missing queues are created, then the flow row
-  -- (an existing row of exactly this slug is kept as it is), then step by
-  -- step in shape order the step and its own dependencies. A dependency on
-  -- a later step therefore fails (23503); a repeated one is stored once.
+  -- (an existing row of exactly this slug is kept as it is, locked by a
+  -- no-op update), then step by step in shape order the step and its own
+  -- dependencies. A dependency on a later step therefore fails (23503); a
+  -- repeated one is stored once.
   for v_route in select e.value from pg_catalog.jsonb_array_elements(v_routes) with ordinality e order by e.ordinality loop
     if pgflow._assert_step_queue_available(p_flow_slug, v_route ->> 'queueName') then
       v_create := v_create || (v_route ->> 'queueName');
@@ -1661,13 +1662,13 @@ begin
     perform pgmq.create(v_queue);
   end loop;
 
-  insert into pgflow.flows (flow_slug, opt_max_attempts, opt_base_delay, opt_timeout, queue_mode)
+  insert into pgflow.flows as f (flow_slug, opt_max_attempts, opt_base_delay, opt_timeout, queue_mode)
   values (p_flow_slug,
           coalesce((v_opts ->> 'maxAttempts')::integer, 3),
           coalesce((v_opts ->> 'baseDelay')::integer, 5),
           coalesce((v_opts ->> 'timeout')::integer, 60),
           'step')
-  on conflict on constraint flows_pkey do nothing;
+  on conflict on constraint flows_pkey do update set flow_slug = f.flow_slug;
 
   v_index := 0;
   for v_step in select e.value from pg_catalog.jsonb_array_elements(p_shape -> 'steps') with ordinality e order by e.ordinality loop
