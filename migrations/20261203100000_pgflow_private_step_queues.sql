@@ -1140,7 +1140,9 @@ begin
      where t.run_id = fail_task.run_id and t.step_slug = fail_task.step_slug
        and t.task_index = fail_task.task_index and t.status = 'started';
 
-    if v_step.when_exhausted = 'fail' then
+    if not found then
+      null;  -- no longer started (a concurrent requeue or claim): nothing else changes
+    elsif v_step.when_exhausted = 'fail' then
       update pgflow.step_states ss
          set status = 'failed', failed_at = v_now, error_message = fail_task.error_message
        where ss.run_id = fail_task.run_id and ss.step_slug = fail_task.step_slug;

@@ -58,6 +58,7 @@ func TestBehaviourAsUpstream017(t *testing.T) {
 		t.Run("delete_flow_and_data on a dropped step queue rolls back", func(t *testing.T) { testDeleteMissingQueue(t, p) })
 		t.Run("definition writers", func(t *testing.T) { testDefinitionWriters(t, p) })
 		t.Run("cascade_resolve_conditions runs 50 iterations", func(t *testing.T) { testFiftyIterations(t, p) })
+		t.Run("requeue_stalled_tasks touches messages only when it requeued something", func(t *testing.T) { testRequeueMessages(t, p) })
 	})
 }
 
@@ -292,5 +293,67 @@ func testFiftyIterations(t *testing.T, p *pgxpool.Pool) {
 	if st := scalar[string](t, p, `select status || ' ' || (select count(*) from pgflow.step_states s where s.run_id = r.run_id and s.status = 'skipped')
 		from pgflow.runs r where r.run_id = $1::uuid`, run); st != "completed 49" {
 		t.Fatalf("run %s, want completed with 49 skipped steps", st)
+	}
+}
+
+// Permanently stalled tasks: a call that requeues nothing marks them and
+// leaves their messages in the queue; a call that requeues one task also
+// archives the messages of those it marks.
+func testRequeueMessages(t *testing.T, p *pgxpool.Pool) {
+	exec(t, p, `select pgflow.create_flow('stalls', timeout => 1)`)
+	exec(t, p, `select pgflow.add_step('stalls', 'only')`)
+	runs := []string{
+		scalar[string](t, p, `select run_id::text from pgflow.start_flow('stalls', '{}')`),
+		scalar[string](t, p, `select run_id::text from pgflow.start_flow('stalls', '{}')`),
+		scalar[string](t, p, `select run_id::text from pgflow.start_flow('stalls', '{}')`),
+	}
+	ids := scalar[[]int64](t, p, `select array_agg(msg_id) from pgmq.read('stalls', 30, 10)`)
+	if n := scalar[int](t, p, `select count(*) from pgflow.start_tasks('stalls', $1, $2::uuid, 'stalls')`, ids, workerID); n != 3 {
+		t.Fatalf("claimed %d, want 3", n)
+	}
+	// Runs 0 and 1 have used up their requeues; run 2 has not.
+	exec(t, p, `update pgflow.step_tasks set queued_at = now() - interval '2 hours', started_at = now() - interval '1 hour',
+		requeued_count = case when run_id = $1::uuid then 0 else 3 end where flow_slug = 'stalls'`, runs[2])
+	stalledLive := `select count(*) from pgmq.q_stalls q join pgflow.step_tasks t on t.message_id = q.msg_id and t.queue_name = 'stalls'
+		where t.permanently_stalled_at is not null`
+
+	// Only permanent ones (run 2's task held by another transaction is skipped).
+	ctx := context.Background()
+	hold, err := p.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exec(t, hold, `select 1 from pgflow.step_tasks where run_id = $1::uuid for update`, runs[2])
+	if n := scalar[int](t, p, `select pgflow.requeue_stalled_tasks()`); n != 0 {
+		t.Fatalf("requeued %d, want 0", n)
+	}
+	_ = hold.Rollback(ctx)
+	if n := scalar[int](t, p, stalledLive); n != 2 {
+		t.Fatalf("%d permanently stalled tasks' messages left in the queue, want 2 (nothing requeued)", n)
+	}
+	// A call that requeues run 2's task: it finds no new permanent ones,
+	// the two marked before stay as they are.
+	if n := scalar[int](t, p, `select pgflow.requeue_stalled_tasks()`); n != 1 {
+		t.Fatalf("requeued %d, want 1", n)
+	}
+	if n := scalar[int](t, p, stalledLive); n != 2 {
+		t.Fatalf("%d stalled messages live, want 2: later calls skip marked tasks", n)
+	}
+	// Unmark one, and stall run 2's task again: requeued and marked together.
+	exec(t, p, `update pgflow.step_tasks set permanently_stalled_at = null where run_id = $1::uuid`, runs[0])
+	ids = scalar[[]int64](t, p, `select array_agg(msg_id) from pgmq.read('stalls', 30, 10)`)
+	if n := scalar[int](t, p, `select count(*) from pgflow.start_tasks('stalls', $1, $2::uuid, 'stalls')`, ids, workerID); n != 1 {
+		t.Fatalf("claimed %d, want run 2's task", n)
+	}
+	exec(t, p, `update pgflow.step_tasks set started_at = now() - interval '1 hour' where run_id = $1::uuid`, runs[2])
+	if n := scalar[int](t, p, `select pgflow.requeue_stalled_tasks()`); n != 1 {
+		t.Fatalf("requeued %d, want 1", n)
+	}
+	if n := scalar[int](t, p, `select count(*) from pgmq.a_stalls a join pgflow.step_tasks t on t.message_id = a.msg_id
+		where t.run_id = $1::uuid`, runs[0]); n != 1 {
+		t.Fatal("the task marked together with a requeue kept its message")
+	}
+	if n := scalar[int](t, p, stalledLive); n != 1 {
+		t.Fatalf("%d stalled messages live, want run 1's only", n)
 	}
 }
