@@ -80,17 +80,6 @@ const (
 	Info    Severity = "info"    // for the record (sizes, versions, state)
 )
 
-// rank orders severities for output: blocker first.
-func (s Severity) rank() int {
-	switch s {
-	case Blocker:
-		return 0
-	case Warning:
-		return 1
-	}
-	return 2
-}
-
 // Mode says where a check runs.
 type Mode int
 

@@ -3,8 +3,6 @@ package audit
 import (
 	"context"
 	"strings"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // The catalog, in output order. IDs are stable: scripts and apply's output
@@ -162,24 +160,6 @@ func check(id string) Check {
 		}
 	}
 	panic("audit: no check " + id)
-}
-
-// sampleRows scans rows of (jsonb sample) into at most env.Sample maps.
-func sampleRows(rows pgx.Rows, env Env) ([]map[string]any, int64, error) {
-	defer rows.Close()
-	var out []map[string]any
-	var n int64
-	for rows.Next() {
-		var m map[string]any
-		if err := rows.Scan(&m); err != nil {
-			return nil, 0, err
-		}
-		n++
-		if len(out) < env.Sample {
-			out = append(out, m)
-		}
-	}
-	return out, n, rows.Err()
 }
 
 func checkSchemaState(ctx context.Context, q Querier, env Env) ([]Finding, error) {

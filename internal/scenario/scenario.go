@@ -7,7 +7,6 @@ package scenario
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"runtime/debug"
 	"sort"
@@ -336,6 +335,3 @@ func Failed(results []Result) int {
 
 // errorf builds an expectation failure.
 func errorf(format string, args ...any) error { return fmt.Errorf(format, args...) }
-
-// joinErrs joins non-nil errors into one.
-func joinErrs(errs []error) error { return errors.Join(errs...) }
