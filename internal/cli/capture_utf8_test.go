@@ -3,13 +3,17 @@ package cli_test
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
@@ -66,6 +70,55 @@ func TestReplayRefusesCaptureWithInvalidUTF8(t *testing.T) {
 				t.Errorf("%s: the error does not say %q", c.name, w)
 			}
 		}
+	}
+}
+
+// TestCaptureRefusesTextThatIsNotUTF8: a SQL_ASCII database keeps any bytes
+// in its text; a capture of it would carry U+FFFD in their place (JSON is
+// UTF-8), so capture refuses, exit 1, naming the table and the row, and
+// leaves no file.
+func TestCaptureRefusesTextThatIsNotUTF8(t *testing.T) {
+	ctx := context.Background()
+	srv := testdb.Server(t)
+	name := pgprovider.RandomName("pgflow_upgrade_test_ascii_")
+	admin, err := pgx.Connect(ctx, srv.AdminDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "create database "+pgx.Identifier{name}.Sanitize()+
+		" encoding 'SQL_ASCII' lc_collate 'C' lc_ctype 'C' template template0"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.DropDatabase(context.Background(), name) })
+	dsnValue := srv.DSNFor(name)
+	if r := run(t, nil, "--dsn", dsnValue, "fixtures", "load", "inflight"); r.code != cli.ExitOK {
+		t.Fatalf("fixtures load into a SQL_ASCII database: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	conn, err := pgx.Connect(ctx, dsnValue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	// The first run (in the table's order) gets a byte 0xff in its input.
+	tag, err := conn.Exec(ctx, `update pgflow.runs set input = pg_catalog.jsonb_build_object('note', pg_catalog.convert_from('\xff'::bytea, 'SQL_ASCII'))
+		where run_id = (select run_id from pgflow.runs order by run_id limit 1)`)
+	if err != nil || tag.RowsAffected() != 1 {
+		t.Fatalf("a byte 0xff in a run's input: %v (%d rows)", err, tag.RowsAffected())
+	}
+	out := filepath.Join(t.TempDir(), "ascii.jsonl.gz")
+	r := run(t, nil, "--dsn", dsnValue, "fixtures", "capture", "--out", out)
+	t.Logf("exit %d: %s", r.code, strings.TrimSpace(r.stderr))
+	if r.code != cli.ExitFindings {
+		t.Errorf("exit %d, want %d", r.code, cli.ExitFindings)
+	}
+	for _, w := range []string{"not valid UTF-8", "of pgflow.runs", "SQL_ASCII"} {
+		if !strings.Contains(r.stderr, w) {
+			t.Errorf("the error does not say %q", w)
+		}
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Errorf("a refused capture left a file: %v", err)
 	}
 }
 

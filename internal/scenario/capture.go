@@ -10,6 +10,7 @@ import (
 	"io"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -191,7 +192,14 @@ func Capture(ctx context.Context, conn *pgx.Conn, w io.Writer, opts CaptureOptio
 		return 0, err
 	}
 	n := 0
+	rows := map[string]int{}
 	put := func(r Record) error {
+		if r.Table != "" {
+			rows[r.Table]++
+		}
+		if err := validText(r, rows[r.Table]); err != nil {
+			return err
+		}
 		if err := enc.Encode(r); err != nil {
 			return fmt.Errorf("capture: writing: %w", err)
 		}
@@ -263,4 +271,37 @@ func Capture(ctx context.Context, conn *pgx.Conn, w io.Writer, opts CaptureOptio
 		return n, err
 	}
 	return n, nil
+}
+
+// ErrNotUTF8 is returned by Capture for a database whose text is not UTF-8
+// (a SQL_ASCII database keeps any bytes): JSON would carry U+FFFD in their
+// place, and a replay would rehearse on other data than the database's.
+var ErrNotUTF8 = errors.New("the database holds text that is not valid UTF-8")
+
+// validText refuses a record whose text is not UTF-8; row is its position
+// among its table's records.
+func validText(r Record, row int) error {
+	var text string
+	switch {
+	case r.Copy != nil:
+		text = *r.Copy
+	case r.Row != nil:
+		text = string(r.Row)
+	case r.DDL != "":
+		text = r.DDL
+	default:
+		return nil
+	}
+	if utf8.ValidString(text) {
+		return nil
+	}
+	what := "the " + r.Section + " DDL"
+	if r.Table != "" {
+		what = fmt.Sprintf("row %d of %s", row, r.Table)
+		if r.Queue != "" {
+			what += " (queue " + r.Queue + ")"
+		}
+	}
+	return fmt.Errorf("%w: %s (the database's encoding is not UTF8, e.g. SQL_ASCII, which keeps any bytes); "+
+		"a capture would not hold the same text: correct that text, or capture a copy converted to UTF8", ErrNotUTF8, what)
 }
