@@ -20,8 +20,8 @@ import (
 // owner is gone. Only those: a directory is removed when its name has the
 // prefix, it is a real directory (not a link), it holds an owner record
 // written by a process of the same user, that process no longer runs (its
-// pid is free, or taken by a process that started at another time), and no
-// postmaster runs in it. A directory without a record (another tool's, or
+// pid is free, or taken by a process that started at another time; judged
+// only in the pid namespace the owner ran in), and no postmaster runs in it. A directory without a record (another tool's, or
 // one being made right now) is left alone.
 
 // ClusterDirPrefix starts the name of every ephemeral cluster directory.
@@ -32,15 +32,38 @@ const OwnerFile = "pgflow-upgrade-owner"
 
 // owner is what OwnerFile holds: the pid, the process's start time in clock
 // ticks since boot (field 22 of /proc/<pid>/stat, to tell a reused pid
-// apart; 0 when unknown) and the effective uid.
+// apart; 0 when unknown), the effective uid, and the pid namespace (the
+// inode of /proc/self/ns/pid; 0 when unknown): a pid only means something
+// in its namespace, and a temp dir shared by containers is shared across
+// them.
 type owner struct {
 	pid   int
 	start uint64
 	uid   int
+	pidns uint64
 }
 
 func (o owner) String() string {
-	return fmt.Sprintf("pid %d\nstart %d\nuid %d\n", o.pid, o.start, o.uid)
+	return fmt.Sprintf("pid %d\nstart %d\nuid %d\npidns %d\n", o.pid, o.start, o.uid, o.pidns)
+}
+
+// currentOwner describes this process.
+func currentOwner() owner {
+	return owner{pid: os.Getpid(), start: processStart(os.Getpid()), uid: os.Geteuid(), pidns: pidNamespace()}
+}
+
+// pidNamespace is the inode of this process's pid namespace (0 when it
+// cannot be read).
+func pidNamespace() uint64 {
+	l, err := os.Readlink("/proc/self/ns/pid")
+	if err != nil {
+		return 0
+	}
+	var n uint64
+	if _, err := fmt.Sscanf(l, "pid:[%d]", &n); err != nil {
+		return 0
+	}
+	return n
 }
 
 func parseOwner(b []byte) (owner, bool) {
@@ -62,6 +85,8 @@ func parseOwner(b []byte) (owner, bool) {
 			o.start, seen = n, seen|2
 		case "uid":
 			o.uid, seen = int(n), seen|4
+		case "pidns":
+			o.pidns = n
 		}
 	}
 	return o, seen == 7 && o.pid > 0
@@ -126,7 +151,7 @@ func postmasterRunning(data string) bool {
 // parent that processes of this tool left when they were killed. Both are
 // best effort: a failure is logged, and the cluster is made all the same.
 func claimClusterDir(dir string, logf func(string, ...any)) {
-	me := owner{pid: os.Getpid(), start: processStart(os.Getpid()), uid: os.Geteuid()}
+	me := currentOwner()
 	if err := os.WriteFile(filepath.Join(dir, OwnerFile), []byte(me.String()), 0o644); err != nil {
 		logf("pgprovider: could not record this process as the owner of %s (%v): if it is killed, the directory stays", dir, err)
 	}
@@ -136,9 +161,10 @@ func claimClusterDir(dir string, logf func(string, ...any)) {
 }
 
 // removeStaleClusterDirs removes the cluster directories in parent whose
-// owner, a process of the current user, has ended (see the top of this
-// file), and returns them.
+// owner, a process of the current user in this pid namespace, has ended
+// (see the top of this file), and returns them.
 func removeStaleClusterDirs(parent string) []string {
+	me := currentOwner()
 	dirs, _ := filepath.Glob(filepath.Join(parent, ClusterDirPrefix+"*"))
 	var removed []string
 	for _, d := range dirs {
@@ -155,7 +181,7 @@ func removeStaleClusterDirs(parent string) []string {
 			continue
 		}
 		o, ok := parseOwner(b)
-		if !ok || o.uid != os.Geteuid() || !o.gone() || postmasterRunning(filepath.Join(d, "data")) {
+		if !ok || o.uid != me.uid || o.pidns != me.pidns || !o.gone() || postmasterRunning(filepath.Join(d, "data")) {
 			continue
 		}
 		if err := os.RemoveAll(d); err == nil {

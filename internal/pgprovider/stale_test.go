@@ -24,11 +24,13 @@ func TestRemoveStaleClusterDirs(t *testing.T) {
 	if running(deadPID) {
 		t.Skipf("pid %d was reused at once", deadPID)
 	}
-	me := owner{pid: os.Getpid(), start: processStart(os.Getpid()), uid: os.Geteuid()}
-	if me.start == 0 {
-		t.Fatal("no start time for this process from /proc")
+	me := currentOwner()
+	if me.start == 0 || me.pidns == 0 {
+		t.Fatalf("no start time or pid namespace for this process from /proc: %+v", me)
 	}
-	dead := owner{pid: deadPID, uid: os.Geteuid()}
+	dead := owner{pid: deadPID, uid: os.Geteuid(), pidns: me.pidns}
+	otherNamespace := dead
+	otherNamespace.pidns = me.pidns + 1 // a pid of another container sharing the temp dir
 	reused := me
 	reused.start = me.start + 1 // this pid, but a process that started at another time
 	otherUser := dead
@@ -62,6 +64,7 @@ func TestRemoveStaleClusterDirs(t *testing.T) {
 		mk(ClusterDirPrefix+"live", &me, 0),
 		mk(ClusterDirPrefix+"no-record", nil, 0),
 		mk(ClusterDirPrefix+"other-user", &otherUser, 0),
+		mk(ClusterDirPrefix+"other-pid-namespace", &otherNamespace, 0),
 		mk(ClusterDirPrefix+"postmaster-running", &dead, os.Getpid()),
 		mk("pgflow-upgrade-standby-dead", &dead, 0),
 	}
@@ -108,7 +111,7 @@ func TestClaimClusterDirRecordsOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	o, ok := parseOwner(b)
-	if !ok || o.pid != os.Getpid() || o.uid != os.Geteuid() || o.start == 0 || o.gone() {
+	if !ok || o != currentOwner() || o.start == 0 || o.gone() {
 		t.Fatalf("record %q read as %+v (ok %v, gone %v)", b, o, ok, o.gone())
 	}
 	if _, err := os.Stat(d); err != nil {
