@@ -1,5 +1,5 @@
 // Package audit is the catalog of pre-upgrade checks and their read-only
-// runner (`pgflow-upgrade audit`, SPEC §3). `apply` runs the same catalog as
+// runner (`pgflow-upgrade audit`). `apply` runs the same catalog as
 // its preflight, inside its own transaction and under its locks
 // (RunPreflight).
 //

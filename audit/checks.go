@@ -7,8 +7,8 @@ import (
 
 // The catalog, in output order. IDs are stable: scripts and apply's output
 // refer to them. The data checks name the 0.17.0 migration statement their
-// finding would make fail (facts: the migration runs in one transaction and
-// fails atomically on any of them).
+// finding would make fail (the migration runs in one transaction, so any of
+// them fails it whole).
 func init() {
 	catalog = []Check{
 		{

@@ -10,7 +10,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
-// apply against the two psql references of the issue, side by side in one run.
+// apply against the two psql references (bench_apply_refs.go), side by side in one run.
 func init() {
 	Register(Benchmark{
 		Name: "apply",

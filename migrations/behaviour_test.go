@@ -2,9 +2,9 @@ package migrations_test
 
 // The differential test: the same operations on real pgflow 0.16.0 and on
 // a database upgraded mid-way by the migration give the same states, queue
-// contents and realtime events, as the facts say 0.17.0 keeps them
-// (pgflow-0.17.md §2.7), with the claim made through each version's
-// start_tasks.
+// contents and realtime events, since pgflow 0.17.0 keeps a migrated flow's
+// behaviour (every step still on the flow's one queue), with the claim made
+// through each version's start_tasks.
 
 import (
 	"context"
@@ -303,7 +303,7 @@ func TestBehaviourMatches016AcrossTheUpgrade(t *testing.T) {
 	if len(want["events"]) < 40 || len(want["runs"]) != 8 {
 		t.Fatalf("the scenario is too small to prove anything: %d events, %d runs", len(want["events"]), len(want["runs"]))
 	}
-	// And what the facts say outright (pgflow-0.17.md §2.7), on the upgraded side.
+	// And the end states themselves (runs, events, a cancelled held task), on the upgraded side.
 	for _, must := range []string{
 		runID(1) + " Chain_Flow completed",
 		runID(2) + " retry_flow completed",

@@ -44,7 +44,7 @@ func TestConfigDefaults(t *testing.T) {
 			t.Errorf("%s = %v, want %v", ch.name, ch.got, ch.want)
 		}
 	}
-	// Upstream's defaults (facts §3): batchSize 10, visibilityTimeout 5 s,
+	// Upstream's TypeScript worker defaults: batchSize 10, visibilityTimeout 5 s,
 	// maxPollSeconds 2, pollIntervalMs 100, maxConcurrent 10, heartbeat 5 s.
 	if c.BatchSize != 10 || c.VisibilityTimeout != 5*time.Second || c.MaxPollSeconds != 2 ||
 		c.PollInterval != 100*time.Millisecond || c.Concurrency != 10 || c.HeartbeatInterval != 5*time.Second {

@@ -1,7 +1,7 @@
 // Package worker runs the tasks of a pgflow flow as a first-class pgflow 0.17
 // worker: the same calls, in the same order, with the same arguments and
 // defaults as upstream's TypeScript worker, so a Go service can serve a flow
-// beside TypeScript workers (SPEC §5, docs/design.md "The worker").
+// beside TypeScript workers (docs/design.md "The worker").
 //
 // # Routes
 //

@@ -215,8 +215,8 @@ func nonNegative(field string, vs ...*int) error {
 	return nil
 }
 
-// The shape document of facts/pgflow-schema.md §2 (what the TypeScript DSL
-// compiles a flow to).
+// The shape document the TypeScript DSL compiles a flow to, which
+// ensure_flow_compiled takes as its shape argument.
 type shapeDoc struct {
 	Steps   []shapeStep  `json:"steps"`
 	Options *FlowOptions `json:"options,omitempty"`

@@ -33,7 +33,7 @@ func (f Flow) mode() QueueMode {
 }
 
 // Routes resolves every step's queue locally, with no database call, in
-// step order (pgflow 0.17 §2.6 naming rules):
+// step order, by pgflow 0.17's queue naming rules:
 //
 //   - flow mode: every step on lower(flow_slug);
 //   - step mode: StepQueueName for each step, with its 0-based index.

@@ -3,13 +3,13 @@
 // signatures and attributes, triggers, sequences, views and the installed
 // pgmq version — definitions only, no bodies, no rows.
 //
-// The JSON form ("pgflow-catalog/1") is the one the project's facts are
-// written in: Parse reads it, Read produces the same from a live database,
+// The JSON form ("pgflow-catalog/1") is the one the embedded version catalogs
+// (internal/versions/catalogs) are written in: Parse reads it, Read produces the same from a live database,
 // and Diff / Missing compare two catalogs, exactly or tolerating what users
 // add (their own indexes, constraints, functions).
 //
 // Struct fields are declared in jsonb's key order (shorter keys first, then
-// bytewise), so JSON marshalled from a Catalog lists keys as the facts do.
+// bytewise), so JSON marshalled from a Catalog lists keys as those files do.
 package catalog
 
 import (

@@ -28,7 +28,7 @@ type beginner interface {
 var ErrNoBegin = errors.New("catalog.Read needs a connection, pool or transaction (something with Begin)")
 
 // Read reads schema's catalog from a live database: the same JSON form as
-// the facts, produced by one catalog query (pg_catalog only, no lock on
+// the embedded version catalogs, produced by one catalog query (pg_catalog only, no lock on
 // any table of the schema, works with a role that can only read). With
 // search_path = ” every pg_get_* text names objects outside pg_catalog
 // with their schema; every sort is COLLATE "C". A schema that does not

@@ -108,7 +108,7 @@ func noDB(dsn string) func(t *testing.T) (*testdb.DB, string) {
 	return func(t *testing.T) (*testdb.DB, string) { return nil, dsn }
 }
 
-// sabotaged is legacyDB changed by stmts (a malformed object of SPEC §6).
+// sabotaged is legacyDB changed by stmts (a malformed pgflow object).
 func sabotaged(stmts ...string) func(t *testing.T) (*testdb.DB, string) {
 	return onDB(func(t *testing.T) *testdb.DB {
 		db := legacyDB(t)

@@ -127,7 +127,7 @@ func TestCommandsNameThePgflowVersion(t *testing.T) {
 			}
 
 			if c.applyRC < 0 {
-				return // the real 0.16.0 is the next issue's migration's to upgrade
+				return // applying to the real 0.16.0 is the upgrade itself, tested in cmd_apply_test.go
 			}
 			r = run(t, env, "--format", "json", "apply", "--yes")
 			if v := versionOf(t, r); r.code != c.applyRC || v.PgflowVersion.Found != c.found || v.PgflowVersion.State != c.state ||

@@ -1,4 +1,4 @@
-// Package fingerprint is the state-survival check of the upgrade (SPEC §6):
+// Package fingerprint is the state-survival check of the upgrade:
 // a fingerprint of every row of the pgflow tables and of every pgmq queue,
 // queue message and archived message, taken before the upgrade and compared
 // with one taken after it. A row that disappeared, a column value that

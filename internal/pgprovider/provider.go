@@ -1,5 +1,5 @@
 // Package pgprovider is where throwaway PostgreSQL databases come from, for
-// the test suite, the fixtures and `fixtures replay` alike (SPEC §6).
+// the test suite, the fixtures and `fixtures replay` alike.
 //
 // Providers are tried in a fixed order:
 //

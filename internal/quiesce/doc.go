@@ -1,5 +1,5 @@
 // Package quiesce does upstream's manual stop-and-resume steps around the
-// 0.16.0 -> 0.17.0 migration (facts: pgflow-0.17.md §4) for `apply
+// 0.16.0 -> 0.17.0 migration (docs/runbook.md step 5) for `apply
 // --quiesce`, records what it changed, and undoes it exactly, also after a
 // crash in the middle.
 //

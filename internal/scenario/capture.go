@@ -21,7 +21,7 @@ import (
 // JSON lines. Line 1 is the Header; then one Record per line; the last line
 // is the trailer {"end": {"records": N}} so a truncated file is detected.
 //
-// Version 2 (written since the rehearsal, issue 19) holds what rebuilds the
+// Version 2 (the version written now) holds what rebuilds the
 // database exactly, in the order a restore needs it: the "pre" DDL of the
 // captured schemas, their rows, the pgmq queues and their messages, the
 // sequence positions, then the "post" DDL (constraints, indexes, triggers,

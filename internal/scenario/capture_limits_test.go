@@ -26,8 +26,8 @@ import (
 // size, and a file over a documented limit (scenario.DefaultLimits) is
 // refused with an error that names the limit.
 
-// memBudget is what reading a capture may add to the heap (the issue's
-// requirement is a whole replay under 256 MB).
+// memBudget is what reading a capture may add to the heap: a whole replay
+// must stay under 256 MB, whatever the capture's size.
 const memBudget = 256 << 20
 
 // gzipMember compresses s as one gzip member; members concatenated are one

@@ -14,7 +14,7 @@ import (
 // can show that the state it upgraded really had every kind it claims.
 type Census map[string]int
 
-// Kinds a clean-upgrade state must hold (SPEC §6: queued, started, retried,
+// Kinds a clean-upgrade state must hold (queued, started, retried,
 // completed, failed, cancelled, skipped, archived, map steps with many
 // tasks, conditions).
 var inflightKinds = []string{

@@ -446,8 +446,8 @@ func firstDiff(a, b []string) string {
 	return fmt.Sprintf("  0.16.0 has %d rows, the upgraded database %d", len(a), len(b))
 }
 
-// 0.17.0's payload keys for the events its replaced functions send
-// (pgflow-0.17 facts, realtime table); run:started, run:completed and
+// 0.17.0's payload keys for the events its replaced functions send (as
+// upstream's 0.17.0 functions build them); run:started, run:completed and
 // step:completed come from functions 0.17.0 does not replace or carry the
 // step's output, and are compared with 0.16.0 only.
 var factsPayloadKeys = map[string]string{
@@ -458,7 +458,7 @@ var factsPayloadKeys = map[string]string{
 	"step:skipped:cascade": "event_type flow_slug run_id skip_reason skipped_at status step_slug",
 }
 
-// factsKeys checks the upgraded stream against the facts: topic
+// factsKeys checks the upgraded stream against factsPayloadKeys: topic
 // pgflow:run:<run_id>, private false, and each event's payload keys. It
 // returns how many events it checked.
 func factsKeys(evs []rtEvent) (int, error) {

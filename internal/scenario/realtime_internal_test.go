@@ -5,9 +5,10 @@ import (
 	"testing"
 )
 
-// The facts' check of the upgraded stream: right keys are counted, a
-// missing or extra key, a wrong topic or a private broadcast is an error;
-// events the facts do not list are left to the comparison with 0.16.0.
+// The check of the upgraded stream against 0.17.0's payload keys: right
+// keys are counted, a missing or extra key, a wrong topic or a private
+// broadcast is an error; events not in factsPayloadKeys are left to the
+// comparison with 0.16.0.
 func TestFactsKeys(t *testing.T) {
 	const run = "00000000-0000-4000-8000-00000000f001"
 	ev := func(topic, event, payload string, private bool) rtEvent {

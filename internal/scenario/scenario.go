@@ -1,4 +1,4 @@
-// Package scenario holds the upgrade scenarios of SPEC §6 and their runner:
+// Package scenario holds the upgrade scenarios and their runner:
 // each scenario is a pgflow 0.16.0 state plus expectations, run on its own
 // throwaway database cloned from a baseline template, and reports what it
 // proved and how long it took. `pgflow-upgrade fixtures replay` and the

@@ -26,9 +26,9 @@ const (
 	Name    = "pgflow_private_step_queues"
 )
 
-// Upstream pgflow's own migration to the same 0.17.0 schema (facts:
-// pgflow-0.17.md §1): the Supabase ledger records this version as applied,
-// so `supabase migration up` / `db push` skips the user's copy of the file.
+// Upstream pgflow's own migration to the same 0.17.0 schema: the Supabase
+// ledger records this version as applied, so `supabase migration up` /
+// `db push` skips the user's copy of the file.
 const (
 	UpstreamVersion = "20260915074120"
 	UpstreamName    = "pgflow_private_step_queues"
@@ -238,7 +238,7 @@ var (
 	ErrPostConditions = errors.New("the post-conditions failed after the migration: rolled back, nothing was changed")
 )
 
-// Apply runs the pending migrations on conn in one transaction (SPEC §3):
+// Apply runs the pending migrations on conn in one transaction:
 //
 //  1. integrity: the embedded migrations against atlas.sum;
 //  2. BEGIN; advisory lock pg_try_advisory_xact_lock(AdvisoryLockKey), polled

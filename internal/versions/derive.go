@@ -8,10 +8,10 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 )
 
-// derive015 builds the 0.15.x catalogs, which the facts do not print, from
-// the 0.16.0 catalog by undoing what the later migrations changed in the
-// catalog (facts: pgflow-0.16.0.md §1; the rest of 22 and 23 is function
-// bodies and data repairs, invisible to a catalog):
+// derive015 builds the 0.15.x catalogs, which are not embedded, from the
+// 0.16.0 catalog by undoing what the later migrations changed in the
+// catalog (the rest of migrations 22 and 23 is function bodies and data
+// repairs, invisible to a catalog):
 //
 //   - 0.15.1 = 0.16.0 without migration 23 (remove_legacy_flow_compilation):
 //     ensure_flow_compiled(text, jsonb) is absent and the 3-argument

@@ -9,8 +9,8 @@ type Migration struct {
 // File is the migration's file name.
 func (m Migration) File() string { return m.Version + "_" + m.Name + ".sql" }
 
-// ledger is upstream's migrations in order (facts: pgflow-0.16.0.md §1 for
-// 1-23, pgflow-0.17.md §1.2 for 24-26). A version consists of a prefix.
+// ledger is upstream's migrations in order (1-23 up to 0.16.0, 24-26 in
+// 0.17.x). A version consists of a prefix.
 var ledger = []Migration{
 	{"20250429164909", "pgflow_initial"},
 	{"20250517072017", "pgflow_fix_poll_for_tasks_to_use_separate_statement_for_polling"},

@@ -7,7 +7,7 @@ import (
 )
 
 // Limits and naming rules shared by every version that persists queue
-// names (facts: pgflow-0.17.md §2.4).
+// names (0.17.0 on).
 const (
 	// MaxQueueNameLength is pgmq's limit on a queue name (and so on
 	// lower(flow_slug) of a flow-mode flow).
@@ -38,8 +38,8 @@ func (s Signature) In(c *catalog.Catalog) *catalog.Function {
 	return c.Function(s.Name, s.IdentityArguments)
 }
 
-// Protocol is what a worker of a version calls (facts: pgflow-0.16.0.md
-// §11, pgflow-0.17.md §3).
+// Protocol is what a worker of a version calls: the functions upstream's
+// TypeScript worker of that version calls at startup and on each poll.
 type Protocol struct {
 	// EnsureFlowCompiled is the startup compile call.
 	EnsureFlowCompiled Signature

@@ -1,13 +1,13 @@
 // Package versions is the one typed description of every pgflow version
 // this tool knows: its catalog (tables, constraints, indexes, types and
 // functions with their attributes), the Supabase migrations it consists of,
-// and the protocol facts the other packages need (the worker's calls, the
+// and the protocol details the other packages need (the worker's calls, the
 // queue-name rule). Detection, audit, preflight, apply, verify, status, the
 // online path and the worker read it here instead of keeping their own
 // copies of pgflow's shape.
 //
-// The catalogs of 0.14.1, 0.16.0, 0.17.0 and 0.17.1 are the facts' JSON,
-// embedded byte for byte (catalogs/); 0.15.0 and 0.15.1 are derived in code
+// The catalogs of 0.14.1, 0.16.0, 0.17.0 and 0.17.1 are JSON files read from
+// databases of those releases, embedded byte for byte (catalogs/); 0.15.0 and 0.15.1 are derived in code
 // from the 0.16.0 catalog with the changes of migrations 21-23 (derive.go).
 package versions
 
@@ -20,7 +20,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 )
 
-// Catalogs holds the facts' catalogs, byte-identical copies.
+// Catalogs holds the embedded catalogs of the released versions.
 //
 //go:embed catalogs/*.catalog.json
 var Catalogs embed.FS
@@ -58,7 +58,7 @@ type Version struct {
 	// in order (the ledger supabase_migrations.schema_migrations holds one
 	// row per file, version = the 14-digit prefix).
 	Migrations []Migration
-	// Protocol: the worker-facing facts of this version.
+	// Protocol: the worker-facing calls and rules of this version.
 	Protocol Protocol
 	// Source says where the description comes from.
 	Source string
