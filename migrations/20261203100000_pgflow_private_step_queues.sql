@@ -6,7 +6,7 @@
 -- slug rule, flows.queue_mode ('flow' | 'step', private per-step queues), the
 -- five-argument start_tasks, and every engine function addressing messages
 -- by the stored queue name, realtime broadcasts unchanged. Written here from
--- the facts of that change; nothing of the tool's own lives in schema pgflow.
+-- what upstream's change does; nothing of the tool's own lives in schema pgflow.
 --
 -- Parts (A is this file's frame; `apply --online` does most of B itself in
 -- phases - the steps/step_tasks columns, batched backfill, validated checks,
