@@ -124,7 +124,7 @@ func Names() []string {
 	return out
 }
 
-// Facts reads one embedded facts catalog, e.g. "0.16.0".
+// Facts reads one embedded release catalog (catalogs/), e.g. "0.16.0".
 func Facts(release string) (*catalog.Catalog, error) {
 	b, err := Catalogs.ReadFile("catalogs/pgflow-" + release + ".catalog.json")
 	if err != nil {
