@@ -59,6 +59,7 @@ func TestBehaviourAsUpstream017(t *testing.T) {
 		t.Run("definition writers", func(t *testing.T) { testDefinitionWriters(t, p) })
 		t.Run("cascade_resolve_conditions runs 50 iterations", func(t *testing.T) { testFiftyIterations(t, p) })
 		t.Run("requeue_stalled_tasks touches messages only when it requeued something", func(t *testing.T) { testRequeueMessages(t, p) })
+		t.Run("start_tasks locks only what it claims", func(t *testing.T) { testClaimLocks(t, p) })
 	})
 }
 
@@ -355,5 +356,40 @@ func testRequeueMessages(t *testing.T, p *pgxpool.Pool) {
 	}
 	if n := scalar[int](t, p, stalledLive); n != 1 {
 		t.Fatalf("%d stalled messages live, want run 1's only", n)
+	}
+}
+
+// A claim does not wait for a row it would not claim: a started task's row
+// held by another transaction (its worker reporting, say) does not block a
+// claim that names its message next to a queued one.
+func testClaimLocks(t *testing.T, p *pgxpool.Pool) {
+	ctx := context.Background()
+	exec(t, p, `select pgflow.create_flow('locks')`)
+	exec(t, p, `select pgflow.add_step('locks', 'a')`)
+	exec(t, p, `select pgflow.start_flow('locks', '{}')`)
+	exec(t, p, `select pgflow.start_flow('locks', '{}')`)
+	ids := scalar[[]int64](t, p, `select array_agg(msg_id order by msg_id) from pgmq.read('locks', 30, 10)`)
+	if len(ids) != 2 {
+		t.Fatalf("read %d messages, want 2", len(ids))
+	}
+	if n := scalar[int](t, p, `select count(*) from pgflow.start_tasks('locks', $1, $2::uuid, 'locks')`, ids[:1], workerID); n != 1 {
+		t.Fatalf("claimed %d, want 1", n)
+	}
+	hold, err := p.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Rollback(ctx)
+	exec(t, hold, `select 1 from pgflow.step_tasks where queue_name = 'locks' and message_id = $1 for update`, ids[0])
+
+	tx, err := p.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	exec(t, tx, `set local lock_timeout = '2s'`)
+	got := scalar[[]int64](t, tx, `select coalesce(array_agg(msg_id), '{}') from pgflow.start_tasks('locks', $1, $2::uuid, 'locks')`, ids, workerID)
+	if len(got) != 1 || got[0] != ids[1] {
+		t.Fatalf("claimed %v, want only the queued task's message %d", got, ids[1])
 	}
 }
