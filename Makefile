@@ -36,9 +36,12 @@ fuzz: setup ## run every Fuzz* target for $(FUZZTIME) each (their seed corpora r
 	if [ -n "$$failed" ]; then echo "fuzz targets that failed:$$failed (the failing input is under testdata/fuzz/)"; exit 1; fi
 
 .PHONY: lint
-lint: tidy-check ## gofmt check, go vet, and go.mod/go.sum tidy
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+lint: tidy-check ## gofmt check, go vet, staticcheck (pinned, fetched by go run) and go.mod/go.sum tidy
 	@bad=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GO) run $(STATICCHECK) $(PKGS)
+	$(GO) run $(STATICCHECK) -tags docker ./internal/pgprovider/
 
 .PHONY: tidy-check
 tidy-check: ## fail when `go mod tidy` would change go.mod or go.sum (prints the diff)
