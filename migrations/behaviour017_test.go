@@ -60,6 +60,7 @@ func TestBehaviourAsUpstream017(t *testing.T) {
 		t.Run("cascade_resolve_conditions runs 50 iterations", func(t *testing.T) { testFiftyIterations(t, p) })
 		t.Run("requeue_stalled_tasks touches messages only when it requeued something", func(t *testing.T) { testRequeueMessages(t, p) })
 		t.Run("start_tasks locks only what it claims", func(t *testing.T) { testClaimLocks(t, p) })
+		t.Run("fail_task: a skip whose conditions fail the run", func(t *testing.T) { testSkipThenConditionFails(t, p) })
 	})
 }
 
@@ -391,5 +392,30 @@ func testClaimLocks(t *testing.T, p *pgxpool.Pool) {
 	got := scalar[[]int64](t, tx, `select coalesce(array_agg(msg_id), '{}') from pgflow.start_tasks('locks', $1, $2::uuid, 'locks')`, ids, workerID)
 	if len(got) != 1 || got[0] != ids[1] {
 		t.Fatalf("claimed %v, want only the queued task's message %d", got, ids[1])
+	}
+}
+
+// An exhausted 'skip' step whose dependent's 'fail' condition is then unmet:
+// step:skipped from fail_task, then step:failed and run:failed from the
+// conditions, and no second run:failed; the task's message is archived.
+func testSkipThenConditionFails(t *testing.T, p *pgxpool.Pool) {
+	exec(t, p, `select pgflow.create_flow('skipfail', max_attempts => 1)`)
+	exec(t, p, `select pgflow.add_step('skipfail', 's1', when_exhausted => 'skip')`)
+	exec(t, p, `select pgflow.add_step('skipfail', 'gate', array['s1'], required_input_pattern => '{"s1": {}}', when_unmet => 'fail')`)
+	run := scalar[string](t, p, `select run_id::text from pgflow.start_flow('skipfail', '{}')`)
+	ids := scalar[[]int64](t, p, `select array_agg(msg_id) from pgmq.read('skipfail', 30, 10)`)
+	if n := scalar[int](t, p, `select count(*) from pgflow.start_tasks('skipfail', $1, $2::uuid, 'skipfail')`, ids, workerID); n != 1 {
+		t.Fatalf("claimed %d, want 1", n)
+	}
+	row := scalar[string](t, p, `select status from pgflow.fail_task($1::uuid, 's1', 0, 'broken')`, run)
+	if row != "failed" {
+		t.Fatalf("task %s, want failed", row)
+	}
+	want := []string{"run:started", "step:s1:started", "step:s1:skipped", "step:gate:failed", "run:failed"}
+	if got := events(t, p, run); !reflect.DeepEqual(got, want) {
+		t.Fatalf("events\n got %v\nwant %v", got, want)
+	}
+	if n := scalar[int](t, p, `select count(*) from pgmq.a_skipfail where msg_id = $1`, ids[0]); n != 1 {
+		t.Fatal("the failed task's message was not archived")
 	}
 }
