@@ -84,56 +84,130 @@ type replayReport struct {
 
 func (a *App) fixturesReplay(c *ucli.Context) error {
 	ctx := c.Context
-	all := scenario.Builtin()
-	var captured *scenario.CaptureInfo
-	from := c.String("from")
-	rehearsal := &scenario.Rehearsal{MaxLockWindow: c.Duration("max-lock-window"), MaxWait: c.Duration("max-wait")}
-	if rehearsal.MaxLockWindow < 0 || rehearsal.MaxWait < 0 {
-		return usageErrorf("--max-lock-window and --max-wait must be positive durations (e.g. 2s, 500ms)")
+	plan, err := newReplayPlan(c)
+	if err != nil {
+		return err
 	}
-	if from != "" {
-		// Validated whole before any database is created, as a stream:
-		// memory stays bounded whatever the file's size (scenario.Limits).
-		f, err := os.Open(from)
+	t, err := a.resolveWith(dsnValue(c), "fixtures replay", true)
+	if err != nil {
+		return err
+	}
+	opts := a.replayProviderOptions(t)
+	started := time.Now()
+	srv, err := a.openReplayServer(ctx, t, opts)
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	fmt.Fprintf(a.Stderr, "replay: throwaway databases on %s\n", srv.Describe())
+
+	// Scenarios run in parallel and all log here, one line at a time; the
+	// heartbeat (progress.go) says the run is alive when they are quiet.
+	hb := a.startHeartbeat("replay: ", "scenarios running")
+	defer hb.stop()
+	results, err := a.runReplayScenarios(ctx, srv, plan, hb.printf)
+	if err != nil {
+		return err
+	}
+	rep := replayReport{Provider: srv.Describe(), From: plan.from, Scenarios: results, Seconds: time.Since(started).Seconds()}
+	rep.Failed = scenario.Failed(results)
+	rep.Passed = len(results) - rep.Failed
+	if plan.captured != nil {
+		rep.Capture = &plan.captured.Header
+		rep.Rehearsal = newRehearsalReport(plan.rehearsal)
+	}
+	if err := a.writeReplayFiles(c, plan, results, started); err != nil {
+		return err
+	}
+	if err := a.writeReplayOutput(c, rep, srv.Describe()); err != nil {
+		return err
+	}
+	if rep.Failed > 0 {
+		for _, res := range results {
+			if !res.Passed {
+				fmt.Fprintf(a.Stderr, "replay: FAIL %s: %s\n", res.Name, res.Error)
+			}
+		}
+		return reportedError{fmt.Errorf("%d of %d scenarios failed", rep.Failed, len(results))}
+	}
+	return nil
+}
+
+// replayPlan is what `fixtures replay` was asked to run, checked from its
+// flags and arguments before any database is made.
+type replayPlan struct {
+	from      string                // --from, the capture file; "" for the built-in scenarios
+	captured  *scenario.CaptureInfo // the validated capture; nil without --from
+	rehearsal *scenario.Rehearsal   // the budgets, and what the rehearsal measures
+	selected  []scenario.Scenario   // the scenarios to run
+	parallel  int                   // scenarios run at once
+	junitPath string                // --junit
+}
+
+func newReplayPlan(c *ucli.Context) (*replayPlan, error) {
+	p := &replayPlan{
+		from:      c.String("from"),
+		rehearsal: &scenario.Rehearsal{MaxLockWindow: c.Duration("max-lock-window"), MaxWait: c.Duration("max-wait")},
+	}
+	if p.rehearsal.MaxLockWindow < 0 || p.rehearsal.MaxWait < 0 {
+		return nil, usageErrorf("--max-lock-window and --max-wait must be positive durations (e.g. 2s, 500ms)")
+	}
+	all := scenario.Builtin()
+	if p.from != "" {
+		captured, err := validateReplayCapture(p.from)
 		if err != nil {
-			return withCode(ExitUsage, fmt.Errorf("--from: %w", err))
+			return nil, err
 		}
-		captured, err = scenario.ValidateCapture(bufio.NewReaderSize(f, 1<<20), scenario.DefaultLimits)
-		f.Close()
-		if errors.Is(err, scenario.ErrCaptureLimit) {
-			return withCode(ExitUsage, fmt.Errorf("--from %s: %w; the limits are in docs/fixtures.md (\"Capture file format\")", from, err))
-		}
-		if err != nil {
-			return withCode(ExitUsage, fmt.Errorf("--from %s: %w; capture the database again with `pgflow-upgrade fixtures capture --out FILE`", from, err))
-		}
-		if captured.Header.PgflowState != "baseline" {
-			return withCode(ExitFindings, fmt.Errorf("--from %s: %w (state %q): nothing to replay", from, scenario.ErrNotBaseline, captured.Header.PgflowState))
-		}
-		all = scenario.RehearsalScenarios(rehearsal)
+		p.captured = captured
+		all = scenario.RehearsalScenarios(p.rehearsal)
 	} else {
 		for _, f := range []string{"max-lock-window", "max-wait", "calibration-out"} {
 			if c.IsSet(f) {
-				return usageErrorf("--%s needs --from CAPTURE: it budgets or records the rehearsal of a captured database", f)
+				return nil, usageErrorf("--%s needs --from CAPTURE: it budgets or records the rehearsal of a captured database", f)
 			}
 		}
 	}
 	selected, err := scenario.Select(all, c.Args().Slice())
 	if err != nil {
-		return withCode(ExitUsage, err)
+		return nil, withCode(ExitUsage, err)
 	}
-	parallel := c.Int("parallel")
-	if captured != nil && !c.IsSet("parallel") {
-		parallel = 1
+	p.selected = selected
+	p.parallel = c.Int("parallel")
+	if p.captured != nil && !c.IsSet("parallel") {
+		p.parallel = 1
 	}
-	if parallel < 1 {
-		return usageErrorf("--parallel must be at least 1")
+	if p.parallel < 1 {
+		return nil, usageErrorf("--parallel must be at least 1")
 	}
-	junitPath := c.String("junit")
+	p.junitPath = c.String("junit")
+	return p, nil
+}
 
-	t, err := a.resolveWith(dsnValue(c), "fixtures replay", true)
+// validateReplayCapture reads the capture file whole before any database is
+// created, as a stream: memory stays bounded whatever the file's size
+// (scenario.Limits). Only a baseline database has an upgrade to replay.
+func validateReplayCapture(from string) (*scenario.CaptureInfo, error) {
+	f, err := os.Open(from)
 	if err != nil {
-		return err
+		return nil, withCode(ExitUsage, fmt.Errorf("--from: %w", err))
 	}
+	captured, err := scenario.ValidateCapture(bufio.NewReaderSize(f, 1<<20), scenario.DefaultLimits)
+	f.Close()
+	if errors.Is(err, scenario.ErrCaptureLimit) {
+		return nil, withCode(ExitUsage, fmt.Errorf("--from %s: %w; the limits are in docs/fixtures.md (\"Capture file format\")", from, err))
+	}
+	if err != nil {
+		return nil, withCode(ExitUsage, fmt.Errorf("--from %s: %w; capture the database again with `pgflow-upgrade fixtures capture --out FILE`", from, err))
+	}
+	if captured.Header.PgflowState != "baseline" {
+		return nil, withCode(ExitFindings, fmt.Errorf("--from %s: %w (state %q): nothing to replay", from, scenario.ErrNotBaseline, captured.Header.PgflowState))
+	}
+	return captured, nil
+}
+
+// replayProviderOptions says where the throwaway databases come from: the
+// resolved server when one was named, else Docker or local binaries.
+func (a *App) replayProviderOptions(t *target) pgprovider.Options {
 	opts := pgprovider.Options{
 		DockerImage: a.Getenv("PGFLOW_UPGRADE_DOCKER_IMAGE"),
 		SkipDocker:  a.Getenv("PGFLOW_UPGRADE_NO_DOCKER") == "1",
@@ -144,112 +218,118 @@ func (a *App) fixturesReplay(c *ucli.Context) error {
 	if t.resolved.Source != dsn.SourceNone {
 		opts.DSN = t.resolved.DSN
 	}
-	started := time.Now()
+	return opts
+}
+
+// openReplayServer opens the server of the throwaway databases; the caller
+// closes it.
+func (a *App) openReplayServer(ctx context.Context, t *target, opts pgprovider.Options) (*pgprovider.Server, error) {
 	srv, err := pgprovider.Open(ctx, opts)
 	if err != nil {
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
-		return withCode(ExitEnvironment, errors.New(a.redact(err.Error())))
+		return nil, withCode(ExitEnvironment, errors.New(a.redact(err.Error())))
 	}
-	defer srv.Close()
 	if opts.DSN != "" {
 		// The throwaway databases are made from this session: a standby or
 		// a read-only default would refuse each with a raw 25006.
 		if err := a.replayPrecheck(ctx, t); err != nil {
-			return err
+			srv.Close()
+			return nil, err
 		}
 	}
-	fmt.Fprintf(a.Stderr, "replay: throwaway databases on %s\n", srv.Describe())
+	return srv, nil
+}
 
-	// Scenarios run in parallel and all log here, one line at a time; the
-	// heartbeat (progress.go) says the run is alive when they are quiet.
-	hb := a.startHeartbeat("replay: ", "scenarios running")
-	defer hb.stop()
-	r := &scenario.Runner{Server: srv, Parallel: parallel, Logf: hb.printf}
-	if captured != nil {
-		h := captured.Header
-		fmt.Fprintf(a.Stderr, "replay: restoring %s (captured %s, %d records", from, h.CreatedAt.Format(time.RFC3339), captured.Records)
-		if h.Version >= 2 {
-			fmt.Fprintf(a.Stderr, "; pgflow %s on pgmq %s, PostgreSQL %s, schemas %s, %d step_tasks rows", h.PgflowVersion, h.PGMQ, h.ServerVersion, strings.Join(h.Schemas, ", "), h.Rows("pgflow.step_tasks"))
-		} else {
-			fmt.Fprintf(a.Stderr, "; a version 1 file: its rows are restored into this tool's own pgflow 0.16.0 schema, not an exact rebuild")
-		}
-		fmt.Fprintln(a.Stderr, ")")
+// runReplayScenarios fills the template database (the 0.16.0 engine, or
+// the capture restored) and runs the selected scenarios on copies of it.
+func (a *App) runReplayScenarios(ctx context.Context, srv *pgprovider.Server, plan *replayPlan, logf func(string, ...any)) ([]scenario.Result, error) {
+	r := &scenario.Runner{Server: srv, Parallel: plan.parallel, Logf: logf}
+	if plan.captured != nil {
+		a.describeCapture(plan.from, plan.captured)
 		r.Baseline = func(ctx context.Context, conn *pgx.Conn) error {
-			return scenario.RestoreFile(ctx, conn, from, scenario.DefaultLimits)
+			return scenario.RestoreFile(ctx, conn, plan.from, scenario.DefaultLimits)
 		}
 	}
 	if _, err := r.Template(ctx); err != nil {
 		_ = r.Close()
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
-		if captured != nil {
-			return withCode(ExitFindings, fmt.Errorf("restoring %s: %w", from, err))
+		if plan.captured != nil {
+			return nil, withCode(ExitFindings, fmt.Errorf("restoring %s: %w", plan.from, err))
 		}
-		return withCode(ExitEnvironment, err)
+		return nil, withCode(ExitEnvironment, err)
 	}
-	results := r.Run(ctx, selected)
+	results := r.Run(ctx, plan.selected)
 	if err := r.Close(); err != nil {
 		fmt.Fprintf(a.Stderr, "replay: %v\n", err)
 	}
 	if ctx.Err() != nil {
-		return ctx.Err()
+		return nil, ctx.Err()
 	}
-	rep := replayReport{Provider: srv.Describe(), From: from, Scenarios: results, Seconds: time.Since(started).Seconds()}
-	rep.Failed = scenario.Failed(results)
-	rep.Passed = len(results) - rep.Failed
-	if captured != nil {
-		rep.Capture = &captured.Header
-		rep.Rehearsal = newRehearsalReport(rehearsal)
+	return results, nil
+}
+
+// describeCapture says on stderr which capture is being restored.
+func (a *App) describeCapture(from string, captured *scenario.CaptureInfo) {
+	h := captured.Header
+	fmt.Fprintf(a.Stderr, "replay: restoring %s (captured %s, %d records", from, h.CreatedAt.Format(time.RFC3339), captured.Records)
+	if h.Version >= 2 {
+		fmt.Fprintf(a.Stderr, "; pgflow %s on pgmq %s, PostgreSQL %s, schemas %s, %d step_tasks rows", h.PgflowVersion, h.PGMQ, h.ServerVersion, strings.Join(h.Schemas, ", "), h.Rows("pgflow.step_tasks"))
+	} else {
+		fmt.Fprintf(a.Stderr, "; a version 1 file: its rows are restored into this tool's own pgflow 0.16.0 schema, not an exact rebuild")
+	}
+	fmt.Fprintln(a.Stderr, ")")
+}
+
+// writeReplayFiles writes the files asked for: the rehearsal's calibration
+// (--calibration-out, with --from) and the JUnit XML (--junit).
+func (a *App) writeReplayFiles(c *ucli.Context, plan *replayPlan, results []scenario.Result, started time.Time) error {
+	if plan.captured != nil {
 		if path := c.String("calibration-out"); path != "" {
-			if err := writeCalibration(path, from, rehearsal.Measured()); err != nil {
+			if err := writeCalibration(path, plan.from, plan.rehearsal.Measured()); err != nil {
 				return withCode(ExitEnvironment, err)
 			}
 			fmt.Fprintf(a.Stderr, "replay: calibration written to %s\n", path)
 		}
 	}
-	if junitPath != "" {
-		if err := writeJUnitFile(junitPath, started, junitNames(results, from)); err != nil {
+	if plan.junitPath != "" {
+		if err := writeJUnitFile(plan.junitPath, started, junitNames(results, plan.from)); err != nil {
 			return withCode(ExitEnvironment, err)
 		}
 	}
+	return nil
+}
+
+// writeReplayOutput writes the report to stdout: JSON, or a table of the
+// scenarios, the rehearsal's measures and a summary line.
+func (a *App) writeReplayOutput(c *ucli.Context, rep replayReport, provider string) error {
 	if jsonOutput(c) {
-		if err := writeJSON(a.Stdout, rep); err != nil {
+		return writeJSON(a.Stdout, rep)
+	}
+	var rows [][]string
+	for _, res := range rep.Scenarios {
+		status, detail := "PASS", res.Proves // writeTable wraps it to fit
+		if len(res.Notes) > 0 {
+			detail += "\n→ " + strings.Join(res.Notes, "\n→ ")
+		}
+		if !res.Passed {
+			status = "FAIL"
+			detail = res.Proves + "\n✗ " + shorten(res.Error, 600)
+		}
+		rows = append(rows, []string{res.Name, status, fmt.Sprintf("%.1fs", res.Seconds), detail})
+	}
+	if err := writeTable(a.Stdout, []string{"scenario", "result", "time", "what it proves"}, rows); err != nil {
+		return err
+	}
+	if rep.Rehearsal != nil {
+		if err := writeTable(a.Stdout, []string{"measured", "value", "budget"}, rep.Rehearsal.rows()); err != nil {
 			return err
 		}
-	} else {
-		var rows [][]string
-		for _, res := range results {
-			status, detail := "PASS", res.Proves // writeTable wraps it to fit
-			if len(res.Notes) > 0 {
-				detail += "\n→ " + strings.Join(res.Notes, "\n→ ")
-			}
-			if !res.Passed {
-				status = "FAIL"
-				detail = res.Proves + "\n✗ " + shorten(res.Error, 600)
-			}
-			rows = append(rows, []string{res.Name, status, fmt.Sprintf("%.1fs", res.Seconds), detail})
-		}
-		if err := writeTable(a.Stdout, []string{"scenario", "result", "time", "what it proves"}, rows); err != nil {
-			return err
-		}
-		if rep.Rehearsal != nil {
-			if err := writeTable(a.Stdout, []string{"measured", "value", "budget"}, rep.Rehearsal.rows()); err != nil {
-				return err
-			}
-		}
-		fmt.Fprintf(a.Stdout, "%d passed, %d failed in %.1fs on %s\n", rep.Passed, rep.Failed, rep.Seconds, srv.Describe())
 	}
-	if rep.Failed > 0 {
-		for _, res := range results {
-			if !res.Passed {
-				fmt.Fprintf(a.Stderr, "replay: FAIL %s: %s\n", res.Name, res.Error)
-			}
-		}
-		return reportedError{fmt.Errorf("%d of %d scenarios failed", rep.Failed, len(results))}
-	}
+	fmt.Fprintf(a.Stdout, "%d passed, %d failed in %.1fs on %s\n", rep.Passed, rep.Failed, rep.Seconds, provider)
 	return nil
 }
 
