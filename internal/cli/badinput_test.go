@@ -270,6 +270,7 @@ func replayDatabasesOn(t *testing.T, adminDSN string) []string {
 
 func TestBadInputs(t *testing.T) {
 	testdb.SkipIfShort(t, "every bad input gets a clear error and changes nothing")
+	t.Parallel() // long and self-contained: overlaps the package's other long tests
 	damaged, good := captureFiles(t)
 	for _, c := range badInputs() {
 		t.Run(c.name, func(t *testing.T) {

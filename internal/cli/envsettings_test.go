@@ -19,6 +19,7 @@ import (
 // rerun fails alike), and apply --online says what remains in the database.
 func TestApplyEnvironmentSettings(t *testing.T) {
 	testdb.SkipIfShort(t, "Server settings and roles that make apply fail the same way every time: apply names the cause and what to...")
+	t.Parallel() // long and self-contained: overlaps the package's other long tests
 	type setting struct {
 		name  string
 		setup func(t *testing.T, db *testdb.DB, role string) // role: a superuser made for the case

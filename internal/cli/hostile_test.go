@@ -115,6 +115,7 @@ func hostileState(t *testing.T, db *testdb.DB, seed uint64) []string {
 
 func TestHostileIdentifiersThroughEveryCommand(t *testing.T) {
 	testdb.SkipIfShort(t, "every identifier shape through every command")
+	t.Parallel() // long and self-contained: overlaps the package's other long tests
 	for seed := uint64(1); seed <= 6; seed++ {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
 			db := testdb.Baseline(t)

@@ -58,6 +58,7 @@ func writeMembers(t *testing.T, path string, blocks []string, times []int) {
 // under 256 MB.
 func TestReplayFromHugeCaptureBoundedRSS(t *testing.T) {
 	testdb.SkipIfShort(t, "the binary's peak RSS on a gzip bomb and on 512 MiB of rows stays under 256 MB")
+	t.Parallel() // long and self-contained: overlaps the package's other long tests
 	dir := t.TempDir()
 	row := `{"table": "pgflow.runs", "row": {"run_id": "00000000-0000-0000-0000-000000000000", "flow_slug": "f", "status": "started", "input": {"padding": "` + strings.Repeat("x", 400) + `"}}}` + "\n"
 	perBlock := (64 << 20) / len(row)
