@@ -65,116 +65,170 @@ func Drain(ctx context.Context, db *DB, opts DrainOptions) (*DrainReport, error)
 			return nil, err
 		}
 	}
-	var (
-		mu       sync.Mutex
-		problems []string // tasks not completed, with why
-	)
-	logger := quiet
-	var workers []*worker.Worker
-	defer func() {
-		for _, w := range workers {
-			stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			_ = w.Stop(stopCtx)
-			cancel()
-		}
-	}()
-	for _, f := range flows {
-		handlers := map[string]worker.HandlerFunc{}
-		for _, st := range f.def.Steps {
-			arr := f.feedsMap[st.Slug] && st.Type != worker.StepMap
-			handlers[st.Slug] = func(context.Context, *worker.Task) (any, error) {
-				if arr {
-					return json.RawMessage(`[0, 1]`), nil
-				}
-				return map[string]any{"drained": true}, nil
-			}
-		}
-		w, err := worker.New(db.Pool, worker.Config{
-			Flow: f.def, Handlers: handlers, Concurrency: 4, BatchSize: 20,
-			VisibilityTimeout: 30 * time.Second, MaxPollSeconds: 1,
-			PollInterval: 20 * time.Millisecond, HeartbeatInterval: time.Second,
-			ShutdownTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, Logger: logger,
-			OnResult: func(r worker.Result) {
-				if r.Outcome != worker.OutcomeCompleted || r.Err != nil {
-					mu.Lock()
-					problems = append(problems, fmt.Sprintf("%s/%s[%d] %s: %v", r.Task.RunID, r.Task.StepSlug, r.Task.TaskIndex, r.Outcome, r.Err))
-					mu.Unlock()
-				}
-			},
-		})
-		if err != nil {
-			return nil, fmt.Errorf("drain: configuring the worker of flow %q: %w", f.def.Slug, err)
-		}
-		if err := w.Start(ctx); err != nil {
-			return nil, fmt.Errorf("drain: %w", err)
-		}
-		workers = append(workers, w)
+	d := &drainer{db: db, opts: opts, flows: flows}
+	// On any early return the workers still running are stopped.
+	defer d.stopAll()
+	if err := d.startWorkers(ctx); err != nil {
+		return nil, err
 	}
 	rep := &DrainReport{}
-	for {
-		mu.Lock()
-		nProblems := len(problems)
-		mu.Unlock()
-		if nProblems > 0 {
-			return rep, fmt.Errorf("drain: tasks the new worker could not finish: %s", strings.Join(problems, "; "))
+	if err := d.waitForRuns(ctx, rep); err != nil {
+		return rep, err
+	}
+	if err := d.stopWorkers(rep); err != nil {
+		return rep, err
+	}
+	if err := checkNoMessagesLeft(ctx, db, flows); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}
+
+// drainer is one Drain: its flows, one worker per flow, and what the
+// workers could not complete.
+type drainer struct {
+	db    *DB
+	opts  DrainOptions
+	flows []drainFlow
+
+	workers []*worker.Worker // started; nil once all stopped cleanly
+
+	mu       sync.Mutex
+	problems []string // tasks not completed, with why
+}
+
+// startWorkers starts one worker per flow.
+func (d *drainer) startWorkers(ctx context.Context) error {
+	for _, f := range d.flows {
+		w, err := d.newWorker(f)
+		if err != nil {
+			return fmt.Errorf("drain: configuring the worker of flow %q: %w", f.def.Slug, err)
 		}
-		for _, w := range workers {
+		if err := w.Start(ctx); err != nil {
+			return fmt.Errorf("drain: %w", err)
+		}
+		d.workers = append(d.workers, w)
+	}
+	return nil
+}
+
+// newWorker is f's worker: handlers that succeed, a step feeding a map
+// returning a two-element array; any task it does not complete is recorded
+// as a problem.
+func (d *drainer) newWorker(f drainFlow) (*worker.Worker, error) {
+	handlers := map[string]worker.HandlerFunc{}
+	for _, st := range f.def.Steps {
+		arr := f.feedsMap[st.Slug] && st.Type != worker.StepMap
+		handlers[st.Slug] = func(context.Context, *worker.Task) (any, error) {
+			if arr {
+				return json.RawMessage(`[0, 1]`), nil
+			}
+			return map[string]any{"drained": true}, nil
+		}
+	}
+	return worker.New(d.db.Pool, worker.Config{
+		Flow: f.def, Handlers: handlers, Concurrency: 4, BatchSize: 20,
+		VisibilityTimeout: 30 * time.Second, MaxPollSeconds: 1,
+		PollInterval: 20 * time.Millisecond, HeartbeatInterval: time.Second,
+		ShutdownTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, Logger: quiet,
+		OnResult: func(r worker.Result) {
+			if r.Outcome != worker.OutcomeCompleted || r.Err != nil {
+				d.mu.Lock()
+				d.problems = append(d.problems, fmt.Sprintf("%s/%s[%d] %s: %v", r.Task.RunID, r.Task.StepSlug, r.Task.TaskIndex, r.Outcome, r.Err))
+				d.mu.Unlock()
+			}
+		},
+	})
+}
+
+// waitForRuns polls until no run that can finish is still started, failing
+// at the first task not completed, the first worker that stops, or the
+// timeout. rep.Stuck is the last poll's runs that cannot finish.
+func (d *drainer) waitForRuns(ctx context.Context, rep *DrainReport) error {
+	for {
+		d.mu.Lock()
+		nProblems := len(d.problems)
+		d.mu.Unlock()
+		if nProblems > 0 {
+			return fmt.Errorf("drain: tasks the new worker could not finish: %s", strings.Join(d.problems, "; "))
+		}
+		for _, w := range d.workers {
 			select {
 			case <-w.Done():
-				return rep, fmt.Errorf("drain: worker of queue %q stopped early: %v", w.Queue(), w.Err())
+				return fmt.Errorf("drain: worker of queue %q stopped early: %v", w.Queue(), w.Err())
 			default:
 			}
 		}
-		open, stuck, err := openRuns(ctx, db)
+		open, stuck, err := openRuns(ctx, d.db)
 		if err != nil {
-			return rep, err
+			return err
 		}
 		rep.Stuck = stuck
 		if open == 0 {
-			break
+			return nil
 		}
-		if opts.FastForward {
+		if d.opts.FastForward {
 			// Steps started during the drain may have a start delay: only
 			// queued tasks' messages, never a lease the workers hold.
-			if err := fastForward(ctx, db, flows, true); err != nil {
-				return rep, err
+			if err := fastForward(ctx, d.db, d.flows, true); err != nil {
+				return err
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return rep, fmt.Errorf("drain: %d runs still started after %s: %w", open, opts.Timeout, ctx.Err())
+			return fmt.Errorf("drain: %d runs still started after %s: %w", open, d.opts.Timeout, ctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	for _, w := range workers {
+}
+
+// stopWorkers stops the workers one by one, adding their counts to rep; a
+// worker that failed a task or a write fails the drain.
+func (d *drainer) stopWorkers(rep *DrainReport) error {
+	for _, w := range d.workers {
 		stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		err := w.Stop(stopCtx)
 		cancel()
 		if err != nil {
-			return rep, fmt.Errorf("drain: %w", err)
+			return fmt.Errorf("drain: %w", err)
 		}
 		st := w.Stats()
 		rep.Claimed += int(st.Claimed)
 		rep.Completed += int(st.Completed)
 		if st.Failed > 0 || st.WriteErrors > 0 {
-			return rep, fmt.Errorf("drain: worker of queue %q: %d failed tasks, %d write errors (%v)", w.Queue(), st.Failed, st.WriteErrors, w.Err())
+			return fmt.Errorf("drain: worker of queue %q: %d failed tasks, %d write errors (%v)", w.Queue(), st.Failed, st.WriteErrors, w.Err())
 		}
 	}
-	workers = nil
-	// Every message of a finished run must have been archived.
+	d.workers = nil
+	return nil
+}
+
+// stopAll stops every worker still held, ignoring errors: the drain has
+// already failed.
+func (d *drainer) stopAll() {
+	for _, w := range d.workers {
+		stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		_ = w.Stop(stopCtx)
+		cancel()
+	}
+}
+
+// checkNoMessagesLeft fails when a queue holds a message of no unfinished
+// run: every message of a finished run must have been archived.
+func checkNoMessagesLeft(ctx context.Context, db *DB, flows []drainFlow) error {
 	for _, f := range flows {
 		var left int
 		q := `select count(*) from ` + pgx.Identifier{"pgmq", "q_" + strings.ToLower(f.queue)}.Sanitize() + ` m
 		      where not exists (select 1 from pgflow.step_tasks t join pgflow.runs r on r.run_id = t.run_id
 		                        where t.queue_name = $1 and t.message_id = m.msg_id and r.status = 'started')`
 		if err := db.Pool.QueryRow(ctx, q, f.queue).Scan(&left); err != nil {
-			return rep, fmt.Errorf("drain: counting messages left in %q: %w", f.queue, err)
+			return fmt.Errorf("drain: counting messages left in %q: %w", f.queue, err)
 		}
 		if left > 0 {
-			return rep, fmt.Errorf("drain: %d messages left in queue %q that belong to no unfinished run", left, f.queue)
+			return fmt.Errorf("drain: %d messages left in queue %q that belong to no unfinished run", left, f.queue)
 		}
 	}
-	return rep, nil
+	return nil
 }
 
 func loadFlows(ctx context.Context, db *DB) ([]drainFlow, error) {
