@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
@@ -190,16 +190,6 @@ func selection(opts Options, preflightOnly bool) ([]Check, error) {
 	return append(out, opts.Extra...), nil
 }
 
-// ms formats a duration as a Postgres setting in milliseconds (at least 1:
-// 0 would mean "no timeout").
-func ms(d time.Duration) string {
-	v := d.Milliseconds()
-	if v < 1 {
-		v = 1
-	}
-	return strconv.FormatInt(v, 10) + "ms"
-}
-
 // BeginReadOnly opens one of the audit's transactions on conn: READ ONLY,
 // REPEATABLE READ (one snapshot per check), with statement_timeout,
 // lock_timeout, idle_in_transaction_session_timeout and application_name set
@@ -210,12 +200,9 @@ func BeginReadOnly(ctx context.Context, conn *pgx.Conn, statementTimeout, lockTi
 	if err != nil {
 		return nil, fmt.Errorf("beginning a read-only transaction: %w", err)
 	}
-	// set_config(.., true) is SET LOCAL with parameters.
-	_, err = tx.Exec(ctx, `select pg_catalog.set_config('statement_timeout', $1, true),
-	                              pg_catalog.set_config('lock_timeout', $2, true),
-	                              pg_catalog.set_config('idle_in_transaction_session_timeout', $3, true),
-	                              pg_catalog.set_config('application_name', $4, true)`,
-		ms(statementTimeout), ms(lockTimeout), ms(idleTimeout), appName)
+	// Each limit is set, one under 1ms (zero included) as 1ms.
+	err = dsn.Limits{Statement: max(statementTimeout, time.Millisecond), Lock: max(lockTimeout, time.Millisecond),
+		IdleInTransaction: idleTimeout, ApplicationName: appName}.Set(ctx, tx)
 	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("setting the audit's timeouts: %w", err)
@@ -346,7 +333,7 @@ func RunPreflight(ctx context.Context, tx pgx.Tx, opts Options) ([]CheckResult, 
 			return out, fmt.Errorf("preflight check %s: opening a savepoint: %w", c.ID, err)
 		}
 		var findings []Finding
-		_, err = sp.Exec(ctx, `select pg_catalog.set_config('statement_timeout', $1, true)`, ms(opts.CheckTimeout))
+		err = dsn.Limits{Statement: opts.CheckTimeout}.Set(ctx, sp)
 		if err == nil {
 			findings, err = c.Run(ctx, sp, env)
 		}
@@ -437,7 +424,7 @@ func tighten(ctx context.Context, q Querier, env Env) error {
 	if left <= 0 {
 		return errBudget
 	}
-	if _, err := q.Exec(ctx, `select pg_catalog.set_config('statement_timeout', $1, true)`, ms(left)); err != nil {
+	if err := (dsn.Limits{Statement: left}).Set(ctx, q); err != nil {
 		return fmt.Errorf("setting statement_timeout: %w", err)
 	}
 	return nil

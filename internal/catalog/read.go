@@ -8,11 +8,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 )
 
 // Querier is a connection, a pool or a transaction. Read runs in a
 // transaction of its own (a savepoint when q is already a transaction), so
-// it can pin search_path to ” with set_config(.., true) and leave the
+// it can pin search_path to ” for that transaction only and leave the
 // caller's setting as it was.
 type Querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
@@ -51,7 +53,7 @@ func read(ctx context.Context, q Querier, schema string, shallow bool) (*Catalog
 		return nil, fmt.Errorf("reading the catalog of schema %s: opening a transaction: %w", schema, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) // read only: nothing to keep
-	if _, err := tx.Exec(ctx, `select pg_catalog.set_config('search_path', '', true)`); err != nil {
+	if err := dsn.EmptySearchPath(ctx, tx); err != nil {
 		return nil, fmt.Errorf("reading the catalog of schema %s: pinning search_path: %w", schema, err)
 	}
 	sql := readSQL

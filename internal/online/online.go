@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgretry"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
@@ -508,9 +509,7 @@ func (e *engine) ddlTx(ctx context.Context, step string, fn func(tx pgx.Tx) erro
 			if !ok {
 				return errApplyBusy
 			}
-			if _, err := tx.Exec(ctx, `select pg_catalog.set_config('lock_timeout', $1, true),
-			                                  pg_catalog.set_config('statement_timeout', '60s', true),
-			                                  pg_catalog.set_config('idle_in_transaction_session_timeout', $2, true)`, pgretry.Millis(e.opts.LockTimeout), pgretry.Millis(idleTimeout)); err != nil {
+			if err := (dsn.Limits{Lock: e.opts.LockTimeout, Statement: 60 * time.Second, IdleInTransaction: idleTimeout}).Set(ctx, tx); err != nil {
 				return fmt.Errorf("online %s: setting lock_timeout: %w", step, err)
 			}
 			held = time.Now()

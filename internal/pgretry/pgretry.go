@@ -1,8 +1,8 @@
 // Package pgretry is the one piece of waiting and retrying plumbing that
 // `apply` (internal/upgrade) and `apply --online` (internal/online) share:
 // polling an advisory lock without queueing for it, retrying lock-bound work
-// with exponential backoff and equal jitter, classifying lock errors, and
-// formatting timeouts for set_config.
+// with exponential backoff and equal jitter, and classifying lock errors
+// (the limits themselves are set through dsn.Limits).
 //
 // Nothing here waits in PostgreSQL's lock queue: locks are tried (or bounded
 // by lock_timeout by the caller), and the waiting happens here, in the
@@ -143,10 +143,4 @@ func Retry(ctx context.Context, p Policy, retryable func(error) bool, onRetry fu
 func LockError(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "40P01")
-}
-
-// Millis formats d for set_config('lock_timeout' / 'statement_timeout', ..),
-// at least 1ms (0 would mean "no limit").
-func Millis(d time.Duration) string {
-	return fmt.Sprintf("%dms", max(d.Milliseconds(), 1))
 }

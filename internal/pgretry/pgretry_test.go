@@ -74,12 +74,3 @@ func TestPollHonoursCancel(t *testing.T) {
 		t.Fatalf("err %v, want context.Canceled", err)
 	}
 }
-
-func TestMillis(t *testing.T) {
-	if got := Millis(0); got != "1ms" {
-		t.Fatalf("Millis(0) = %s", got)
-	}
-	if got := Millis(2 * time.Second); got != "2000ms" {
-		t.Fatalf("Millis(2s) = %s", got)
-	}
-}

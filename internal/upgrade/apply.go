@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgretry"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
@@ -364,12 +364,9 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 			return err
 		}
 		// Only now, with the advisory lock held: every later lock wait of
-		// this transaction is bounded. SET LOCAL (set_config(.., true)) ends
-		// with the transaction, so it is safe through a pooler.
-		_, err := tx.Exec(ctx, `select pg_catalog.set_config('lock_timeout', $1, true),
-		                              pg_catalog.set_config('idle_in_transaction_session_timeout', $2, true)`,
-			pgretry.Millis(opts.LockTimeout), pgretry.Millis(idleTimeout))
-		if err != nil {
+		// this transaction is bounded. The limits end with the transaction,
+		// so they are safe through a pooler.
+		if err := (dsn.Limits{Lock: opts.LockTimeout, IdleInTransaction: idleTimeout}).Set(ctx, tx); err != nil {
 			return fmt.Errorf("setting lock_timeout: %w", err)
 		}
 		return nil

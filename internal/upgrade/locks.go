@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgretry"
 )
 
@@ -310,7 +311,8 @@ func lockAttempt(ctx context.Context, tx pgx.Tx, rest, timeout time.Duration) (t
 		l := &LockPlan[i]
 		if i > 0 {
 			left := rest - time.Since(firstHeld)
-			if _, err := tx.Exec(ctx, `select pg_catalog.set_config('lock_timeout', $1, true)`, pgretry.Millis(left)); err != nil {
+			// At least 1ms: a budget used up still bounds the wait.
+			if err := (dsn.Limits{Lock: max(left, time.Millisecond)}).Set(ctx, tx); err != nil {
 				return start, nil, fmt.Errorf("setting the lock budget: %w", err)
 			}
 		}
@@ -326,7 +328,7 @@ func lockAttempt(ctx context.Context, tx pgx.Tx, rest, timeout time.Duration) (t
 		}
 	}
 	// The statements after the locks get the full lock_timeout back.
-	if _, err := tx.Exec(ctx, `select pg_catalog.set_config('lock_timeout', $1, true)`, pgretry.Millis(timeout)); err != nil {
+	if err := (dsn.Limits{Lock: timeout}).Set(ctx, tx); err != nil {
 		return start, nil, fmt.Errorf("restoring lock_timeout: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `release savepoint pgflow_upgrade_locks`); err != nil {

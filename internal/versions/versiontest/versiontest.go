@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
@@ -67,7 +68,7 @@ func Install(ctx context.Context, tx pgx.Tx, c *catalog.Catalog) error {
 func Statements(c *catalog.Catalog) ([]string, error) {
 	s := ident(c.Schema)
 	out := []string{
-		`select pg_catalog.set_config('check_function_bodies', 'off', true), pg_catalog.set_config('search_path', '', true)`,
+		dsn.SchemaBuildSQL,
 		"create schema " + s,
 	}
 	for _, t := range c.CompositeTypes {
