@@ -204,27 +204,9 @@ func concurrentTraffic(ctx context.Context, env *Env) error {
 		return err
 	}
 	const preRuns = 12
-	if err := startLegacy(ctx, db, preRuns); err != nil {
-		return err
-	}
-	// Start every task a of the runs (as a 0.16.0 worker would), so the
-	// application has complete_task work during the upgrade.
-	wid := oldworker.NewID()
-	if _, err := db.Pool.Exec(ctx, `insert into pgflow.workers (worker_id, queue_name, function_name) values ($1, 'legacy', 'app')`, wid); err != nil {
-		return err
-	}
-	var tasks []string
-	rows, err := db.Pool.Query(ctx, `select run_id::text from pgflow.start_tasks('legacy',
-		array(select msg_id from pgmq.read('legacy', 60, 100)), $1::uuid) order by run_id`, wid)
+	tasks, err := startLegacyTasks(ctx, db, preRuns)
 	if err != nil {
 		return err
-	}
-	tasks, err = pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return err
-	}
-	if len(tasks) != preRuns {
-		return errorf("started %d tasks, want %d", len(tasks), preRuns)
 	}
 
 	tr := newTraffic(db, tasks)
@@ -239,41 +221,9 @@ func concurrentTraffic(ctx context.Context, env *Env) error {
 		return err
 	}
 	trafficDone := tr.start(ctx, 4)
-
-	applied := make(chan error, 1)
-	var applyRep *upgrade.Report
-	var applyDone atomic.Bool
-	// An apply that gives up on its table locks (bounded: lock_busy, nothing
-	// changed) is rerun, as an operator would: under load the traffic can
-	// hold pgflow.steps in the middle of a statement at each of its attempts.
-	const maxApplyRuns = 3
-	applyRuns := 0
-	go func() {
-		var err error
-		for applyRuns = 1; ; applyRuns++ {
-			var busy *upgrade.TableLockError
-			applyRep, err = env.Upgrade(ctx, db)
-			if err == nil || !errors.As(err, &busy) || applyRuns == maxApplyRuns {
-				break
-			}
-			env.Logf("replay: concurrent-traffic: apply run %d gave up on its table locks (nothing changed), running it again", applyRuns)
-		}
-		applyDone.Store(true)
-		applied <- err
-	}()
-	// Commit the holder once apply is queued behind it (or apply gave up).
-	holderErr := waitFor(ctx, 20*time.Second, func() (bool, error) {
-		if applyDone.Load() {
-			return true, nil
-		}
-		n, err := countRows(ctx, db, `select count(*) from pg_catalog.pg_locks l
-			where not l.granted and l.locktype = 'relation' and l.database = (select oid from pg_catalog.pg_database where datname = current_database())`)
-		return n > 0, err
-	})
-	if err := holder.Commit(ctx); err != nil && holderErr == nil {
-		holderErr = fmt.Errorf("the session that held locks when apply started could not commit: %w", err)
-	}
-	upErr := <-applied
+	ap := startApplyUnderTraffic(ctx, env, db)
+	holderErr := commitHolderBehindApply(ctx, db, holder, ap)
+	upErr := <-ap.done
 	// Traffic keeps going a little after the upgrade, on the new schema.
 	tr.waitOps(ctx, 8)
 	tr.halt()
@@ -292,7 +242,97 @@ func concurrentTraffic(ctx context.Context, env *Env) error {
 	if err := tr.check(); err != nil {
 		return err
 	}
-	// Every committed write is there, with the right queue_name.
+	if err := checkTrafficWrites(ctx, db, tr, preRuns); err != nil {
+		return err
+	}
+	lockWindow := int64(0)
+	attempts := 0
+	if ap.rep != nil {
+		lockWindow, attempts = ap.rep.LockWindowMS, ap.rep.LockAttempts
+	}
+	env.Notef("longest application wait %s over %d ops (%d lock timeouts, %d calls in flight across the row-type change failed with 42804 and were retried); apply lock window %d ms, %d lock attempts in its last of %d run(s)",
+		tr.longest().Round(time.Millisecond), tr.ops(), tr.timeouts(), tr.stale(), lockWindow, attempts, ap.runs)
+	return nil
+}
+
+// startLegacyTasks starts n runs of the legacy flow and every task a of
+// them (as a 0.16.0 worker would), so the application has complete_task
+// work during the upgrade. It returns the runs' ids.
+func startLegacyTasks(ctx context.Context, db *DB, n int) ([]string, error) {
+	if err := startLegacy(ctx, db, n); err != nil {
+		return nil, err
+	}
+	wid := oldworker.NewID()
+	if _, err := db.Pool.Exec(ctx, `insert into pgflow.workers (worker_id, queue_name, function_name) values ($1, 'legacy', 'app')`, wid); err != nil {
+		return nil, err
+	}
+	rows, err := db.Pool.Query(ctx, `select run_id::text from pgflow.start_tasks('legacy',
+		array(select msg_id from pgmq.read('legacy', 60, 100)), $1::uuid) order by run_id`, wid)
+	if err != nil {
+		return nil, err
+	}
+	tasks, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	if len(tasks) != n {
+		return nil, errorf("started %d tasks, want %d", len(tasks), n)
+	}
+	return tasks, nil
+}
+
+// applyUnderTraffic is the upgrade running beside the traffic. rep and runs
+// are read once done has delivered its error.
+type applyUnderTraffic struct {
+	done     chan error
+	finished atomic.Bool // set before done is sent to
+	rep      *upgrade.Report
+	runs     int // apply runs made, the last one reported
+}
+
+// startApplyUnderTraffic runs the upgrade in its own goroutine. An apply
+// that gives up on its table locks (bounded: lock_busy, nothing changed) is
+// rerun, as an operator would: under load the traffic can hold pgflow.steps
+// in the middle of a statement at each of its attempts.
+func startApplyUnderTraffic(ctx context.Context, env *Env, db *DB) *applyUnderTraffic {
+	const maxApplyRuns = 3
+	ap := &applyUnderTraffic{done: make(chan error, 1)}
+	go func() {
+		var err error
+		for ap.runs = 1; ; ap.runs++ {
+			var busy *upgrade.TableLockError
+			ap.rep, err = env.Upgrade(ctx, db)
+			if err == nil || !errors.As(err, &busy) || ap.runs == maxApplyRuns {
+				break
+			}
+			env.Logf("replay: concurrent-traffic: apply run %d gave up on its table locks (nothing changed), running it again", ap.runs)
+		}
+		ap.finished.Store(true)
+		ap.done <- err
+	}()
+	return ap
+}
+
+// commitHolderBehindApply commits the holder once apply is queued behind it
+// (or apply gave up).
+func commitHolderBehindApply(ctx context.Context, db *DB, holder pgx.Tx, ap *applyUnderTraffic) error {
+	holderErr := waitFor(ctx, 20*time.Second, func() (bool, error) {
+		if ap.finished.Load() {
+			return true, nil
+		}
+		n, err := countRows(ctx, db, `select count(*) from pg_catalog.pg_locks l
+			where not l.granted and l.locktype = 'relation' and l.database = (select oid from pg_catalog.pg_database where datname = current_database())`)
+		return n > 0, err
+	})
+	if err := holder.Commit(ctx); err != nil && holderErr == nil {
+		holderErr = fmt.Errorf("the session that held locks when apply started could not commit: %w", err)
+	}
+	return holderErr
+}
+
+// checkTrafficWrites checks that every write the traffic committed is
+// there, with the right queue_name.
+func checkTrafficWrites(ctx context.Context, db *DB, tr *traffic, preRuns int) error {
 	if d, err := fingerprint.CheckNewColumns(ctx, db.Pool); err != nil || len(d) > 0 {
 		if err != nil {
 			return err
@@ -315,12 +355,5 @@ func concurrentTraffic(ctx context.Context, env *Env) error {
 			return errorf("task a of run %s was completed by the application but is not completed", run)
 		}
 	}
-	lockWindow := int64(0)
-	attempts := 0
-	if applyRep != nil {
-		lockWindow, attempts = applyRep.LockWindowMS, applyRep.LockAttempts
-	}
-	env.Notef("longest application wait %s over %d ops (%d lock timeouts, %d calls in flight across the row-type change failed with 42804 and were retried); apply lock window %d ms, %d lock attempts in its last of %d run(s)",
-		tr.longest().Round(time.Millisecond), tr.ops(), tr.timeouts(), tr.stale(), lockWindow, attempts, applyRuns)
 	return nil
 }
