@@ -10,6 +10,7 @@ import (
 
 	"github.com/mattn/go-runewidth"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -67,8 +68,15 @@ func TestAuditCleanDatabaseExitsZero(t *testing.T) {
 		t.Fatalf("exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
-	if !strings.HasPrefix(lines[0], "GO: 0 blockers, 1 warning, 0 cannot tell (exit 0)") {
-		t.Errorf("the first line is not the verdict: %q", lines[0])
+	// The one warning is the real pgmq's: pg_dump leaves out the queue
+	// tables an extension owns. The stand-in's are ordinary tables.
+	verdict, wants := "GO: 0 blockers, 0 warnings, 0 cannot tell (exit 0)", []string{"schema state baseline", "pgmq.installed"}
+	if testdb.PGMQKindInUse() == fixtures.PGMQExtension {
+		verdict = "GO: 0 blockers, 1 warning, 0 cannot tell (exit 0)"
+		wants = append(wants, "WARNING backup.pgdump_pgmq", "  remedy: ")
+	}
+	if !strings.HasPrefix(lines[0], verdict) {
+		t.Errorf("the first line is not the verdict %q: %q", verdict, lines[0])
 	}
 	// A clean audit of a small real 0.16.0 database: about 30 lines of at
 	// most 100 columns.
@@ -80,7 +88,7 @@ func TestAuditCleanDatabaseExitsZero(t *testing.T) {
 			t.Errorf("a line of %d columns: %q", runewidth.StringWidth(l), l)
 		}
 	}
-	for _, want := range []string{"schema state baseline", "pgmq.installed", "WARNING backup.pgdump_pgmq", "  remedy: "} {
+	for _, want := range wants {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("table output lacks %q:\n%s", want, r.stdout)
 		}
