@@ -67,8 +67,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 )
 
 // Severity of a finding.
@@ -98,11 +97,7 @@ func (m Mode) String() string {
 }
 
 // Querier is what a check queries through. pgx.Tx (and *pgx.Conn) satisfy it.
-type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
+type Querier = dsn.Querier
 
 // Env is what the runner tells a check.
 type Env struct {

@@ -2,25 +2,19 @@ package worker
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"regexp"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // Querier is what the package-level helpers need: a *pgxpool.Pool, a
-// *pgx.Conn or a pgx.Tx.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+// *pgx.Conn or a pgx.Tx (anything with pgx's Exec, Query and QueryRow). It
+// is the tool's one Querier interface, declared with its sessions.
+type Querier = dsn.Querier
 
 // StepType is a step's kind: one task (single) or one task per element of its
 // input array (map).

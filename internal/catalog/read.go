@@ -16,11 +16,7 @@ import (
 // transaction of its own (a savepoint when q is already a transaction), so
 // it can pin search_path to ” for that transaction only and leave the
 // caller's setting as it was.
-type Querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+type Querier = dsn.Querier
 
 type beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)

@@ -7,15 +7,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 )
 
 // Querier is what the read-only parts query through (pgx.Tx, *pgx.Conn).
-type Querier interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-}
+type Querier = dsn.Querier
 
 // Tables of the recorded state (schema pgflow_upgrade).
 const (

@@ -13,7 +13,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 )
 
 // Names of what the online upgrade adds before the switch. The migration
@@ -64,9 +64,7 @@ const (
 )
 
 // Querier is a connection or a transaction.
-type Querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+type Querier = dsn.Querier
 
 // Shape is what the catalog says about the online upgrade's objects.
 type Shape struct {
