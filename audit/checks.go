@@ -2,6 +2,7 @@ package audit
 
 import (
 	"context"
+	"slices"
 	"strings"
 )
 
@@ -10,7 +11,19 @@ import (
 // finding would make fail (the migration runs in one transaction, so any of
 // them fails it whole).
 func init() {
-	catalog = []Check{
+	catalog = slices.Concat(
+		installedChecks(),
+		migrationBlockerChecks(),
+		queueAndWorkerChecks(),
+		sessionChecks(),
+		sizeAndBackupChecks(),
+	)
+}
+
+// installedChecks are what is installed: the pgflow version and schema
+// state, and pgmq.
+func installedChecks() []Check {
+	return []Check{
 		{
 			ID: "schema.state", Title: "pgflow version and schema state", Severity: Blocker, Preflight: true,
 			Meaning: "The live catalog is compared with every pgflow version this tool knows (internal/versions: 0.14.x, 0.15.x, 0.16.0, 0.17.0, 0.17.1+), " +
@@ -27,6 +40,13 @@ func init() {
 			Remedy: "Install pgmq 1.5 or later (CREATE EXTENSION pgmq) in schema pgmq before upgrading pgflow.",
 			Run:    checkPGMQInstalled,
 		},
+	}
+}
+
+// migrationBlockerChecks find the rows that would make a 0.17.0 migration
+// statement fail, and with it the whole migration.
+func migrationBlockerChecks() []Check {
+	return []Check{
 		{
 			ID: "flows.case_alias", Title: "flows whose slugs differ only in case", Severity: Blocker, Preflight: true,
 			Needs: NeedsPgflow,
@@ -71,6 +91,13 @@ func init() {
 			Remedy: "Decide which task owns the message; set message_id = null on finished tasks that no longer need it (or delete their old runs), then audit again.",
 			Run:    checkDuplicateMessageID,
 		},
+	}
+}
+
+// queueAndWorkerChecks find queues and workers that do not stop the
+// migration but break flows before or after it.
+func queueAndWorkerChecks() []Check {
+	return []Check{
 		{
 			ID: "pgmq.unowned_queue", Title: "listed queues no flow owns", Severity: Warning, Preflight: true,
 			Needs: NeedsPgflow | NeedsPGMQ,
@@ -119,6 +146,13 @@ func init() {
 				"or restore the table from backup; never ALTER pgmq's tables by hand.",
 			Run: checkQueuePhysical,
 		},
+	}
+}
+
+// sessionChecks find the sessions that apply's table locks would wait
+// behind.
+func sessionChecks() []Check {
+	return []Check{
 		{
 			ID: "sessions.long_transactions", Title: "long and idle-in-transaction sessions", Severity: Warning,
 			Meaning: "Transactions open for more than 30 s, or idle in transaction for more than 10 s, in this database: apply's table locks wait behind their locks " +
@@ -133,6 +167,13 @@ func init() {
 			Remedy: "Let the holders finish, or stop them (select pg_terminate_backend(pid)), before apply.",
 			Run:    checkLocksOnPgflow,
 		},
+	}
+}
+
+// sizeAndBackupChecks size the upgrade's work and check that a backup
+// would keep the queues.
+func sizeAndBackupChecks() []Check {
+	return []Check{
 		{
 			ID: "size.tables", Title: "table sizes and backfill estimate", Severity: Info,
 			Needs: NeedsPgflow,
