@@ -106,7 +106,19 @@ var Handlers = map[string]worker.HandlerFunc{
 	},
 }
 
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+// options are demo-worker's command-line flags.
+type options struct {
+	dsn         string
+	runInput    string // --run: the JSON input of the one run to start; "" to keep working
+	concurrency int
+	queueMode   string
+	verbose     bool
+	flow        worker.Flow // Flow or StepFlow, as --queue-mode says
+}
+
+// parseOptions reads the flags; false when they are unusable (exit 2), the
+// reason already written to stderr.
+func parseOptions(args []string, stderr io.Writer) (options, bool) {
 	fs := flag.NewFlagSet("demo-worker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	dsnFlag := fs.String("dsn", "", "connection string (else PGFLOW_UPGRADE_DSN, DATABASE_URL, PG* variables)")
@@ -115,22 +127,30 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	queueMode := fs.String("queue-mode", "flow", "flow: one worker, every step on one queue; step: a queue and a worker per step")
 	verbose := fs.Bool("v", false, "log every task")
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return options{}, false
 	}
-	flow := Flow
-	switch *queueMode {
+	o := options{dsn: *dsnFlag, runInput: *runInput, concurrency: *concurrency, queueMode: *queueMode, verbose: *verbose, flow: Flow}
+	switch o.queueMode {
 	case "flow":
 	case "step":
-		flow = StepFlow
+		o.flow = StepFlow
 	default:
-		fmt.Fprintf(stderr, "demo-worker: --queue-mode is flow or step, not %q\n", *queueMode)
-		return 2
+		fmt.Fprintf(stderr, "demo-worker: --queue-mode is flow or step, not %q\n", o.queueMode)
+		return options{}, false
 	}
-	if *runInput != "" && !json.Valid([]byte(*runInput)) {
+	if o.runInput != "" && !json.Valid([]byte(o.runInput)) {
 		fmt.Fprintln(stderr, "demo-worker: --run is not valid JSON")
+		return options{}, false
+	}
+	return o, true
+}
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	opts, ok := parseOptions(args, stderr)
+	if !ok {
 		return 2
 	}
-	resolved := dsn.Resolve(*dsnFlag, getenv)
+	resolved := dsn.Resolve(opts.dsn, getenv)
 	if resolved.Source == dsn.SourceNone {
 		fmt.Fprintln(stderr, "demo-worker: no database: pass --dsn or set PGFLOW_UPGRADE_DSN / DATABASE_URL")
 		return 2
@@ -139,10 +159,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintf(stderr, "demo-worker: %v\n", err)
 		return 2
 	}
-	redact := func(err error) string { return dsn.RedactText(err.Error(), resolved.DSN) }
+	d := &demo{
+		opts: opts, stdout: stdout, stderr: stderr,
+		redact: func(err error) string { return dsn.RedactText(err.Error(), resolved.DSN) },
+		done:   make(chan struct{}, 1),
+	}
 
 	level := slog.LevelWarn
-	if *verbose {
+	if opts.verbose {
 		level = slog.LevelInfo
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
@@ -152,15 +176,36 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		err = pool.Ping(ctx)
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "demo-worker: connecting (%s): %s\n", resolved.Source, redact(err))
+		fmt.Fprintf(stderr, "demo-worker: connecting (%s): %s\n", resolved.Source, d.redact(err))
 		return 3
 	}
 	defer pool.Close()
+	d.pool = pool
 
-	done := make(chan struct{}, 1)
-	var ws []*worker.Worker
-	// Flow mode: one worker for every step. Step mode: one per step, each on
-	// its step's queue.
+	if err := d.newWorkers(logger); err != nil {
+		fmt.Fprintf(stderr, "demo-worker: %v\n", err)
+		return 2
+	}
+	if opts.runInput == "" {
+		return d.workUntilInterrupted(ctx)
+	}
+	return d.runOnce(ctx)
+}
+
+// demo is one demo-worker process: its pool, its workers and its output.
+type demo struct {
+	opts           options
+	stdout, stderr io.Writer
+	redact         func(error) string // an error's text without the connection string's secrets
+	pool           *pgxpool.Pool
+	ws             []*worker.Worker
+	done           chan struct{} // receives (without blocking) after any task outcome
+}
+
+// newWorkers configures the workers. Flow mode: one worker for every step.
+// Step mode: one per step, each on its step's queue.
+func (d *demo) newWorkers(logger *slog.Logger) error {
+	flow := d.opts.flow
 	stepSlugs := []string{""}
 	if flow.QueueMode == worker.QueueModeStep {
 		stepSlugs = stepSlugs[:0]
@@ -169,92 +214,111 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 	}
 	for _, step := range stepSlugs {
-		w, err := worker.New(pool, worker.Config{
-			Flow: flow, StepSlug: step, Handlers: Handlers, Concurrency: *concurrency, Logger: logger,
+		w, err := worker.New(d.pool, worker.Config{
+			Flow: flow, StepSlug: step, Handlers: Handlers, Concurrency: d.opts.concurrency, Logger: logger,
 			FunctionName: "demo-worker",
 			OnResult: func(worker.Result) {
 				select {
-				case done <- struct{}{}:
+				case d.done <- struct{}{}:
 				default:
 				}
 			},
 		})
 		if err != nil {
-			fmt.Fprintf(stderr, "demo-worker: %v\n", err)
-			return 2
+			return err
 		}
-		ws = append(ws, w)
+		d.ws = append(d.ws, w)
 	}
-	stopWorkers := func() {
-		stopCtx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		for _, w := range ws {
-			if err := w.Stop(stopCtx); err != nil {
-				fmt.Fprintf(stderr, "demo-worker: %s\n", redact(err))
-			}
+	return nil
+}
+
+// startWorkers starts every worker, stopping those started if one fails.
+// They run until stopWorkers, not until ctx ends: a stop is graceful.
+func (d *demo) startWorkers(ctx context.Context) error {
+	for _, w := range d.ws {
+		if err := w.Start(context.WithoutCancel(ctx)); err != nil {
+			d.stopWorkers()
+			return err
 		}
 	}
-	if *runInput == "" {
-		fmt.Fprintf(stdout, "demo-worker: working on flow %s (%s mode); Ctrl-C stops gracefully\n", flow.Slug, *queueMode)
-		if len(ws) == 1 {
-			if err := ws[0].Run(ctx); err != nil {
-				return report(stderr, err, redact)
-			}
-			return 0
+	return nil
+}
+
+func (d *demo) stopWorkers() {
+	stopCtx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, w := range d.ws {
+		if err := w.Stop(stopCtx); err != nil {
+			fmt.Fprintf(d.stderr, "demo-worker: %s\n", d.redact(err))
 		}
-		for _, w := range ws {
-			if err := w.Start(context.WithoutCancel(ctx)); err != nil {
-				stopWorkers()
-				return report(stderr, err, redact)
-			}
+	}
+}
+
+// workUntilInterrupted works on the flow until ctx ends (SIGINT/SIGTERM).
+func (d *demo) workUntilInterrupted(ctx context.Context) int {
+	fmt.Fprintf(d.stdout, "demo-worker: working on flow %s (%s mode); Ctrl-C stops gracefully\n", d.opts.flow.Slug, d.opts.queueMode)
+	if len(d.ws) == 1 {
+		if err := d.ws[0].Run(ctx); err != nil {
+			return report(d.stderr, err, d.redact)
 		}
-		<-ctx.Done()
-		stopWorkers()
 		return 0
 	}
-
-	for _, w := range ws {
-		if err := w.Start(context.WithoutCancel(ctx)); err != nil {
-			stopWorkers()
-			return report(stderr, err, redact)
-		}
+	if err := d.startWorkers(ctx); err != nil {
+		return report(d.stderr, err, d.redact)
 	}
-	defer stopWorkers()
+	<-ctx.Done()
+	d.stopWorkers()
+	return 0
+}
+
+// runOnce starts one run with --run's input, waits for it to end and
+// prints its output.
+func (d *demo) runOnce(ctx context.Context) int {
+	if err := d.startWorkers(ctx); err != nil {
+		return report(d.stderr, err, d.redact)
+	}
+	defer d.stopWorkers()
 
 	var runID string
-	if err := pool.QueryRow(ctx, `select run_id::text from pgflow.start_flow($1, $2::jsonb)`, flow.Slug, *runInput).Scan(&runID); err != nil {
-		fmt.Fprintf(stderr, "demo-worker: starting a run: %s\n", redact(err))
+	if err := d.pool.QueryRow(ctx, `select run_id::text from pgflow.start_flow($1, $2::jsonb)`, d.opts.flow.Slug, d.opts.runInput).Scan(&runID); err != nil {
+		fmt.Fprintf(d.stderr, "demo-worker: starting a run: %s\n", d.redact(err))
 		return 1
 	}
-	fmt.Fprintf(stderr, "demo-worker: run %s started\n", runID)
-	stopped := anyDone(ws)
+	fmt.Fprintf(d.stderr, "demo-worker: run %s started\n", runID)
+	return d.waitForRun(ctx, runID)
+}
+
+// waitForRun polls the run until it completes (its output on stdout, 0) or
+// fails (1), a worker stops (1) or ctx ends (130).
+func (d *demo) waitForRun(ctx context.Context, runID string) int {
+	stopped := anyDone(d.ws)
 	for {
 		var status string
 		var output json.RawMessage
-		if err := pool.QueryRow(ctx, `select status, output from pgflow.runs where run_id = $1::uuid`, runID).Scan(&status, &output); err != nil {
+		if err := d.pool.QueryRow(ctx, `select status, output from pgflow.runs where run_id = $1::uuid`, runID).Scan(&status, &output); err != nil {
 			if ctx.Err() != nil {
 				return 130
 			}
-			fmt.Fprintf(stderr, "demo-worker: reading run %s: %s\n", runID, redact(err))
+			fmt.Fprintf(d.stderr, "demo-worker: reading run %s: %s\n", runID, d.redact(err))
 			return 1
 		}
 		switch status {
 		case "completed":
-			fmt.Fprintln(stdout, string(output))
+			fmt.Fprintln(d.stdout, string(output))
 			return 0
 		case "failed":
-			fmt.Fprintf(stderr, "demo-worker: run %s failed\n", runID)
+			fmt.Fprintf(d.stderr, "demo-worker: run %s failed\n", runID)
 			return 1
 		}
 		// Look again after the next task outcome (or every second, in case
 		// another worker is doing the work).
 		select {
-		case <-done:
+		case <-d.done:
 		case <-time.After(time.Second):
 		case <-ctx.Done():
 			return 130
 		case <-stopped:
-			fmt.Fprintln(stderr, "demo-worker: a worker stopped (deprecated?)")
+			fmt.Fprintln(d.stderr, "demo-worker: a worker stopped (deprecated?)")
 			return 1
 		}
 	}
