@@ -245,24 +245,7 @@ func measureWorkers(ctx context.Context, env *Env, p protocol, shape workerShape
 		return workerSample{}, err
 	}
 	defer admin.Close(context.WithoutCancel(ctx))
-
-	if p == protoNew {
-		if err := applyMigrations(ctx, admin); err != nil {
-			return workerSample{}, err
-		}
-		if err := applyProposal(ctx, admin); err != nil {
-			return workerSample{}, err
-		}
-		if _, err := worker.EnsureFlow(ctx, admin, shape.newFlow()); err != nil {
-			return workerSample{}, fmt.Errorf("compiling the bench flow: %w", err)
-		}
-	} else {
-		if _, err := admin.Exec(ctx, `select pgflow.ensure_flow_compiled($1::text, $2::jsonb)`, wbFlowSlug, string(shape.oldFlow().MustShape())); err != nil {
-			return workerSample{}, fmt.Errorf("compiling the bench flow: %w", err)
-		}
-	}
-	// Fresh statistics, so the planner sees the empty tables as they are.
-	if _, err := admin.Exec(ctx, "analyze"); err != nil {
+	if err := prepareWorkerBench(ctx, admin, p, shape); err != nil {
 		return workerSample{}, err
 	}
 
@@ -277,12 +260,83 @@ func measureWorkers(ctx context.Context, env *Env, p protocol, shape workerShape
 		}
 	}()
 
-	// Enqueue everything in one transaction: the messages become visible at
-	// its commit, which starts the clock. (The map input refers to r so that
-	// start_flow is called once per row, not once and rescanned.)
-	tx, err := admin.Begin(ctx)
+	if err := enqueueBenchRuns(ctx, admin, shape); err != nil {
+		return workerSample{}, err
+	}
+	var t0 time.Time
+	if err := admin.QueryRow(ctx, `select clock_timestamp()`).Scan(&t0); err != nil {
+		return workerSample{}, err
+	}
+	cpu0 := backendCPU(ctx, admin)
+	client0 := processCPU()
+
+	var s workerSample
+	if err := waitForBenchRuns(ctx, admin, ws); err != nil {
+		return workerSample{}, err
+	}
+	cpu1 := backendCPU(ctx, admin)
+	s.ClientCPU = processCPU() - client0
+	stopped = true
+	if err := ws.stop(); err != nil {
+		return workerSample{}, err
+	}
+
+	totals, err := readBenchTotals(ctx, admin, shape)
 	if err != nil {
 		return workerSample{}, err
+	}
+	if wbTrackFunctions() {
+		logFunctionStats(ctx, env, admin, fmt.Sprintf("%s, %s, %d workers", shape.Name, p, n))
+	}
+	s.Elapsed = totals.end.Sub(t0)
+	s.Tasks = int(totals.tasks)
+	s.ExtraReads = totals.reads - totals.archived
+	s.ClaimCalls, s.ClaimedMean = ws.claimStats()
+	if cpu0 != nil && cpu1 != nil {
+		for pid, c := range cpu1 {
+			s.ServerCPU += c.run - cpu0[pid].run
+			s.RunQueue += c.queued - cpu0[pid].queued
+		}
+	}
+	if ws.completed() != -1 && ws.completed() != totals.tasks {
+		return workerSample{}, fmt.Errorf("workers counted %d completions, want %d", ws.completed(), totals.tasks)
+	}
+	return s, nil
+}
+
+// prepareWorkerBench readies a fresh baseline database for protocol p: the
+// upgrade and the flow compiled through the new worker, or the flow compiled
+// as a 0.16.0 worker does.
+func prepareWorkerBench(ctx context.Context, admin *pgx.Conn, p protocol, shape workerShape) error {
+	if p == protoNew {
+		if err := applyMigrations(ctx, admin); err != nil {
+			return err
+		}
+		if err := applyProposal(ctx, admin); err != nil {
+			return err
+		}
+		if _, err := worker.EnsureFlow(ctx, admin, shape.newFlow()); err != nil {
+			return fmt.Errorf("compiling the bench flow: %w", err)
+		}
+	} else {
+		if _, err := admin.Exec(ctx, `select pgflow.ensure_flow_compiled($1::text, $2::jsonb)`, wbFlowSlug, string(shape.oldFlow().MustShape())); err != nil {
+			return fmt.Errorf("compiling the bench flow: %w", err)
+		}
+	}
+	// Fresh statistics, so the planner sees the empty tables as they are.
+	if _, err := admin.Exec(ctx, "analyze"); err != nil {
+		return err
+	}
+	return nil
+}
+
+// enqueueBenchRuns starts every run in one transaction: the messages become
+// visible at its commit, which starts the clock. (The map input refers to r
+// so that start_flow is called once per row, not once and rescanned.)
+func enqueueBenchRuns(ctx context.Context, admin *pgx.Conn, shape workerShape) error {
+	tx, err := admin.Begin(ctx)
+	if err != nil {
+		return err
 	}
 	if shape.Map {
 		_, err = tx.Exec(ctx, `select count(*) from generate_series(1, $2::int) r,
@@ -294,83 +348,66 @@ func measureWorkers(ctx context.Context, env *Env, p protocol, shape workerShape
 	}
 	if err != nil {
 		_ = tx.Rollback(ctx)
-		return workerSample{}, fmt.Errorf("starting %d runs: %w", shape.Runs, err)
+		return fmt.Errorf("starting %d runs: %w", shape.Runs, err)
 	}
-	if err := tx.Commit(ctx); err != nil {
-		return workerSample{}, err
-	}
-	var t0 time.Time
-	if err := admin.QueryRow(ctx, `select clock_timestamp()`).Scan(&t0); err != nil {
-		return workerSample{}, err
-	}
-	cpu0 := backendCPU(ctx, admin)
-	client0 := processCPU()
+	return tx.Commit(ctx)
+}
 
-	var s workerSample
-	// Wait for the last run (a bounded guard, never part of the result).
+// waitForBenchRuns waits for the last run to complete. Its 10-minute limit
+// is a guard, never part of the result.
+func waitForBenchRuns(ctx context.Context, admin *pgx.Conn, ws *benchWorkers) error {
 	guard := time.Now().Add(10 * time.Minute)
 	for {
 		var open int64
 		if err := admin.QueryRow(ctx, `select count(*) from pgflow.runs where status <> 'completed'`).Scan(&open); err != nil {
-			return workerSample{}, err
+			return err
 		}
 		if open == 0 {
-			break
+			return nil
 		}
 		if err := ws.err(); err != nil {
-			return workerSample{}, fmt.Errorf("a worker stopped with %d runs open: %w", open, err)
+			return fmt.Errorf("a worker stopped with %d runs open: %w", open, err)
 		}
 		if time.Now().After(guard) {
-			return workerSample{}, fmt.Errorf("gave up: %d runs still open after 10 minutes", open)
+			return fmt.Errorf("gave up: %d runs still open after 10 minutes", open)
 		}
 		select {
 		case <-ctx.Done():
-			return workerSample{}, ctx.Err()
+			return ctx.Err()
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	cpu1 := backendCPU(ctx, admin)
-	s.ClientCPU = processCPU() - client0
-	stopped = true
-	if err := ws.stop(); err != nil {
-		return workerSample{}, err
-	}
+}
 
-	var tEnd time.Time
-	var tasks, completedOnce int64
+// benchTotals are a finished measurement's counts, read from its database.
+type benchTotals struct {
+	end      time.Time // the last task's completed_at
+	tasks    int64
+	reads    int64 // pgmq reads of the archived messages
+	archived int64
+}
+
+// readBenchTotals reads the totals and checks that every task completed on
+// its first attempt and every message was archived.
+func readBenchTotals(ctx context.Context, admin *pgx.Conn, shape workerShape) (benchTotals, error) {
+	var t benchTotals
+	var completedOnce int64
 	if err := admin.QueryRow(ctx, `select max(completed_at), count(*),
 	        count(*) filter (where status = 'completed' and attempts_count = 1)
-	      from pgflow.step_tasks`).Scan(&tEnd, &tasks, &completedOnce); err != nil {
-		return workerSample{}, err
+	      from pgflow.step_tasks`).Scan(&t.end, &t.tasks, &completedOnce); err != nil {
+		return benchTotals{}, err
 	}
-	if tasks != int64(shape.tasks()) || completedOnce != tasks {
-		return workerSample{}, fmt.Errorf("%d tasks, %d completed on their first attempt; want %d each", tasks, completedOnce, shape.tasks())
+	if t.tasks != int64(shape.tasks()) || completedOnce != t.tasks {
+		return benchTotals{}, fmt.Errorf("%d tasks, %d completed on their first attempt; want %d each", t.tasks, completedOnce, shape.tasks())
 	}
-	var reads, archived int64
 	if err := admin.QueryRow(ctx, `select coalesce(sum(read_ct), 0), count(*) from pgmq.`+pgx.Identifier{"a_" + wbFlowSlug}.Sanitize()).
-		Scan(&reads, &archived); err != nil {
-		return workerSample{}, fmt.Errorf("reading the archive: %w", err)
+		Scan(&t.reads, &t.archived); err != nil {
+		return benchTotals{}, fmt.Errorf("reading the archive: %w", err)
 	}
-	if archived != tasks {
-		return workerSample{}, fmt.Errorf("%d messages archived, want %d", archived, tasks)
+	if t.archived != t.tasks {
+		return benchTotals{}, fmt.Errorf("%d messages archived, want %d", t.archived, t.tasks)
 	}
-	if wbTrackFunctions() {
-		logFunctionStats(ctx, env, admin, fmt.Sprintf("%s, %s, %d workers", shape.Name, p, n))
-	}
-	s.Elapsed = tEnd.Sub(t0)
-	s.Tasks = int(tasks)
-	s.ExtraReads = reads - archived
-	s.ClaimCalls, s.ClaimedMean = ws.claimStats()
-	if cpu0 != nil && cpu1 != nil {
-		for pid, c := range cpu1 {
-			s.ServerCPU += c.run - cpu0[pid].run
-			s.RunQueue += c.queued - cpu0[pid].queued
-		}
-	}
-	if ws.completed() != -1 && ws.completed() != tasks {
-		return workerSample{}, fmt.Errorf("workers counted %d completions, want %d", ws.completed(), tasks)
-	}
-	return s, nil
+	return t, nil
 }
 
 // wbClaimLinger: the new workers' ClaimLinger, the worker's default unless
