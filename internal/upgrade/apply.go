@@ -306,57 +306,104 @@ func (s *runner) step(name, detail string, fn func() error) error {
 	return err
 }
 
+// apply is Apply's plan: its steps, in order, on one transaction. The first
+// error stops it; the transaction is then rolled back.
 func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
-	s := &runner{ctx: ctx, opts: opts, r: r}
+	a := &applyRun{runner: &runner{ctx: ctx, opts: opts, r: r}}
+	if err := a.integrity(); err != nil {
+		return err
+	}
+	if err := a.begin(conn); err != nil {
+		return err
+	}
+	defer a.rollbackUnlessDone()
+	if err := a.advisoryLock(); err != nil {
+		return err
+	}
+	accepted, done, err := a.admit(a.tx, a.all)
+	if err != nil || done {
+		return err
+	}
+	a.accepted = accepted
+	for _, step := range []func() error{
+		a.privileges, a.tableLocks, a.runPreflight, a.migrate, a.postChecks,
+		a.beforeCommit, a.record, a.end,
+	} {
+		if err := step(); err != nil {
+			return err
+		}
+	}
+	a.finish()
+	return nil
+}
 
-	var all []migrations.Migration
-	var ledger *supabaseFile
-	if err := s.step(StepIntegrity, "embedded migrations against atlas.sum", func() error {
+// applyRun is one run of apply: its transaction and what its steps hand on
+// to the next ones.
+type applyRun struct {
+	*runner
+	all       []migrations.Migration // the embedded migrations
+	ledger    *supabaseFile          // the user's copy of upstream's migration, if asked
+	tx        pgx.Tx
+	accepted  bool      // admit accepted a state AcceptState vouched for
+	lockHeld  time.Time // when the table locks were granted
+	committed bool      // committed, or rolled back on purpose (dry run)
+}
+
+// integrity checks the embedded migrations against atlas.sum and finds the
+// user's copy of upstream's migration.
+func (a *applyRun) integrity() error {
+	opts := a.opts
+	return a.step(StepIntegrity, "embedded migrations against atlas.sum", func() error {
 		if err := opts.Verify(); err != nil {
 			return fail(OutcomeRefused, fmt.Errorf("%w: %w", ErrIntegrity, err))
 		}
 		var err error
-		if all, err = opts.Migrations(); err != nil {
+		if a.all, err = opts.Migrations(); err != nil {
 			return err
 		}
 		// The user's copy of upstream's migration, found before anything is
 		// locked: a wrong folder is a refusal that changes nothing.
 		if opts.SupabaseDir != "" {
-			if ledger, err = findSupabaseMigration(opts.SupabaseDir); err != nil {
+			if a.ledger, err = findSupabaseMigration(opts.SupabaseDir); err != nil {
 				return fail(OutcomeRefused, err)
 			}
 		}
 		return nil
-	}); err != nil {
-		return err
-	}
+	})
+}
 
-	var tx pgx.Tx
-	if err := s.step(StepBegin, "", func() error {
+// begin opens the upgrade transaction.
+func (a *applyRun) begin(conn *pgx.Conn) error {
+	return a.step(StepBegin, "", func() error {
 		var err error
-		tx, err = conn.Begin(ctx)
+		a.tx, err = conn.Begin(a.ctx)
 		if err != nil {
 			return fmt.Errorf("beginning the upgrade transaction: %w", err)
 		}
 		return nil
-	}); err != nil {
-		return err
-	}
-	var lockHeld time.Time
-	committed := false
-	defer func() {
-		if !committed {
-			// A cancelled ctx must not stop the rollback.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			defer cancel()
-			_ = tx.Rollback(rctx)
-			if !lockHeld.IsZero() && r.LockWindowMS == 0 {
-				r.LockWindowMS = time.Since(lockHeld).Milliseconds()
-			}
-		}
-	}()
+	})
+}
 
-	if err := s.step(StepAdvisoryLock, fmt.Sprintf("pg_try_advisory_xact_lock(%d), waiting up to %s", AdvisoryLockKey, opts.Wait), func() error {
+// rollbackUnlessDone rolls the transaction back unless it was committed (or
+// rolled back on purpose), and then records how long the tables were locked.
+func (a *applyRun) rollbackUnlessDone() {
+	if a.committed {
+		return
+	}
+	// A cancelled ctx must not stop the rollback.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), 10*time.Second)
+	defer cancel()
+	_ = a.tx.Rollback(rctx)
+	if !a.lockHeld.IsZero() && a.r.LockWindowMS == 0 {
+		a.r.LockWindowMS = time.Since(a.lockHeld).Milliseconds()
+	}
+}
+
+// advisoryLock takes the upgrade's advisory lock, then bounds every later
+// lock wait of the transaction.
+func (a *applyRun) advisoryLock() error {
+	ctx, tx, opts := a.ctx, a.tx, a.opts
+	return a.step(StepAdvisoryLock, fmt.Sprintf("pg_try_advisory_xact_lock(%d), waiting up to %s", AdvisoryLockKey, opts.Wait), func() error {
 		if err := acquireAdvisoryLock(ctx, tx, opts.Wait); err != nil {
 			if errors.Is(err, ErrUpgradeLocked) {
 				return fail(OutcomeLockBusy, err)
@@ -370,30 +417,28 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 			return fmt.Errorf("setting lock_timeout: %w", err)
 		}
 		return nil
-	}); err != nil {
-		return err
-	}
+	})
+}
 
-	accepted, done, err := s.admit(tx, all)
-	if err != nil || done {
-		return err
-	}
-
-	if err := s.step(StepPrivileges, "the current role may alter the pgflow schema", func() error {
-		f, err := preflight.Privileges(ctx, tx, -1)
+// privileges refuses, before any table lock, a role that cannot upgrade.
+func (a *applyRun) privileges() error {
+	return a.step(StepPrivileges, "the current role may alter the pgflow schema", func() error {
+		f, err := preflight.Privileges(a.ctx, a.tx, -1)
 		if err != nil {
 			return err
 		}
 		if len(f) > 0 {
-			r.Blockers = f
+			a.r.Blockers = f
 			return fail(OutcomeRefused, fmt.Errorf("%w: %s", ErrPreflight, f[0].Message))
 		}
 		return nil
-	}); err != nil {
-		return err
-	}
+	})
+}
 
-	if err := s.step(StepTableLocks, lockPlanText(), func() error {
+// tableLocks takes LockPlan's table locks, retried with backoff.
+func (a *applyRun) tableLocks() error {
+	ctx, tx, opts, r := a.ctx, a.tx, a.opts, a.r
+	return a.step(StepTableLocks, lockPlanText(), func() error {
 		res, err := lockTables(ctx, tx, opts.LockTimeout, opts.LockRetries, func(detail string) {
 			if opts.Progress != nil {
 				opts.Progress(Event{Step: StepTableLocks, Detail: detail})
@@ -407,23 +452,25 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 			}
 			return err
 		}
-		lockHeld = res.Held
+		a.lockHeld = res.Held
 		return nil
-	}); err != nil {
-		return err
-	}
+	})
+}
 
-	if err := s.step(StepPreflight, "the shared check catalog, exact, under the locks", func() error {
+// runPreflight runs the shared check catalog, exact, under the locks.
+func (a *applyRun) runPreflight() error {
+	opts, r := a.opts, a.r
+	return a.step(StepPreflight, "the shared check catalog, exact, under the locks", func() error {
 		popts := opts.Preflight
 		if len(popts.Checks) == 0 {
 			popts.Checks = preflightChecks()
 		}
-		if accepted {
+		if a.accepted {
 			// The state AcceptState vouched for, read in this transaction;
 			// the file's guard checks the shape again under the locks.
 			popts.Schema = &r.State
 		}
-		res, err := preflight.Run(ctx, tx, popts)
+		res, err := preflight.Run(a.ctx, a.tx, popts)
 		r.Preflight = res.Checks
 		if err != nil {
 			return err
@@ -436,22 +483,27 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 			return fail(OutcomeRefused, fmt.Errorf("%w: %s", ErrPreflight, res.Summary()))
 		}
 		return nil
-	}); err != nil {
-		return err
-	}
+	})
+}
 
-	for _, m := range all {
-		if !slices.Contains(r.Pending, m.Version+"_"+m.Name) {
+// migrate runs the pending migrations, one step each.
+func (a *applyRun) migrate() error {
+	for _, m := range a.all {
+		if !slices.Contains(a.r.Pending, m.Version+"_"+m.Name) {
 			continue
 		}
-		if err := s.step(StepMigrate, m.File, func() error { return runMigration(ctx, tx, opts, r, m, !accepted) }); err != nil {
+		if err := a.step(StepMigrate, m.File, func() error { return runMigration(a.ctx, a.tx, a.opts, a.r, m, !a.accepted) }); err != nil {
 			return err
 		}
 	}
+	return nil
+}
 
-	if err := s.step(StepPostChecks, "the schema is pgflow 0.17.0 and the 0.16.0 claim is gone", func() error {
-		out, err := RunChecks(ctx, tx, true)
-		r.PostConditions = out
+// postChecks runs the post-conditions (Checks) in the transaction.
+func (a *applyRun) postChecks() error {
+	return a.step(StepPostChecks, "the schema is pgflow 0.17.0 and the 0.16.0 claim is gone", func() error {
+		out, err := RunChecks(a.ctx, a.tx, true)
+		a.r.PostConditions = out
 		if err != nil {
 			return err
 		}
@@ -463,39 +515,46 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 			return fail(OutcomeRefused, fmt.Errorf("%w: %s", ErrPostConditions, strings.Join(ids, "; ")))
 		}
 		return nil
-	}); err != nil {
-		return err
-	}
+	})
+}
 
-	if opts.BeforeCommit != nil {
-		if err := opts.BeforeCommit(ctx, tx); err != nil {
-			return err
-		}
+// beforeCommit runs Options.BeforeCommit, when set.
+func (a *applyRun) beforeCommit() error {
+	if a.opts.BeforeCommit != nil {
+		return a.opts.BeforeCommit(a.ctx, a.tx)
 	}
+	return nil
+}
 
-	if err := s.step(StepSupabase, "pgflow_upgrade.schema_revisions; supabase_migrations.schema_migrations when asked", func() error {
-		for _, m := range all {
+// record records the applied revisions, and the migration in Supabase's
+// ledger when asked.
+func (a *applyRun) record() error {
+	ctx, tx, r := a.ctx, a.tx, a.r
+	return a.step(StepSupabase, "pgflow_upgrade.schema_revisions; supabase_migrations.schema_migrations when asked", func() error {
+		for _, m := range a.all {
 			if slices.Contains(r.Pending, m.Version+"_"+m.Name) {
 				if err := recordRevision(ctx, tx, m); err != nil {
 					return err
 				}
 			}
 		}
-		ok, why, err := recordSupabase(ctx, tx, ledger)
+		ok, why, err := recordSupabase(ctx, tx, a.ledger)
 		if err != nil {
 			return err
 		}
 		r.SupabaseRecorded, r.Supabase = ok, why
 		return nil
-	}); err != nil {
-		return err
-	}
+	})
+}
 
+// end commits the transaction, or rolls it back for a dry run.
+func (a *applyRun) end() error {
+	ctx, tx, opts := a.ctx, a.tx, a.opts
 	end := StepCommit
 	if opts.DryRun {
 		end = StepRollback
 	}
-	if err := s.step(end, "", func() error {
+	if err := a.step(end, "", func() error {
 		if opts.DryRun {
 			if err := tx.Rollback(ctx); err != nil {
 				return fmt.Errorf("rolling back the dry run: %w", err)
@@ -509,11 +568,18 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 	}); err != nil {
 		return err
 	}
-	committed = true // or rolled back on purpose
-	if !lockHeld.IsZero() {
-		r.LockWindowMS = time.Since(lockHeld).Milliseconds()
+	a.committed = true // or rolled back on purpose
+	return nil
+}
+
+// finish writes the outcome of a run that committed (or rolled back on
+// purpose) into the report.
+func (a *applyRun) finish() {
+	r := a.r
+	if !a.lockHeld.IsZero() {
+		r.LockWindowMS = time.Since(a.lockHeld).Milliseconds()
 	}
-	if opts.DryRun {
+	if a.opts.DryRun {
 		r.Outcome = OutcomeDryRun
 		r.Message = fmt.Sprintf("dry run: the migration ran and passed its post-conditions, then was rolled back; tables were locked for %s", time.Duration(r.LockWindowMS)*time.Millisecond)
 	} else {
@@ -523,7 +589,6 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
 		r.VersionNow, r.NextStep = versions.V0_17_0, AppliedNextStep
 		r.Message = fmt.Sprintf("upgraded to pgflow 0.17.0: %s applied; tables were locked for %s", strings.Join(r.Pending, ", "), time.Duration(r.LockWindowMS)*time.Millisecond)
 	}
-	return nil
 }
 
 // admit reads the schema state and the revisions this tool recorded, and
