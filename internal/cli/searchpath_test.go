@@ -409,7 +409,6 @@ func assertNoShadowCalled(t *testing.T, db *testdb.DB, h hostile, roles string) 
 // search_path putting that role's schema first: no shadow runs.
 func TestHostileSearchPathShadows(t *testing.T) {
 	testdb.SkipIfShort(t, "runs every command against a database where a less-privileged role shadows the built-ins, with the...")
-	t.Parallel() // long and self-contained: overlaps the package's other long tests
 	for _, mode := range []string{"dsn options", "alter role set"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Run("apply", func(t *testing.T) {
