@@ -15,6 +15,7 @@ import (
 // TestCaptureReplay: the in-flight state plus a random one, captured,
 // restored into a template and replayed with every capture scenario.
 func TestCaptureReplay(t *testing.T) {
+	testdb.SkipIfShort(t, "the in-flight state plus a random one, captured, restored into a template and replayed...")
 	ctx := context.Background()
 	src := testdb.Empty(t)
 	st, err := fixtures.Lookup("inflight")

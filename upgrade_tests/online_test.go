@@ -70,6 +70,7 @@ func onlineUpgrade(ctx context.Context, db *scenario.DB) (*upgrade.Report, error
 // fingerprints, the old workers, traffic, the malformed states that must be
 // refused with the database unchanged) with apply --online.
 func TestScenariosOnline(t *testing.T) {
+	testdb.SkipIfShort(t, "runs every built-in scenario (the state-survival fingerprints, the old workers,...")
 	// The same runner as TestScenarios: the scenarios' states move to the
 	// real 0.16.0 baseline with the scenario package, for both paths at once.
 	r := &scenario.Runner{Server: testdb.Server(t), Upgrade: onlineUpgrade, Logf: func(string, ...any) {}}

@@ -65,6 +65,7 @@ func storedFlows(t *testing.T, pool *pgxpool.Pool) ([]worker.Flow, map[string]bo
 // migrated flow) finish every in-flight run of the real 0.16.0 inflight
 // state, and no message is left in any flow's queue.
 func TestWorkersDrainTheUpgradedInflightState(t *testing.T) {
+	testdb.SkipIfShort(t, "After the upgrade, workers of this package (flow mode, the mode of every migrated...")
 	t.Parallel()
 	db := testdb.Empty(t)
 	ctx := context.Background()

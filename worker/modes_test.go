@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/worker"
 )
 
@@ -245,6 +246,7 @@ func indexes(n int) []int {
 }
 
 func TestMapFlowOfManyTasksWithFourWorkers(t *testing.T) {
+	testdb.SkipIfShort(t, "map flow of many tasks with four workers")
 	t.Parallel()
 	db := upgraded(t)
 	ev := newEvents()

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/worker"
 )
 
@@ -17,6 +18,7 @@ import (
 // requeue_stalled_tasks); the rest of the run was never touched and another
 // worker finishes it.
 func TestGracefulShutdownWithWorkInFlight(t *testing.T) {
+	testdb.SkipIfShort(t, "stop with work in flight, in upstream's order")
 	t.Parallel()
 	db := upgraded(t)
 	ctx := context.Background()

@@ -14,6 +14,7 @@ import (
 // of the test server: both sizes measured, positive timings, and a model
 // with positive costs that the forecast can use.
 func TestMeasureSmallSample(t *testing.T) {
+	testdb.SkipIfShort(t, "runs the sample calibration on throwaway databases of the test server")
 	srv := testdb.Server(t)
 	c, err := calibrate.Measure(context.Background(), srv, calibrate.Options{Rows: []int64{2_000, 10_000}, Logf: t.Logf})
 	if err != nil {

@@ -202,6 +202,7 @@ func TestAuditForecastBadCalibrationIsUsage(t *testing.T) {
 // from a generated sample on a throwaway database of that server (not the
 // audited one, which is left as it was); --calibration-out keeps them.
 func TestAuditForecastMeasuresASample(t *testing.T) {
+	testdb.SkipIfShort(t, "with --calibrate-dsn the costs come from a generated sample on a throwaway database of...")
 	db := auditDB(t)
 	knownStats(t, db)
 	before := testdb.State(t, db.Pool)

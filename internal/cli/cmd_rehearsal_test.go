@@ -48,6 +48,7 @@ func readJUnit(t *testing.T, path string) junitDoc {
 // reads; a tiny --max-lock-window fails that case (exit 1, JUnit failure),
 // the case named after the capture.
 func TestRehearsalBudgetsAndCalibration(t *testing.T) {
+	testdb.SkipIfShort(t, "The rehearsal through the command")
 	t.Parallel() // long and self-contained: overlaps the package's other long tests
 	ctx := context.Background()
 	db := testdb.Baseline(t)

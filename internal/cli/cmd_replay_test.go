@@ -80,6 +80,7 @@ func TestCaptureNeedsADatabase(t *testing.T) {
 
 // capture → replay --from, JSON and JUnit output.
 func TestCaptureThenReplay(t *testing.T) {
+	testdb.SkipIfShort(t, "capture → replay --from, JSON and JUnit output")
 	db := testdb.Baseline(t)
 	if _, err := scenario.Generate(context.Background(), db.Pool, 5); err != nil {
 		t.Fatal(err)
@@ -124,6 +125,7 @@ func TestCaptureThenReplay(t *testing.T) {
 // Built-in scenarios by name through the command: the table names each with
 // PASS, and --junit writes one testcase per scenario, none failed.
 func TestReplayBuiltinTableAndJUnit(t *testing.T) {
+	testdb.SkipIfShort(t, "Built-in scenarios by name through the command")
 	junit := filepath.Join(t.TempDir(), "junit.xml")
 	names := []string{"realtime-events", "malformed-duplicate-message-id", "old-worker-after-upgrade"}
 	r := run(t, replayEnv(t), append([]string{"fixtures", "replay", "--junit", junit}, names...)...)

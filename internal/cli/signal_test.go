@@ -296,6 +296,7 @@ func TestSignalApply(t *testing.T) {
 // other test's replay databases are counted) and interrupts it while its
 // scenarios run.
 func TestSignalReplayOnServer(t *testing.T) {
+	testdb.SkipIfShort(t, "gives replay a server of the test's own (so no other test's replay databases are...")
 	srv, err := pgprovider.Open(context.Background(), pgprovider.Options{SkipDocker: true})
 	if err != nil {
 		t.Skipf("no server of its own for the replay: %v", err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
 // TestReplayRemovesItsKilledRunsClusters: `fixtures replay` on the embedded
@@ -20,6 +21,7 @@ import (
 // (no owner record). The temp dir is the test's own (TMPDIR), open to the
 // unprivileged user the cluster runs as under root.
 func TestReplayRemovesItsKilledRunsClusters(t *testing.T) {
+	testdb.SkipIfShort(t, "'fixtures replay' on the embedded default, killed with SIGKILL (no handler runs),...")
 	tmp, err := os.MkdirTemp("", "pgflow-upgrade-stale-test-")
 	if err != nil {
 		t.Fatal(err)

@@ -101,6 +101,7 @@ func TestCleanUpgradeSurvives(t *testing.T) {
 
 // A deliberately broken migration: each sabotage must be caught and named.
 func TestBrokenMigrationIsCaught(t *testing.T) {
+	testdb.SkipIfShort(t, "a deliberately broken migration is caught")
 	cases := []struct {
 		name, sabotage string
 		table, what    string

@@ -276,6 +276,7 @@ func TestZeroSixteenEngineDuringOnline(t *testing.T) {
 // catalog (compared object by object with the catalog read before) and
 // rows; it can then be upgraded again.
 func TestRollbackOnline(t *testing.T) {
+	testdb.SkipIfShort(t, "An online upgrade stopped at each point rolls back to the exact 0.16.0 catalog...")
 	for _, stopAt := range allPoints[2:] { // from the first batch on, something is there to undo
 		t.Run(stopAt, func(t *testing.T) {
 			ctx := context.Background()
@@ -367,6 +368,7 @@ func TestMigrationFileOnPreparedShape(t *testing.T) {
 // An online upgrade stopped at each point continues to a correct upgraded
 // database when apply --online runs again (no rollback in between).
 func TestResumeOnlineFromEveryPoint(t *testing.T) {
+	testdb.SkipIfShort(t, "An online upgrade stopped at each point continues to a correct upgraded database when...")
 	for _, stopAt := range allPoints {
 		t.Run(stopAt, func(t *testing.T) {
 			ctx := context.Background()

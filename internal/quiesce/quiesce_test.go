@@ -88,6 +88,7 @@ func isPgflowJob(job string) bool {
 // An interrupt at every step restores what was recorded; the upgrade is
 // committed only when the interrupt came after it.
 func TestQuiesceInterrupted(t *testing.T) {
+	testdb.SkipIfShort(t, "An interrupt at every step restores what was recorded; the upgrade is committed only...")
 	for _, point := range []string{quiesce.PointPaused, quiesce.PointDeprecated, quiesce.PointDrained, "migrate", quiesce.PointApplied} {
 		t.Run(point, func(t *testing.T) {
 			s := newScene(t, false)

@@ -85,6 +85,7 @@ func TestSelect(t *testing.T) {
 
 // The generator must reach every kind of state over a few seeds.
 func TestGenerateCoversEveryKind(t *testing.T) {
+	testdb.SkipIfShort(t, "The generator must reach every kind of state over a few seeds")
 	ctx := context.Background()
 	total := scenario.Census{}
 	for seed := uint64(1); seed <= 8; seed++ {
