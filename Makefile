@@ -23,11 +23,15 @@ build: ## build bin/pgflow-upgrade
 .PHONY: test
 test: setup ## run the whole suite with -race (ephemeral local cluster, or PGFLOW_UPGRADE_TEST_DSN)
 	$(GO) vet $(PKGS)
-	$(GO) test -race -count=1 -timeout 40m $(TEST_FIRST) $(PKGS)
+	@log=$$(mktemp); \
+	PGFLOW_UPGRADE_COMPONENTS_LOG=$$log $(GO) test -race -count=1 -timeout 40m $(TEST_FIRST) $(PKGS); rc=$$?; \
+	echo "what the test binaries ran on (count, pgmq; pg_cron):"; sort $$log | uniq -c; rm -f $$log; exit $$rc
 
 .PHONY: test-short
 test-short: setup ## the inner loop: go test -short (long tests and most seeds skipped, each saying so)
-	$(GO) test -short -count=1 -timeout 10m $(TEST_FIRST) $(PKGS)
+	@log=$$(mktemp); \
+	PGFLOW_UPGRADE_COMPONENTS_LOG=$$log $(GO) test -short -count=1 -timeout 10m $(TEST_FIRST) $(PKGS); rc=$$?; \
+	echo "what the test binaries ran on (count, pgmq; pg_cron):"; sort $$log | uniq -c; rm -f $$log; exit $$rc
 
 .PHONY: fuzz
 fuzz: setup ## run every Fuzz* target for $(FUZZTIME) each (their seed corpora run in `make test`)

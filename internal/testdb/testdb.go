@@ -218,18 +218,32 @@ func announceComponents(ctx context.Context) error {
 		return fmt.Errorf("asking the server about pgmq: %w", err)
 	}
 	pgmqStandIn = os.Getenv("PGFLOW_UPGRADE_PGMQ_STANDIN") == "1"
+	var pgmqLine, cronLine string
 	switch {
 	case pgmqStandIn:
-		fmt.Fprintln(os.Stderr, "testdb: pgmq: the project's stand-in (PGFLOW_UPGRADE_PGMQ_STANDIN=1)")
+		pgmqLine = "pgmq: the project's stand-in (PGFLOW_UPGRADE_PGMQ_STANDIN=1)"
 	case pgmqVersion != "":
-		fmt.Fprintf(os.Stderr, "testdb: pgmq: real extension %s\n", pgmqVersion)
+		pgmqLine = "pgmq: real extension " + pgmqVersion
 	default:
-		fmt.Fprintln(os.Stderr, "testdb: pgmq: the project's stand-in (the server offers no pgmq extension)")
+		pgmqLine = "pgmq: the project's stand-in (the server offers no pgmq extension)"
 	}
 	if cron.Available {
-		fmt.Fprintf(os.Stderr, "testdb: pg_cron: real extension %s (in Baseline databases; cron.database_name = %s)\n", cron.Version, cron.Database)
+		cronLine = fmt.Sprintf("pg_cron: real extension %s (in Baseline databases; cron.database_name = %s)", cron.Version, cron.Database)
 	} else {
-		fmt.Fprintf(os.Stderr, "testdb: pg_cron: the project's stand-in (%s)\n", cron.Why)
+		cronLine = fmt.Sprintf("pg_cron: the project's stand-in (%s)", cron.Why)
+	}
+	fmt.Fprintf(os.Stderr, "testdb: %s\ntestdb: %s\n", pgmqLine, cronLine)
+	// go test shows a passing package's output only with -v: make test
+	// collects one line per binary here and prints the tally at the end.
+	if path := os.Getenv("PGFLOW_UPGRADE_COMPONENTS_LOG"); path != "" {
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+		if err != nil {
+			return fmt.Errorf("PGFLOW_UPGRADE_COMPONENTS_LOG: %w", err)
+		}
+		defer f.Close()
+		if _, err := fmt.Fprintf(f, "%s; %s\n", pgmqLine, cronLine); err != nil {
+			return fmt.Errorf("PGFLOW_UPGRADE_COMPONENTS_LOG: %w", err)
+		}
 	}
 	return nil
 }
