@@ -74,25 +74,9 @@ func quiesceRecordOpen(t *testing.T, db *testdb.DB) bool {
 // it with the recorded values and both commands, status's next step is one
 // of them, and apply without them refuses, changing nothing.
 func TestCrashedQuiesceIsAStateEveryCommandSees(t *testing.T) {
-	ctx := context.Background()
 	db := quiesceDB(t)
 	before := recordedValues(t, db)
-	conn, err := pgx.Connect(ctx, db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	crash := errors.New("killed by the test")
-	q := &quiesce.Options{Mode: quiesce.ModeApply, DrainTimeout: 10 * time.Second, Hooks: quiesce.Hooks{Crash: true,
-		At: func(_ context.Context, p string) error {
-			if p == quiesce.PointDrained {
-				return crash
-			}
-			return nil
-		}}}
-	if _, err := upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: q}); !errors.Is(err, crash) {
-		t.Fatalf("apply --quiesce did not stop at the drain: %v", err)
-	}
+	crashQuiesceAt(t, db, quiesce.PointDrained)
 	paused := recordedValues(t, db)
 	if paused == before || !strings.Contains(paused, "a-fn=false") || !strings.Contains(paused, "pgflow_requeue_stalled_tasks=false") {
 		t.Fatalf("the crash left %s (before: %s)", paused, before)
@@ -282,25 +266,9 @@ func TestApplyQuiesceChecksTheStateFirst(t *testing.T) {
 // jobs paused: verify fails on it, naming both commands, and a plain apply
 // refuses instead of calling it "already upgraded".
 func TestVerifyFailsWhileAQuiesceRecordIsOpen(t *testing.T) {
-	ctx := context.Background()
 	db := quiesceDB(t)
 	before := recordedValues(t, db)
-	conn, err := pgx.Connect(ctx, db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	crash := errors.New("killed by the test")
-	q := &quiesce.Options{Mode: quiesce.ModeApply, DrainTimeout: 10 * time.Second, Hooks: quiesce.Hooks{Crash: true,
-		At: func(_ context.Context, p string) error {
-			if p == quiesce.PointApplied {
-				return crash
-			}
-			return nil
-		}}}
-	if _, err := upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: q}); !errors.Is(err, crash) {
-		t.Fatalf("apply --quiesce did not stop after its commit: %v", err)
-	}
+	crashQuiesceAt(t, db, quiesce.PointApplied)
 	const resume, undo = "pgflow-upgrade apply --resume-quiesce --yes", "pgflow-upgrade apply --undo-quiesce --yes"
 
 	type verifyJSON struct {
@@ -341,5 +309,28 @@ func TestVerifyFailsWhileAQuiesceRecordIsOpen(t *testing.T) {
 	r = run(t, nil, "--dsn", db.DSN, "--format", "json", "verify")
 	if found, ok, _ := closed(r); r.code != cli.ExitOK || !found || !ok {
 		t.Fatalf("verify after the resume: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
+
+// crashQuiesceAt runs apply --quiesce on db and kills it (no restore runs)
+// when it reaches point, leaving its record open.
+func crashQuiesceAt(t *testing.T, db *testdb.DB, point string) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	crash := errors.New("killed by the test")
+	q := &quiesce.Options{Mode: quiesce.ModeApply, DrainTimeout: 10 * time.Second, Hooks: quiesce.Hooks{Crash: true,
+		At: func(_ context.Context, p string) error {
+			if p == point {
+				return crash
+			}
+			return nil
+		}}}
+	if _, err := upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: q}); !errors.Is(err, crash) {
+		t.Fatalf("apply --quiesce did not stop at %s: %v", point, err)
 	}
 }
