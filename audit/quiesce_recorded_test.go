@@ -2,13 +2,10 @@ package audit_test
 
 import (
 	"context"
-	"fmt"
-	"net/url"
 	"strings"
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
@@ -46,25 +43,10 @@ func TestQuiesceRecorded(t *testing.T) {
 		t.Fatalf("the inventory lists the disabled values while the record is open: %+v", fs)
 	}
 
-	role := pgprovider.RandomName("h_audit_noq")
-	exec(t, db,
-		fmt.Sprintf(`create role %s login`, role),
-		fmt.Sprintf(`grant usage on schema pgflow, pgmq to %s`, role),
-		fmt.Sprintf(`grant select on all tables in schema pgflow, pgmq to %s`, role))
-	t.Cleanup(func() {
-		if _, err := db.Pool.Exec(ctx, `drop owned by `+role); err != nil {
-			t.Errorf("drop owned by %s: %v", role, err)
-		}
-		if _, err := db.Pool.Exec(ctx, `drop role `+role); err != nil {
-			t.Errorf("drop role %s: %v", role, err)
-		}
-	})
-	u, err := url.Parse(db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = url.User(role)
-	rep, err = audit.Run(ctx, connect(t, u.String()), audit.Options{Checks: []string{"schema.state", "quiesce.recorded"}})
+	_, roleDSN := db.LoginRole(t, "h_audit_noq", "",
+		`grant usage on schema pgflow, pgmq to %[1]s`,
+		`grant select on all tables in schema pgflow, pgmq to %[1]s`)
+	rep, err := audit.Run(ctx, connect(t, roleDSN), audit.Options{Checks: []string{"schema.state", "quiesce.recorded"}})
 	if err != nil {
 		t.Fatal(err)
 	}

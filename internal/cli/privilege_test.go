@@ -1,16 +1,12 @@
 package cli_test
 
 import (
-	"context"
 	"encoding/json"
 	"net/url"
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -24,20 +20,12 @@ const readOnlyGrants = `
 // returns its DSN for db (with a password, which trust authentication ignores).
 func roleOn(t *testing.T, db *testdb.DB, grants string) (role, dsnValue string) {
 	t.Helper()
-	role = pgprovider.RandomName("h_role")
-	ident := pgx.Identifier{role}.Sanitize()
-	sqlExec(t, db, "create role "+ident+" login")
-	t.Cleanup(func() {
-		// Its privileges first (they are recorded in this database), then the role.
-		if _, err := db.Pool.Exec(context.Background(), "drop owned by "+ident); err != nil {
-			t.Errorf("drop owned by %s: %v", role, err)
-		}
-		dropRole(t, role)
-	})
+	var list []string
 	if grants != "" {
-		sqlExec(t, db, strings.ReplaceAll(grants, "%[1]s", ident))
+		list = []string{grants}
 	}
-	u, err := url.Parse(db.DSN)
+	role, dsnValue = db.LoginRole(t, "h_role", "", list...)
+	u, err := url.Parse(dsnValue)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,8 +3,6 @@ package quiesce_test
 import (
 	"context"
 	"errors"
-	"fmt"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
@@ -352,22 +349,13 @@ func TestQuiesceCronRoleMayNotAlter(t *testing.T) {
 			}
 			ctx := testCtx(t)
 			db := testdb.Baseline(t)
-			role := pgprovider.RandomName("q_cron_role")
-			exec(t, db, fmt.Sprintf(`create role %s login %s`, role, tc.attrs),
-				fmt.Sprintf(`grant usage on schema pgflow, pgmq, cron to %s`, role),
-				fmt.Sprintf(`grant select on all tables in schema pgflow, pgmq, cron to %s`, role),
-				fmt.Sprintf(`grant create on database %s to %s`, pgx.Identifier{db.Name}.Sanitize(), role))
-			t.Cleanup(func() {
-				exec(t, db, `drop owned by `+role, `drop role `+role)
-			})
+			role, roleDSN := db.LoginRole(t, "q_cron_role", tc.attrs,
+				`grant usage on schema pgflow, pgmq, cron to %[1]s`,
+				`grant select on all tables in schema pgflow, pgmq, cron to %[1]s`,
+				`grant create on database `+pgx.Identifier{db.Name}.Sanitize()+` to %[1]s`)
 			before := snapshot(t, db)
 			stateBefore := testdb.State(t, db.Pool)
-			u, err := url.Parse(db.DSN)
-			if err != nil {
-				t.Fatal(err)
-			}
-			u.User = url.User(role)
-			conn, err := pgx.Connect(ctx, u.String())
+			conn, err := pgx.Connect(ctx, roleDSN)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net/url"
 	"os"
 	"strings"
 	"testing"
@@ -14,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/routes"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/worker"
@@ -229,23 +227,8 @@ func TestReadOnlyRoleAndUnreadableQueue(t *testing.T) {
 	exec(t, db, `select pgflow.create_flow('legacy')`)
 	exec(t, db, `select pgflow.add_step('legacy', 'a')`)
 	testdb.Migrate(t, db.Pool)
-	role := pgprovider.RandomName("routes_ro")
+	role, roDSN := db.LoginRole(t, "routes_ro", "")
 	ident := pgx.Identifier{role}.Sanitize()
-	exec(t, db, `create role `+ident+` login`)
-	t.Cleanup(func() {
-		ctx := context.Background()
-		_, _ = db.Pool.Exec(ctx, `drop owned by `+ident)
-		if admin, err := pgx.Connect(ctx, testdb.Server(t).AdminDSN()); err == nil {
-			_, _ = admin.Exec(ctx, `drop role if exists `+ident)
-			admin.Close(ctx)
-		}
-	})
-	u, err := url.Parse(db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = url.User(role)
-	roDSN := u.String()
 
 	if _, err := routes.Read(context.Background(), connect(t, roDSN), routes.Options{}); !routes.Inconclusive(err) || sqlstate(err) != "42501" {
 		t.Fatalf("without grants: %v (SQLSTATE %q), want an inconclusive 42501", err, sqlstate(err))

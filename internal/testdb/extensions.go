@@ -2,7 +2,11 @@ package testdb
 
 import (
 	"context"
+	"fmt"
+	"net/url"
 	"testing"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 )
 
 // DetachFromExtension takes objects out of extension ext (ALTER EXTENSION
@@ -46,4 +50,34 @@ func quoteIdent(s string) string {
 		out = append(out, s[i])
 	}
 	return string(append(out, '"'))
+}
+
+// LoginRole creates a login role named prefix_<random> with attrs (e.g.
+// "bypassrls", or ""), runs each grant with %[1]s standing for the role's
+// quoted name, and returns the role with a DSN for db as that role. When the
+// test ends, the role's privileges in db are dropped, then the role.
+func (db *DB) LoginRole(t testing.TB, prefix, attrs string, grants ...string) (role, dsn string) {
+	t.Helper()
+	ctx := context.Background()
+	role = pgprovider.RandomName(prefix)
+	ident := quoteIdent(role)
+	if _, err := db.Pool.Exec(ctx, "create role "+ident+" login "+attrs); err != nil {
+		t.Fatalf("testdb: creating role %s: %v", role, err)
+	}
+	t.Cleanup(func() {
+		if _, err := db.Pool.Exec(context.Background(), "drop owned by "+ident+"; drop role "+ident); err != nil {
+			t.Errorf("testdb: dropping role %s: %v", role, err)
+		}
+	})
+	for _, g := range grants {
+		if _, err := db.Pool.Exec(ctx, fmt.Sprintf(g, ident)); err != nil {
+			t.Fatalf("testdb: %s: %v", fmt.Sprintf(g, ident), err)
+		}
+	}
+	u, err := url.Parse(db.DSN)
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	u.User = url.User(role)
+	return role, u.String()
 }
