@@ -224,14 +224,9 @@ func (s *Server) MarkTemplate(ctx context.Context, name string) error {
 	// A background worker may still be connected (pg_cron's launcher sits in
 	// its cron.database_name): clones would wait on it forever. It cannot
 	// come back while connections are refused.
-	stmt = "select pg_catalog.pg_terminate_backend(pid) from pg_catalog.pg_stat_activity where datname = " +
-		quoteLiteral(name) + " and pid <> pg_catalog.pg_backend_pid()"
-	return s.adminExec(ctx, fmt.Sprintf("disconnecting the sessions of template %q", name), stmt)
+	stmt = "select pg_catalog.pg_terminate_backend(pid) from pg_catalog.pg_stat_activity where datname = $1 and pid <> pg_catalog.pg_backend_pid()"
+	return s.adminExec(ctx, fmt.Sprintf("disconnecting the sessions of template %q", name), stmt, name)
 }
-
-// quoteLiteral quotes a string as an SQL literal (adminExec takes no
-// arguments; names here are our own random ones, quoted all the same).
-func quoteLiteral(v string) string { return "'" + strings.ReplaceAll(v, "'", "''") + "'" }
 
 // DropTemplate undoes MarkTemplate and drops the database.
 func (s *Server) DropTemplate(ctx context.Context, name string) error {
@@ -242,7 +237,7 @@ func (s *Server) DropTemplate(ctx context.Context, name string) error {
 	return s.DropDatabase(ctx, name)
 }
 
-func (s *Server) adminExec(ctx context.Context, what, stmt string) error {
+func (s *Server) adminExec(ctx context.Context, what, stmt string, args ...any) error {
 	conn, err := pgx.Connect(ctx, s.AdminDSN())
 	if err != nil {
 		return fmt.Errorf("%s: connecting: %s", what, dsn.RedactText(err.Error(), s.AdminDSN()))
@@ -251,7 +246,7 @@ func (s *Server) adminExec(ctx context.Context, what, stmt string) error {
 	// CREATE DATABASE from a template fails while another clone of the same
 	// template is being made; retry that briefly instead of failing a test.
 	for attempt := 0; ; attempt++ {
-		_, err = conn.Exec(ctx, stmt)
+		_, err = conn.Exec(ctx, stmt, args...)
 		if err == nil || attempt >= 50 || !strings.Contains(err.Error(), "is being accessed by other users") {
 			break
 		}

@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 )
 
@@ -26,7 +28,7 @@ func (db *DB) DetachFromExtension(t testing.TB, ext string, objects ...string) {
 		return
 	}
 	for _, o := range objects {
-		if _, err := db.Pool.Exec(ctx, "alter extension "+quoteIdent(ext)+" drop "+o); err != nil {
+		if _, err := db.Pool.Exec(ctx, "alter extension "+pgx.Identifier{ext}.Sanitize()+" drop "+o); err != nil {
 			t.Fatalf("testdb: alter extension %s drop %s: %v", ext, o, err)
 		}
 	}
@@ -41,17 +43,6 @@ func (db *DB) DropCron(t testing.TB) {
 	}
 }
 
-func quoteIdent(s string) string {
-	out := []byte{'"'}
-	for i := 0; i < len(s); i++ {
-		if s[i] == '"' {
-			out = append(out, '"')
-		}
-		out = append(out, s[i])
-	}
-	return string(append(out, '"'))
-}
-
 // LoginRole creates a login role named prefix_<random> with attrs (e.g.
 // "bypassrls", or ""), runs each grant with %[1]s standing for the role's
 // quoted name, and returns the role with a DSN for db as that role. When the
@@ -60,7 +51,7 @@ func (db *DB) LoginRole(t testing.TB, prefix, attrs string, grants ...string) (r
 	t.Helper()
 	ctx := context.Background()
 	role = pgprovider.RandomName(prefix)
-	ident := quoteIdent(role)
+	ident := pgx.Identifier{role}.Sanitize()
 	if _, err := db.Pool.Exec(ctx, "create role "+ident+" login "+attrs); err != nil {
 		t.Fatalf("testdb: creating role %s: %v", role, err)
 	}

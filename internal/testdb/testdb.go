@@ -118,17 +118,12 @@ func Server(t testing.TB) *pgprovider.Server {
 // PGMQKindInUse reports which pgmq the templates got ("extension" or "standin").
 func PGMQKindInUse() string { return pgmqKind }
 
-// CronKindInUse reports which pg_cron Baseline databases have ("extension"
-// or "standin"; "" before the first Baseline).
-func CronKindInUse() string { return cronKind }
-
-// RequireRealCron skips a test that needs the real pg_cron when the
-// Baseline databases have the stand-in, saying why.
+// RequireRealCron skips a test that needs the real pg_cron when Baseline
+// databases get the stand-in, saying why.
 func RequireRealCron(t testing.TB) {
 	t.Helper()
-	Baseline(t) // builds the template, so the kind is known
-	if cronKind != "extension" {
-		t.Skipf("needs the real pg_cron extension; this server has the stand-in (%s)", cron.Why)
+	if !cron.Available {
+		t.Skipf("needs the real pg_cron extension; Baseline databases get the stand-in (%s)", cron.Why)
 	}
 }
 
