@@ -6,6 +6,15 @@ PKGS     ?= ./...
 TEST_FIRST ?= $(if $(filter ./...,$(PKGS)),./internal/cli ./upgrade_tests ./internal/scenario)
 FUZZTIME ?= 20s
 
+# go-test-tallied FLAGS: go test with FLAGS over the packages, then the tally
+# of what the test binaries ran on (each binary that used a database writes
+# one line; go test shows a passing binary's own output only with -v).
+define go-test-tallied
+	@log=$$(mktemp); \
+	PGFLOW_UPGRADE_COMPONENTS_LOG=$$log $(GO) test $(1) $(TEST_FIRST) $(PKGS); rc=$$?; \
+	echo "what the test binaries ran on (count, pgmq; pg_cron):"; sort $$log | uniq -c; rm -f $$log; exit $$rc
+endef
+
 .DEFAULT_GOAL := help
 
 .PHONY: help
@@ -23,15 +32,11 @@ build: ## build bin/pgflow-upgrade
 .PHONY: test
 test: setup ## run the whole suite with -race (ephemeral local cluster, or PGFLOW_UPGRADE_TEST_DSN)
 	$(GO) vet $(PKGS)
-	@log=$$(mktemp); \
-	PGFLOW_UPGRADE_COMPONENTS_LOG=$$log $(GO) test -race -count=1 -timeout 40m $(TEST_FIRST) $(PKGS); rc=$$?; \
-	echo "what the test binaries ran on (count, pgmq; pg_cron):"; sort $$log | uniq -c; rm -f $$log; exit $$rc
+	$(call go-test-tallied,-race -count=1 -timeout 40m)
 
 .PHONY: test-short
 test-short: setup ## the inner loop: go test -short (long tests and most seeds skipped, each saying so)
-	@log=$$(mktemp); \
-	PGFLOW_UPGRADE_COMPONENTS_LOG=$$log $(GO) test -short -count=1 -timeout 10m $(TEST_FIRST) $(PKGS); rc=$$?; \
-	echo "what the test binaries ran on (count, pgmq; pg_cron):"; sort $$log | uniq -c; rm -f $$log; exit $$rc
+	$(call go-test-tallied,-short -count=1 -timeout 10m)
 
 .PHONY: fuzz
 fuzz: setup ## run every Fuzz* target for $(FUZZTIME) each (their seed corpora run in `make test`)
