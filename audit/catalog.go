@@ -67,7 +67,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // Severity of a finding.
@@ -97,7 +97,7 @@ func (m Mode) String() string {
 }
 
 // Querier is what a check queries through. pgx.Tx (and *pgx.Conn) satisfy it.
-type Querier = dsn.Querier
+type Querier = session.Querier
 
 // Env is what the runner tells a check.
 type Env struct {

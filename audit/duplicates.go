@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // tasks.duplicate_message_id answers exactly whether the 0.17.0 unique
@@ -68,7 +68,7 @@ func checkDuplicateMessageID(ctx context.Context, q Querier, env Env) ([]Finding
 		// table of as many groups as rows), in memory: a sort of about
 		// Bound rows fits in 64MB. SET LOCAL: gone with the transaction or
 		// savepoint.
-		if err := (dsn.Planner{WorkMem: "64MB", NoHashAgg: true}).Set(ctx, q); err != nil {
+		if err := (session.Planner{WorkMem: "64MB", NoHashAgg: true}).Set(ctx, q); err != nil {
 			return 0, fmt.Errorf("setting work_mem: %w", err)
 		}
 		var lo, hi *int64
@@ -85,7 +85,7 @@ func checkDuplicateMessageID(ctx context.Context, q Querier, env Env) ([]Finding
 			span = scale(width, target, estimate)
 			// Several ranges: each read through the message_id index, never
 			// by a sequential scan of the whole table per range.
-			if err := (dsn.Planner{NoSeqScan: true}).Set(ctx, q); err != nil {
+			if err := (session.Planner{NoSeqScan: true}).Set(ctx, q); err != nil {
 				return 0, fmt.Errorf("setting enable_seqscan: %w", err)
 			}
 		}

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
@@ -201,7 +201,7 @@ func BeginReadOnly(ctx context.Context, conn *pgx.Conn, statementTimeout, lockTi
 		return nil, fmt.Errorf("beginning a read-only transaction: %w", err)
 	}
 	// Each limit is set, one under 1ms (zero included) as 1ms.
-	err = dsn.Limits{Statement: max(statementTimeout, time.Millisecond), Lock: max(lockTimeout, time.Millisecond),
+	err = session.Limits{Statement: max(statementTimeout, time.Millisecond), Lock: max(lockTimeout, time.Millisecond),
 		IdleInTransaction: idleTimeout, ApplicationName: appName}.Set(ctx, tx)
 	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
@@ -333,7 +333,7 @@ func RunPreflight(ctx context.Context, tx pgx.Tx, opts Options) ([]CheckResult, 
 			return out, fmt.Errorf("preflight check %s: opening a savepoint: %w", c.ID, err)
 		}
 		var findings []Finding
-		err = dsn.Limits{Statement: opts.CheckTimeout}.Set(ctx, sp)
+		err = session.Limits{Statement: opts.CheckTimeout}.Set(ctx, sp)
 		if err == nil {
 			findings, err = c.Run(ctx, sp, env)
 		}
@@ -424,7 +424,7 @@ func tighten(ctx context.Context, q Querier, env Env) error {
 	if left <= 0 {
 		return errBudget
 	}
-	if err := (dsn.Limits{Statement: left}).Set(ctx, q); err != nil {
+	if err := (session.Limits{Statement: left}).Set(ctx, q); err != nil {
 		return fmt.Errorf("setting statement_timeout: %w", err)
 	}
 	return nil

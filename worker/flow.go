@@ -7,14 +7,14 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // Querier is what the package-level helpers need: a *pgxpool.Pool, a
 // *pgx.Conn or a pgx.Tx (anything with pgx's Exec, Query and QueryRow). It
 // is the tool's one Querier interface, declared with its sessions.
-type Querier = dsn.Querier
+type Querier = session.Querier
 
 // StepType is a step's kind: one task (single) or one task per element of its
 // input array (map).

@@ -37,7 +37,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/worker"
 )
 
@@ -150,18 +150,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	if !ok {
 		return 2
 	}
-	resolved := dsn.Resolve(opts.dsn, getenv)
-	if resolved.Source == dsn.SourceNone {
+	resolved := session.Resolve(opts.dsn, getenv)
+	if resolved.Source == session.SourceNone {
 		fmt.Fprintln(stderr, "demo-worker: no database: pass --dsn or set PGFLOW_UPGRADE_DSN / DATABASE_URL")
 		return 2
 	}
-	if _, err := dsn.ParseConfig(resolved.DSN); err != nil {
+	if _, err := session.ParseConfig(resolved.DSN); err != nil {
 		fmt.Fprintf(stderr, "demo-worker: %v\n", err)
 		return 2
 	}
 	d := &demo{
 		opts: opts, stdout: stdout, stderr: stderr,
-		redact: func(err error) string { return dsn.RedactText(err.Error(), resolved.DSN) },
+		redact: func(err error) string { return session.RedactText(err.Error(), resolved.DSN) },
 		done:   make(chan struct{}, 1),
 	}
 

@@ -9,14 +9,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // Querier is a connection, a pool or a transaction. Read runs in a
 // transaction of its own (a savepoint when q is already a transaction), so
 // it can pin search_path to ” for that transaction only and leave the
 // caller's setting as it was.
-type Querier = dsn.Querier
+type Querier = session.Querier
 
 type beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
@@ -49,7 +49,7 @@ func read(ctx context.Context, q Querier, schema string, shallow bool) (*Catalog
 		return nil, fmt.Errorf("reading the catalog of schema %s: opening a transaction: %w", schema, err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) // read only: nothing to keep
-	if err := dsn.EmptySearchPath(ctx, tx); err != nil {
+	if err := session.EmptySearchPath(ctx, tx); err != nil {
 		return nil, fmt.Errorf("reading the catalog of schema %s: pinning search_path: %w", schema, err)
 	}
 	sql := readSQL

@@ -18,7 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	ucli "github.com/urfave/cli/v2"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // Version is the tool version, set at build time with
@@ -66,7 +66,7 @@ func (a *App) Run(ctx context.Context, args []string) int {
 		return code
 	}
 	msg := err.Error()
-	if !errors.Is(err, dsn.ErrMalformed) {
+	if !errors.Is(err, session.ErrMalformed) {
 		// A malformed DSN's message is fixed text (dsn/malformed.go): the
 		// password spellings guessed from such a string can be one letter,
 		// and replacing those everywhere garbles the message.
@@ -97,7 +97,7 @@ func isReported(err error) bool {
 func (a *App) redact(text string) string {
 	for _, d := range []string{a.Getenv("PGFLOW_UPGRADE_DSN"), a.Getenv("DATABASE_URL"), a.dsnSeen} {
 		if d != "" {
-			text = dsn.RedactText(text, d)
+			text = session.RedactText(text, d)
 		}
 	}
 	if pw := a.Getenv("PGPASSWORD"); pw != "" {
@@ -139,7 +139,7 @@ func (a *App) build() *ucli.App {
 
 // target is a resolved database target.
 type target struct {
-	resolved dsn.Resolved
+	resolved session.Resolved
 	config   *pgx.ConnConfig
 	command  string // for messages
 }
@@ -157,14 +157,14 @@ func (a *App) resolveWith(value, command string, allowNone bool) (*target, error
 	if value != "" {
 		a.dsnSeen = value
 	}
-	r := dsn.Resolve(value, a.Getenv)
-	if r.Source == dsn.SourceNone {
+	r := session.Resolve(value, a.Getenv)
+	if r.Source == session.SourceNone {
 		if allowNone {
 			return &target{resolved: r}, nil
 		}
 		return nil, usageErrorf("no database given: pass --dsn, or set PGFLOW_UPGRADE_DSN, DATABASE_URL or the libpq PG* variables")
 	}
-	cfg, err := dsn.ParseConfig(r.DSN)
+	cfg, err := session.ParseConfig(r.DSN)
 	if err != nil {
 		return nil, withCode(ExitUsage, fmt.Errorf("connection string from %s: %w; give a postgres:// URL or key=value pairs (https://www.postgresql.org/docs/current/libpq-connect.html#LIBPQ-CONNSTRING)", r.Source, err))
 	}
@@ -174,9 +174,9 @@ func (a *App) resolveWith(value, command string, allowNone bool) (*target, error
 
 // prepareConfig applies what every command needs from its connection.
 func prepareConfig(cfg *pgx.ConnConfig, raw, command string) {
-	// Pinned search_path (internal/dsn.Pin): no function, operator or type
+	// Pinned search_path (internal/session.Pin): no function, operator or type
 	// of a schema another role can write ever runs as the tool's role.
-	dsn.Pin(cfg)
+	session.Pin(cfg)
 	if _, set := cfg.RuntimeParams["application_name"]; !set {
 		cfg.RuntimeParams["application_name"] = "pgflow-upgrade " + command
 	}
@@ -221,17 +221,17 @@ func (a *App) connectNoArgs(c *ucli.Context, command string) (conn *pgx.Conn, wh
 	if err != nil {
 		return nil, "", err
 	}
-	return conn, dsn.Describe(t.config), nil
+	return conn, session.Describe(t.config), nil
 }
 
 // connect opens one connection to the target, with search_path pinned.
 func (a *App) connect(ctx context.Context, t *target) (*pgx.Conn, error) {
-	dsn.Pin(t.config) // whatever the command changed in its config
+	session.Pin(t.config) // whatever the command changed in its config
 	conn, err := pgx.ConnectConfig(ctx, t.config)
-	if err != nil && dsn.IsStartupParamRefused(err) && ctx.Err() == nil {
+	if err != nil && session.IsStartupParamRefused(err) && ctx.Err() == nil {
 		// A pooler that does not pass search_path: set it once connected
-		// and in every transaction instead (dsn.WithoutStartupPin).
-		conn, err = pgx.ConnectConfig(ctx, dsn.WithoutStartupPin(t.config))
+		// and in every transaction instead (session.WithoutStartupPin).
+		conn, err = pgx.ConnectConfig(ctx, session.WithoutStartupPin(t.config))
 		if err == nil && !a.warnedPin {
 			a.warnedPin = true
 			fmt.Fprintln(a.Stderr, "pgflow-upgrade: note: the server (a pooler) refused the search_path startup parameter: search_path is pinned in each transaction only, "+
@@ -242,7 +242,7 @@ func (a *App) connect(ctx context.Context, t *target) (*pgx.Conn, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, withCode(ExitEnvironment, fmt.Errorf("connecting to %s (%s): %s; %s", dsn.Describe(t.config), t.resolved.Source, a.redact(err.Error()), connectHint(err)))
+		return nil, withCode(ExitEnvironment, fmt.Errorf("connecting to %s (%s): %s; %s", session.Describe(t.config), t.resolved.Source, a.redact(err.Error()), connectHint(err)))
 	}
 	return conn, nil
 }

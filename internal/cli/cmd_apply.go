@@ -12,8 +12,8 @@ import (
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
@@ -102,7 +102,7 @@ func (a *App) applyAction(c *ucli.Context) error {
 		return err
 	}
 	defer conn.Close(ctx)
-	where := dsn.Describe(t.config)
+	where := session.Describe(t.config)
 	if err := applyPrecheck(ctx, conn); err != nil { // envcheck.go: a standby, a read-only default
 		return withCode(ExitEnvironment, fmt.Errorf("apply on %s: %w", where, err))
 	}

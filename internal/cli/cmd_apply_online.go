@@ -11,9 +11,9 @@ import (
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
@@ -56,7 +56,7 @@ func (a *App) applyOnlineAction(c *ucli.Context) error {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	where := dsn.Describe(t.config)
+	where := session.Describe(t.config)
 	if err := applyPrecheck(ctx, conn); err != nil { // envcheck.go: a standby, a read-only default
 		remains, _ := a.onlineRemains(ctx, t, true)
 		return withCode(ExitEnvironment, fmt.Errorf("apply on %s: %w%s", where, err, remains))

@@ -12,8 +12,8 @@ import (
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
@@ -79,7 +79,7 @@ func (a *App) undoQuiesceAction(c *ucli.Context) error {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	where := dsn.Describe(t.config)
+	where := session.Describe(t.config)
 	rep, uerr := quiesce.Undo(ctx, conn)
 	code, msg := ExitOK, ""
 	switch {

@@ -13,8 +13,8 @@ import (
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/forecast"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
@@ -90,7 +90,7 @@ func (a *App) auditAction(c *ucli.Context) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		return withCode(ExitEnvironment, fmt.Errorf("audit of %s: %w", dsn.Describe(t.config), err))
+		return withCode(ExitEnvironment, fmt.Errorf("audit of %s: %w", session.Describe(t.config), err))
 	}
 	code := auditExitCode(rep)
 	fc := a.runForecast(ctx, conn, rep, plan, c.Duration("check-timeout"), c.Duration("lock-timeout"))
@@ -100,9 +100,9 @@ func (a *App) auditAction(c *ucli.Context) error {
 
 	var buf bytes.Buffer
 	if jsonOutput(c) {
-		err = writeJSON(&buf, auditJSON{Target: dsn.Describe(t.config), Report: rep, Summary: summarize(rep, code), Forecast: fc})
+		err = writeJSON(&buf, auditJSON{Target: session.Describe(t.config), Report: rep, Summary: summarize(rep, code), Forecast: fc})
 	} else {
-		err = writeAuditTable(&buf, dsn.Describe(t.config), rep, fc, code, c.Bool("verbose"))
+		err = writeAuditTable(&buf, session.Describe(t.config), rep, fc, code, c.Bool("verbose"))
 	}
 	if err != nil {
 		return err

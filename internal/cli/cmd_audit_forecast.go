@@ -13,9 +13,9 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/calibrate"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/forecast"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
@@ -88,8 +88,8 @@ func parseForecastFlags(c *ucli.Context) (*forecastPlan, error) {
 		p.calibration = &cal
 	}
 	if p.measureDSN != "" {
-		if _, err := dsn.ParseConfig(p.measureDSN); err != nil {
-			return nil, withCode(ExitUsage, fmt.Errorf("--calibrate-dsn: %s", dsn.RedactText(err.Error(), p.measureDSN)))
+		if _, err := session.ParseConfig(p.measureDSN); err != nil {
+			return nil, withCode(ExitUsage, fmt.Errorf("--calibrate-dsn: %s", session.RedactText(err.Error(), p.measureDSN)))
 		}
 	}
 	return p, nil
@@ -144,7 +144,7 @@ func (a *App) noteSameServer(p *forecastPlan, t *target) {
 	if p.measureDSN == "" || t.config == nil {
 		return
 	}
-	cfg, err := dsn.ParseConfig(p.measureDSN)
+	cfg, err := session.ParseConfig(p.measureDSN)
 	if err == nil && cfg.Host == t.config.Host && cfg.Port == t.config.Port {
 		fmt.Fprintln(a.Stderr, "pgflow-upgrade: note: --calibrate-dsn names the audited database's server: the sample runs in throwaway databases of its own, "+
 			"but its load (generating rows, two applies) lands on that server; prefer a scratch server")
@@ -177,7 +177,7 @@ func (a *App) measureSample(ctx context.Context, p *forecastPlan) (forecast.Cali
 
 func (a *App) redactAll(text, extra string) string {
 	if extra != "" {
-		text = dsn.RedactText(text, extra)
+		text = session.RedactText(text, extra)
 	}
 	return a.redact(text)
 }

@@ -9,8 +9,8 @@ import (
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 func (a *App) fixturesCommand() *ucli.Command {
@@ -64,7 +64,7 @@ func (a *App) fixturesLoad(c *ucli.Context) error {
 	}
 	ctx := c.Context
 	where := ""
-	if t.resolved.Source == dsn.SourceNone {
+	if t.resolved.Source == session.SourceNone {
 		// The embedded default: an ephemeral cluster that lives for this command.
 		srv, err := pgprovider.Open(ctx, pgprovider.Options{SkipDocker: true,
 			Logf: func(f string, args ...any) { fmt.Fprintf(a.Stderr, f+"\n", args...) }})
@@ -73,12 +73,12 @@ func (a *App) fixturesLoad(c *ucli.Context) error {
 		}
 		defer srv.Close()
 		fmt.Fprintf(a.Stderr, "no DSN given: using %s, removed when this command ends\n", srv.Describe())
-		if t.config, err = dsn.ParseConfig(srv.DSNFor("postgres")); err != nil {
+		if t.config, err = session.ParseConfig(srv.DSNFor("postgres")); err != nil {
 			return withCode(ExitEnvironment, err)
 		}
 		where = "ephemeral " + srv.Describe()
 	} else {
-		where = dsn.Describe(t.config)
+		where = session.Describe(t.config)
 	}
 	conn, err := a.connect(ctx, t)
 	if err != nil {

@@ -15,9 +15,9 @@ import (
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // `fixtures replay` and `fixtures capture` (docs/fixtures.md).
@@ -215,7 +215,7 @@ func (a *App) replayProviderOptions(t *target) pgprovider.Options {
 		PinSearchPath: true,
 		Logf:          func(f string, args ...any) { fmt.Fprintf(a.Stderr, f+"\n", args...) },
 	}
-	if t.resolved.Source != dsn.SourceNone {
+	if t.resolved.Source != session.SourceNone {
 		opts.DSN = t.resolved.DSN
 	}
 	return opts
@@ -391,9 +391,9 @@ func (a *App) fixturesCapture(c *ucli.Context) error {
 	if kind, err := fixtures.PGMQKind(ctx, conn); err != nil {
 		return withCode(ExitEnvironment, err)
 	} else if kind == "" {
-		return withCode(ExitFindings, fmt.Errorf("fixtures capture: %s has no pgmq schema: not a pgflow database", dsn.Describe(t.config)))
+		return withCode(ExitFindings, fmt.Errorf("fixtures capture: %s has no pgmq schema: not a pgflow database", session.Describe(t.config)))
 	}
-	opts := scenario.CaptureOptions{Redact: c.Bool("redact"), Source: dsn.Describe(t.config), IncludeSchemas: c.StringSlice("include-schema")}
+	opts := scenario.CaptureOptions{Redact: c.Bool("redact"), Source: session.Describe(t.config), IncludeSchemas: c.StringSlice("include-schema")}
 	var n int
 	if out == "-" {
 		n, err = scenario.Capture(ctx, conn, a.Stdout, opts)
@@ -436,7 +436,7 @@ func (a *App) replayPrecheck(ctx context.Context, t *target) error {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	if err := writePrecheck(ctx, conn, "fixtures replay"); err != nil {
-		return withCode(ExitEnvironment, fmt.Errorf("fixtures replay on %s: %w", dsn.Describe(t.config), err))
+		return withCode(ExitEnvironment, fmt.Errorf("fixtures replay on %s: %w", session.Describe(t.config), err))
 	}
 	return nil
 }

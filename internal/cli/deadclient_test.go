@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/datagen"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -139,17 +139,17 @@ func TestDeadClientReleasesLocks(t *testing.T) {
 }
 
 // TestToolTransactionsCheckTheClient: every transaction a session of the
-// tool opens (dsn.Pin) checks its client every dsn.ClientCheckInterval while
+// tool opens (session.Pin) checks its client every session.ClientCheckInterval while
 // a statement runs, and only the transaction: the session's own setting is
 // left as the server has it.
 func TestToolTransactionsCheckTheClient(t *testing.T) {
 	db := testdb.Empty(t)
 	ctx := context.Background()
-	cfg, err := dsn.ParseConfig(db.DSN)
+	cfg, err := session.ParseConfig(db.DSN)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dsn.Pin(cfg)
+	session.Pin(cfg)
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -176,7 +176,7 @@ func TestToolTransactionsCheckTheClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, err := time.ParseDuration(dsn.ClientCheckInterval)
+	want, err := time.ParseDuration(session.ClientCheckInterval)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,10 +184,10 @@ func TestToolTransactionsCheckTheClient(t *testing.T) {
 	// the abort on a busy server: the interval leaves most of a second to
 	// the abort (1s left the locks up to 2.9 s on a loaded server).
 	if want > 250*time.Millisecond {
-		t.Errorf("dsn.ClientCheckInterval %s: a killed client's locks would not reliably go within a second", want)
+		t.Errorf("session.ClientCheckInterval %s: a killed client's locks would not reliably go within a second", want)
 	}
-	if got := interval(tx); got != want.String() && got != dsn.ClientCheckInterval {
-		t.Errorf("client_connection_check_interval in a transaction: %s, want %s", got, dsn.ClientCheckInterval)
+	if got := interval(tx); got != want.String() && got != session.ClientCheckInterval {
+		t.Errorf("client_connection_check_interval in a transaction: %s, want %s", got, session.ClientCheckInterval)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)

@@ -12,7 +12,7 @@ import (
 
 // Every statement here may run outside a transaction, where through a
 // pooler that refuses the search_path startup parameter the pin of
-// internal/dsn does not reach: built-ins and types are named with their
+// internal/session does not reach: built-ins and types are named with their
 // schema (pg_catalog.text, not text).
 
 // Server settings and roles that make a command fail the same way every

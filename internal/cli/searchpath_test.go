@@ -13,9 +13,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -518,7 +518,7 @@ func lastLine(s string) string {
 	return lines[len(lines)-1]
 }
 
-// TestSessionSearchPathPinned: dsn.Pin wins over the DSN's options, a role
+// TestSessionSearchPathPinned: session.Pin wins over the DSN's options, a role
 // setting and a search_path in the DSN itself, and every transaction starts
 // with the pinned path even after a session-level SET on the connection.
 func TestSessionSearchPathPinned(t *testing.T) {
@@ -531,11 +531,11 @@ func TestSessionSearchPathPinned(t *testing.T) {
 		"search_path in dsn": db.DSN + "&search_path=public",
 	} {
 		t.Run(name, func(t *testing.T) {
-			cfg, err := dsn.ParseConfig(raw)
+			cfg, err := session.ParseConfig(raw)
 			if err != nil {
 				t.Fatal(err)
 			}
-			dsn.Pin(cfg)
+			session.Pin(cfg)
 			conn, err := pgx.ConnectConfig(ctx, cfg)
 			if err != nil {
 				t.Fatal(err)
@@ -550,8 +550,8 @@ func TestSessionSearchPathPinned(t *testing.T) {
 				}
 				return p
 			}
-			if p := show(conn); p != dsn.SearchPath {
-				t.Errorf("session search_path %q, want %q", p, dsn.SearchPath)
+			if p := show(conn); p != session.SearchPath {
+				t.Errorf("session search_path %q, want %q", p, session.SearchPath)
 			}
 			if _, err := conn.Exec(ctx, "set search_path = public, pg_catalog"); err != nil {
 				t.Fatal(err)
@@ -561,8 +561,8 @@ func TestSessionSearchPathPinned(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if p := show(tx); p != dsn.SearchPath {
-					t.Errorf("transaction %+v: search_path %q, want %q", opts, p, dsn.SearchPath)
+				if p := show(tx); p != session.SearchPath {
+					t.Errorf("transaction %+v: search_path %q, want %q", opts, p, session.SearchPath)
 				}
 				if err := tx.Rollback(ctx); err != nil {
 					t.Fatal(err)
@@ -573,7 +573,7 @@ func TestSessionSearchPathPinned(t *testing.T) {
 }
 
 // TestHostileSearchPathThroughPooler: through PgBouncer in transaction mode,
-// which refuses a search_path startup parameter (dsn.WithoutStartupPin), with
+// which refuses a search_path startup parameter (session.WithoutStartupPin), with
 // the hostile path set on the database (ALTER DATABASE ... SET): the
 // commands call no shadow either.
 func TestHostileSearchPathThroughPooler(t *testing.T) {

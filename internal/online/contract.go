@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgretry"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/preflight"
 )
@@ -22,7 +22,7 @@ func (e *engine) backfillSteps(ctx context.Context) error {
 	for attempt := 0; ; attempt++ {
 		var filled, left int64
 		err := pgx.BeginFunc(ctx, e.conn, func(tx pgx.Tx) error {
-			if err := (dsn.Limits{Lock: e.opts.LockTimeout, Statement: 60 * time.Second}).Set(ctx, tx); err != nil {
+			if err := (session.Limits{Lock: e.opts.LockTimeout, Statement: 60 * time.Second}).Set(ctx, tx); err != nil {
 				return fmt.Errorf("online backfill steps: settings: %w", err)
 			}
 			return tx.QueryRow(ctx, `
@@ -185,7 +185,7 @@ func (e *engine) validateOne(ctx context.Context, table, check string) error {
 		return fmt.Errorf("online validate: begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if err := (dsn.Limits{Lock: 60 * time.Second, Statement: dsn.NoLimit}).Set(ctx, tx); err != nil {
+	if err := (session.Limits{Lock: 60 * time.Second, Statement: session.NoLimit}).Set(ctx, tx); err != nil {
 		return fmt.Errorf("online validate: settings: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `alter table pgflow.`+table+` validate constraint `+check); err != nil {

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgretry"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 	"github.com/pgflow-upgrade/pgflow-upgrade/preflight"
@@ -509,7 +509,7 @@ func (e *engine) ddlTx(ctx context.Context, step string, fn func(tx pgx.Tx) erro
 			if !ok {
 				return errApplyBusy
 			}
-			if err := (dsn.Limits{Lock: e.opts.LockTimeout, Statement: 60 * time.Second, IdleInTransaction: idleTimeout}).Set(ctx, tx); err != nil {
+			if err := (session.Limits{Lock: e.opts.LockTimeout, Statement: 60 * time.Second, IdleInTransaction: idleTimeout}).Set(ctx, tx); err != nil {
 				return fmt.Errorf("online %s: setting lock_timeout: %w", step, err)
 			}
 			held = time.Now()

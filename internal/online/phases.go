@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgretry"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
@@ -276,7 +276,7 @@ func (e *engine) batch(ctx context.Context, blk, n int64) (*batchResult, error) 
 	// A batch never waits for a row lock (SKIP LOCKED); the timeouts only
 	// bound a batch that is slower than it should be (then it gets smaller).
 	st := max(20*e.opts.BatchTime, 5*time.Second)
-	if err := (dsn.Limits{Statement: st, Lock: e.opts.LockTimeout, IdleInTransaction: idleTimeout}).Set(ctx, tx); err != nil {
+	if err := (session.Limits{Statement: st, Lock: e.opts.LockTimeout, IdleInTransaction: idleTimeout}).Set(ctx, tx); err != nil {
 		return nil, fmt.Errorf("online backfill: setting timeouts: %w", err)
 	}
 	b := &batchResult{tx: tx}

@@ -42,8 +42,8 @@ import (
 	"errors"
 	"slices"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online/shape"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
@@ -92,7 +92,7 @@ const (
 )
 
 // Querier is a connection or a transaction.
-type Querier = dsn.Querier
+type Querier = session.Querier
 
 // Shape is what the catalog says about the online upgrade's objects.
 type Shape = shape.Shape

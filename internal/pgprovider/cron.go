@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // CronDatabaseName is the cron.database_name a local cluster started with
@@ -78,7 +78,7 @@ type CronInfo struct {
 func (s *Server) Cron(ctx context.Context) (CronInfo, error) {
 	conn, err := pgx.Connect(ctx, s.AdminDSN())
 	if err != nil {
-		return CronInfo{}, errors.New(dsn.RedactText(err.Error(), s.AdminDSN()))
+		return CronInfo{}, errors.New(session.RedactText(err.Error(), s.AdminDSN()))
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	var info CronInfo

@@ -25,7 +25,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // Kind names a provider.
@@ -58,7 +58,7 @@ type Options struct {
 	// what the server offers either way.
 	Cron bool
 	// PinSearchPath makes every connection string of the server carry
-	// search_path = dsn.SearchPath, as the tool's own sessions do: a role
+	// search_path = session.SearchPath, as the tool's own sessions do: a role
 	// or database setting cannot put a writable schema first (`fixtures
 	// replay` sets it; the test harness does not).
 	PinSearchPath bool
@@ -85,7 +85,7 @@ func Open(ctx context.Context, opts Options) (*Server, error) {
 	s, err := open(ctx, opts)
 	if err == nil && opts.PinSearchPath {
 		q := s.adminURL.Query()
-		q.Set("search_path", dsn.SearchPath)
+		q.Set("search_path", session.SearchPath)
 		s.adminURL.RawQuery = q.Encode()
 	}
 	return s, err
@@ -118,7 +118,7 @@ func open(ctx context.Context, opts Options) (*Server, error) {
 }
 
 func openDSN(ctx context.Context, raw string) (*Server, error) {
-	cfg, err := dsn.ParseConfig(raw)
+	cfg, err := session.ParseConfig(raw)
 	if err != nil {
 		return nil, err
 	}
@@ -138,9 +138,9 @@ func openDSN(ctx context.Context, raw string) (*Server, error) {
 		q.Set("port", fmt.Sprint(cfg.Port))
 	}
 	u.RawQuery = q.Encode()
-	s := &Server{Kind: KindDSN, adminURL: u, stop: func() error { return nil }, detail: dsn.Describe(cfg)}
+	s := &Server{Kind: KindDSN, adminURL: u, stop: func() error { return nil }, detail: session.Describe(cfg)}
 	if err := s.ping(ctx); err != nil {
-		return nil, fmt.Errorf("connecting to the server given by the DSN (%s): %w", dsn.Describe(cfg), err)
+		return nil, fmt.Errorf("connecting to the server given by the DSN (%s): %w", session.Describe(cfg), err)
 	}
 	return s, nil
 }
@@ -149,7 +149,7 @@ func openDSN(ctx context.Context, raw string) (*Server, error) {
 func (s *Server) ping(ctx context.Context) error {
 	conn, err := pgx.Connect(ctx, s.AdminDSN())
 	if err != nil {
-		return errors.New(dsn.RedactText(err.Error(), s.AdminDSN()))
+		return errors.New(session.RedactText(err.Error(), s.AdminDSN()))
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	return conn.QueryRow(ctx, "show server_version").Scan(&s.Version)
@@ -240,7 +240,7 @@ func (s *Server) DropTemplate(ctx context.Context, name string) error {
 func (s *Server) adminExec(ctx context.Context, what, stmt string, args ...any) error {
 	conn, err := pgx.Connect(ctx, s.AdminDSN())
 	if err != nil {
-		return fmt.Errorf("%s: connecting: %s", what, dsn.RedactText(err.Error(), s.AdminDSN()))
+		return fmt.Errorf("%s: connecting: %s", what, session.RedactText(err.Error(), s.AdminDSN()))
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	// CREATE DATABASE from a template fails while another clone of the same

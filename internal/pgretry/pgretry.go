@@ -2,7 +2,7 @@
 // `apply` (internal/upgrade) and `apply --online` (internal/online) share:
 // polling an advisory lock without queueing for it, retrying lock-bound work
 // with exponential backoff and equal jitter, and classifying lock errors
-// (the limits themselves are set through dsn.Limits).
+// (the limits themselves are set through session.Limits).
 //
 // Nothing here waits in PostgreSQL's lock queue: locks are tried (or bounded
 // by lock_timeout by the caller), and the waiting happens here, in the

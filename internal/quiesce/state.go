@@ -8,11 +8,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // Querier is what the read-only parts query through (pgx.Tx, *pgx.Conn).
-type Querier = dsn.Querier
+type Querier = session.Querier
 
 // Tables of the recorded state (schema pgflow_upgrade).
 const (

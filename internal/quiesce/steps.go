@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // inTx runs fn in one transaction on conn, committed when fn succeeds.
@@ -22,7 +22,7 @@ func inTx(ctx context.Context, conn *pgx.Conn, what string, fn func(tx pgx.Tx) e
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it is a no-op
 	// Bounded: the application's own row locks on worker_functions or cron.job
 	// must not stall the quiesce indefinitely.
-	if err := (dsn.Limits{Lock: 5 * time.Second}).Set(ctx, tx); err != nil {
+	if err := (session.Limits{Lock: 5 * time.Second}).Set(ctx, tx); err != nil {
 		return fmt.Errorf("%s: setting lock_timeout: %w", what, err)
 	}
 	if err := fn(tx); err != nil {

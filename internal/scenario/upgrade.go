@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
@@ -34,11 +34,11 @@ func ApplyWith(ctx context.Context, db *DB, opts upgrade.Options) (*upgrade.Repo
 	if opts.LockRetries == 0 {
 		opts.LockRetries = 5
 	}
-	cfg, err := dsn.ParseConfig(db.DSN)
+	cfg, err := session.ParseConfig(db.DSN)
 	if err != nil {
 		return nil, err
 	}
-	dsn.Pin(cfg) // as the CLI's apply session
+	session.Pin(cfg) // as the CLI's apply session
 	cfg.RuntimeParams["application_name"] = "pgflow-upgrade apply (replay)"
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {

@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 	"github.com/pgflow-upgrade/pgflow-upgrade/preflight"
@@ -413,7 +413,7 @@ func (a *applyRun) advisoryLock() error {
 		// Only now, with the advisory lock held: every later lock wait of
 		// this transaction is bounded. The limits end with the transaction,
 		// so they are safe through a pooler.
-		if err := (dsn.Limits{Lock: opts.LockTimeout, IdleInTransaction: idleTimeout}).Set(ctx, tx); err != nil {
+		if err := (session.Limits{Lock: opts.LockTimeout, IdleInTransaction: idleTimeout}).Set(ctx, tx); err != nil {
 			return fmt.Errorf("setting lock_timeout: %w", err)
 		}
 		return nil

@@ -9,12 +9,12 @@ import (
 	"strings"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // Querier is what the read-only checks need: a connection or a transaction.
-type Querier = dsn.Querier
+type Querier = session.Querier
 
 // Check is one post-upgrade condition: a catalog query that returns
 // (ok boolean, detail text), or a Go function. The same list is the

@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgretry"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // AdvisoryLockKey is the key of the transaction-level advisory lock that
@@ -312,7 +312,7 @@ func lockAttempt(ctx context.Context, tx pgx.Tx, rest, timeout time.Duration) (t
 		if i > 0 {
 			left := rest - time.Since(firstHeld)
 			// At least 1ms: a budget used up still bounds the wait.
-			if err := (dsn.Limits{Lock: max(left, time.Millisecond)}).Set(ctx, tx); err != nil {
+			if err := (session.Limits{Lock: max(left, time.Millisecond)}).Set(ctx, tx); err != nil {
 				return start, nil, fmt.Errorf("setting the lock budget: %w", err)
 			}
 		}
@@ -328,7 +328,7 @@ func lockAttempt(ctx context.Context, tx pgx.Tx, rest, timeout time.Duration) (t
 		}
 	}
 	// The statements after the locks get the full lock_timeout back.
-	if err := (dsn.Limits{Lock: timeout}).Set(ctx, tx); err != nil {
+	if err := (session.Limits{Lock: timeout}).Set(ctx, tx); err != nil {
 		return start, nil, fmt.Errorf("restoring lock_timeout: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `release savepoint pgflow_upgrade_locks`); err != nil {

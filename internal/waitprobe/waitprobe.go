@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // Probe is one probing client. The zero value reads and updates; set
@@ -52,11 +52,11 @@ const taskKey = `run_id operator(pg_catalog.=) $1::uuid and step_slug operator(p
 // queued task, else any task; a database with no task is probed by reading
 // step_tasks only.
 func (p *Probe) Run(ctx context.Context, dsnText string, ready chan<- struct{}) error {
-	cfg, err := dsn.ParseConfig(dsnText)
+	cfg, err := session.ParseConfig(dsnText)
 	if err != nil {
 		return fmt.Errorf("wait probe: %w", err)
 	}
-	dsn.Pin(cfg)
+	session.Pin(cfg)
 	cfg.RuntimeParams["application_name"] = p.ApplicationName
 	if p.ApplicationName == "" {
 		cfg.RuntimeParams["application_name"] = "pgflow-upgrade wait probe"

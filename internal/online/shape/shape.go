@@ -13,7 +13,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // Names of what the online upgrade adds before the switch. The migration
@@ -64,7 +64,7 @@ const (
 )
 
 // Querier is a connection or a transaction.
-type Querier = dsn.Querier
+type Querier = session.Querier
 
 // Shape is what the catalog says about the online upgrade's objects.
 type Shape struct {

@@ -19,7 +19,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/dsn"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
@@ -68,7 +68,7 @@ func Install(ctx context.Context, tx pgx.Tx, c *catalog.Catalog) error {
 func Statements(c *catalog.Catalog) ([]string, error) {
 	s := ident(c.Schema)
 	out := []string{
-		dsn.SchemaBuildSQL,
+		session.SchemaBuildSQL,
 		"create schema " + s,
 	}
 	for _, t := range c.CompositeTypes {

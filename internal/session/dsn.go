@@ -4,7 +4,7 @@
 // Resolution order: the --dsn flag, then PGFLOW_UPGRADE_DSN, then
 // DATABASE_URL, then libpq's PG* variables as pgx reads them (an empty
 // connection string makes pgx consult PGHOST, PGUSER, PGPASSWORD, ...).
-package dsn
+package session
 
 import (
 	"errors"

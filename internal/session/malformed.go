@@ -1,4 +1,4 @@
-package dsn
+package session
 
 import (
 	"errors"
