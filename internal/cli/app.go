@@ -15,7 +15,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
@@ -164,35 +163,11 @@ func (a *App) resolveWith(value, command string, allowNone bool) (*target, error
 		}
 		return nil, usageErrorf("no database given: pass --dsn, or set PGFLOW_UPGRADE_DSN, DATABASE_URL or the libpq PG* variables")
 	}
-	cfg, err := session.ParseConfig(r.DSN)
+	cfg, err := session.Config(r.DSN, session.Options{Purpose: session.Tool, Name: command})
 	if err != nil {
 		return nil, withCode(ExitUsage, fmt.Errorf("connection string from %s: %w; give a postgres:// URL or key=value pairs (https://www.postgresql.org/docs/current/libpq-connect.html#LIBPQ-CONNSTRING)", r.Source, err))
 	}
-	prepareConfig(cfg, r.DSN, command)
 	return &target{resolved: r, config: cfg, command: command}, nil
-}
-
-// prepareConfig applies what every command needs from its connection.
-func prepareConfig(cfg *pgx.ConnConfig, raw, command string) {
-	// Pinned search_path (internal/session.Pin): no function, operator or type
-	// of a schema another role can write ever runs as the tool's role.
-	session.Pin(cfg)
-	if _, set := cfg.RuntimeParams["application_name"]; !set {
-		cfg.RuntimeParams["application_name"] = "pgflow-upgrade " + command
-	}
-	// No named prepared statements (pgx's statement cache): they do not
-	// survive a transaction-mode pooler, and no command needs them. A DSN
-	// that names an exec mode (simple_protocol for a pooler) keeps it.
-	if !strings.Contains(raw, "default_query_exec_mode") {
-		cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
-	}
-	// Ctrl-C: send the server a cancel request and wait for its answer, so
-	// the running statement is really cancelled (and its transaction rolled
-	// back) before the process exits; pgx's default only closes the socket,
-	// which can leave the statement running or queued for a lock.
-	cfg.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: 5 * time.Second}
-	}
 }
 
 // openTarget is the start of every command that works on one database given by
@@ -224,19 +199,14 @@ func (a *App) connectNoArgs(c *ucli.Context, command string) (conn *pgx.Conn, wh
 	return conn, session.Describe(t.config), nil
 }
 
-// connect opens one connection to the target, with search_path pinned.
+// connect opens one connection to the target, a session of the tool
+// (session.Tool: search_path pinned).
 func (a *App) connect(ctx context.Context, t *target) (*pgx.Conn, error) {
-	session.Pin(t.config) // whatever the command changed in its config
-	conn, err := pgx.ConnectConfig(ctx, t.config)
-	if err != nil && session.IsStartupParamRefused(err) && ctx.Err() == nil {
-		// A pooler that does not pass search_path: set it once connected
-		// and in every transaction instead (session.WithoutStartupPin).
-		conn, err = pgx.ConnectConfig(ctx, session.WithoutStartupPin(t.config))
-		if err == nil && !a.warnedPin {
-			a.warnedPin = true
-			fmt.Fprintln(a.Stderr, "pgflow-upgrade: note: the server (a pooler) refused the search_path startup parameter: search_path is pinned in each transaction only, "+
-				"statements outside one run with the pooler session's path; let the pooler pass it (PgBouncer 1.20+: track_extra_parameters = search_path)")
-		}
+	conn, perTransaction, err := session.Connect(ctx, t.config)
+	if perTransaction && !a.warnedPin {
+		a.warnedPin = true
+		fmt.Fprintln(a.Stderr, "pgflow-upgrade: note: the server (a pooler) refused the search_path startup parameter: search_path is pinned in each transaction only, "+
+			"statements outside one run with the pooler session's path; let the pooler pass it (PgBouncer 1.20+: track_extra_parameters = search_path)")
 	}
 	if err != nil {
 		if ctx.Err() != nil {

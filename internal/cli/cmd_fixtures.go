@@ -73,7 +73,7 @@ func (a *App) fixturesLoad(c *ucli.Context) error {
 		}
 		defer srv.Close()
 		fmt.Fprintf(a.Stderr, "no DSN given: using %s, removed when this command ends\n", srv.Describe())
-		if t.config, err = session.ParseConfig(srv.DSNFor("postgres")); err != nil {
+		if t.config, err = session.Config(srv.DSNFor("postgres"), session.Options{Purpose: session.Tool, Name: "fixtures load"}); err != nil {
 			return withCode(ExitEnvironment, err)
 		}
 		where = "ephemeral " + srv.Describe()

@@ -139,18 +139,13 @@ func TestDeadClientReleasesLocks(t *testing.T) {
 }
 
 // TestToolTransactionsCheckTheClient: every transaction a session of the
-// tool opens (session.Pin) checks its client every session.ClientCheckInterval while
+// tool opens (session.Tool) checks its client every session.ClientCheckInterval while
 // a statement runs, and only the transaction: the session's own setting is
 // left as the server has it.
 func TestToolTransactionsCheckTheClient(t *testing.T) {
 	db := testdb.Empty(t)
 	ctx := context.Background()
-	cfg, err := session.ParseConfig(db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	session.Pin(cfg)
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	conn, err := session.OpenWith(ctx, db.DSN, session.Options{Purpose: session.Tool, Name: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}

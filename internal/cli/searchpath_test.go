@@ -518,7 +518,7 @@ func lastLine(s string) string {
 	return lines[len(lines)-1]
 }
 
-// TestSessionSearchPathPinned: session.Pin wins over the DSN's options, a role
+// TestSessionSearchPathPinned: the pin of a session.Tool session wins over the DSN's options, a role
 // setting and a search_path in the DSN itself, and every transaction starts
 // with the pinned path even after a session-level SET on the connection.
 func TestSessionSearchPathPinned(t *testing.T) {
@@ -531,12 +531,7 @@ func TestSessionSearchPathPinned(t *testing.T) {
 		"search_path in dsn": db.DSN + "&search_path=public",
 	} {
 		t.Run(name, func(t *testing.T) {
-			cfg, err := session.ParseConfig(raw)
-			if err != nil {
-				t.Fatal(err)
-			}
-			session.Pin(cfg)
-			conn, err := pgx.ConnectConfig(ctx, cfg)
+			conn, err := session.OpenWith(ctx, raw, session.Options{Purpose: session.Tool, Name: "test"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -573,7 +568,7 @@ func TestSessionSearchPathPinned(t *testing.T) {
 }
 
 // TestHostileSearchPathThroughPooler: through PgBouncer in transaction mode,
-// which refuses a search_path startup parameter (session.WithoutStartupPin), with
+// which refuses a search_path startup parameter (session.Connect then pins per transaction), with
 // the hostile path set on the database (ALTER DATABASE ... SET): the
 // commands call no shadow either.
 func TestHostileSearchPathThroughPooler(t *testing.T) {

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // DefaultDrainTimeout bounds WaitDrained (the CLI's --drain-timeout default).
@@ -219,8 +221,8 @@ func (r *Report) abort(ctx context.Context, conn *pgx.Conn, opts Options, cause 
 	opts.progress(Event{Step: "restore", Detail: "after a failure: cron jobs first, then worker functions, to their recorded values"})
 	if conn.IsClosed() {
 		// pgx closes a connection whose query was cancelled: restore on a
-		// new one to the same server.
-		fresh, err := pgx.ConnectConfig(rctx, conn.Config())
+		// new one shaped as it was.
+		fresh, err := session.Reopen(rctx, conn)
 		if err != nil {
 			r.Next = UndoCommand
 			return r, fmt.Errorf("%w; reconnecting to restore the recorded values failed (%v): run `%s`", cause, err, r.Next)

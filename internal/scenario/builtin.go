@@ -9,11 +9,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/worker"
 )
@@ -100,7 +100,7 @@ func loadInflight(ctx context.Context, env *Env) (*DB, error) {
 
 // verifyUpgraded runs `verify` and the new worker's startup protocol check.
 func verifyUpgraded(ctx context.Context, db *DB) error {
-	conn, err := pgx.Connect(ctx, db.DSN)
+	conn, err := session.Open(ctx, db.DSN, session.Rehearsal) // as the CLI's verify
 	if err != nil {
 		return err
 	}

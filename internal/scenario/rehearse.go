@@ -7,10 +7,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/waitprobe"
 )
@@ -145,7 +144,7 @@ func (r *Rehearsal) onlineSurvives(ctx context.Context, env *Env) error {
 		case err := <-perr:
 			return fmt.Errorf("the probe did not start: %w", err)
 		}
-		conn, err := pgx.Connect(ctx, db.DSN)
+		conn, err := session.Open(ctx, db.DSN, session.Rehearsal) // as the CLI's apply --online
 		if err != nil {
 			stop()
 			<-perr

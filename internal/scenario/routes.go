@@ -10,9 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/routes"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/worker"
 )
 
@@ -42,7 +41,7 @@ func startStepWorker(ctx context.Context, db *DB, step string) (*worker.Worker, 
 
 // readRoutes runs the route check verify --routes runs, on its own session.
 func readRoutes(ctx context.Context, db *DB) (*routes.Report, error) {
-	conn, err := pgx.Connect(ctx, db.DSN)
+	conn, err := session.Open(ctx, db.DSN, session.Rehearsal) // as the CLI's verify --routes
 	if err != nil {
 		return nil, err
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // Scenario is one named proof.
@@ -89,13 +90,10 @@ func (e *Env) newDB(ctx context.Context, template string) (*DB, error) {
 	if err := e.Server.CreateDatabase(ctx, name, template); err != nil {
 		return nil, err
 	}
-	cfg, err := pgxpool.ParseConfig(db.DSN)
-	if err != nil {
-		return nil, err
-	}
-	cfg.MaxConns = 16
-	cfg.ConnConfig.RuntimeParams["application_name"] = "pgflow-upgrade replay"
-	if db.Pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+	// The replay's own pool generates, loads and compares the rows: the
+	// administrator's session, not pinned.
+	var err error
+	if db.Pool, err = session.OpenPool(ctx, db.DSN, session.Options{Purpose: session.Admin, Name: "pgflow-upgrade replay", MaxConns: 16}); err != nil {
 		return nil, fmt.Errorf("connecting to %s: %w", name, err)
 	}
 	return db, nil
@@ -200,7 +198,7 @@ func (r *Runner) Template(ctx context.Context) (string, error) {
 }
 
 func (r *Runner) fill(ctx context.Context, name string) error {
-	conn, err := pgx.Connect(ctx, r.Server.DSNFor(name))
+	conn, err := session.Open(ctx, r.Server.DSNFor(name), session.Admin)
 	if err != nil {
 		return err
 	}

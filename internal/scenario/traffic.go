@@ -11,8 +11,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/oldworker"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
@@ -64,16 +66,18 @@ func (t *traffic) start(ctx context.Context, n int) <-chan struct{} {
 }
 
 func (t *traffic) session(ctx context.Context, id int) {
-	cfg, err := pgx.ParseConfig(t.db.DSN)
-	if err != nil {
+	// The application's session, on purpose not pinned: the traffic
+	// connects as the application does, and pgflow's functions name their
+	// own schemas. The simple protocol: no prepared statement outlives the
+	// DDL.
+	conn, err := session.OpenWith(ctx, t.db.DSN, session.Options{Purpose: session.Application,
+		Name:     fmt.Sprintf("replay app session %d", id),
+		Settings: map[string]string{"lock_timeout": trafficLockTimeout},
+		ExecMode: pgx.QueryExecModeSimpleProtocol})
+	if errors.Is(err, session.ErrMalformed) {
 		t.fail(fmt.Sprintf("session %d: %v", id, err))
 		return
 	}
-	cfg.RuntimeParams["application_name"] = fmt.Sprintf("replay app session %d", id)
-	cfg.RuntimeParams["lock_timeout"] = trafficLockTimeout
-	// The simple protocol: no prepared statement outlives the DDL.
-	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
-	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		t.fail(fmt.Sprintf("session %d: connecting: %v", id, err))
 		return

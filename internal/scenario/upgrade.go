@@ -2,10 +2,9 @@ package scenario
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
@@ -34,13 +33,11 @@ func ApplyWith(ctx context.Context, db *DB, opts upgrade.Options) (*upgrade.Repo
 	if opts.LockRetries == 0 {
 		opts.LockRetries = 5
 	}
-	cfg, err := session.ParseConfig(db.DSN)
-	if err != nil {
+	// As the CLI's apply session: pinned.
+	conn, err := session.OpenWith(ctx, db.DSN, session.Options{Purpose: session.Rehearsal, Name: "pgflow-upgrade apply (replay)"})
+	if errors.Is(err, session.ErrMalformed) {
 		return nil, err
 	}
-	session.Pin(cfg) // as the CLI's apply session
-	cfg.RuntimeParams["application_name"] = "pgflow-upgrade apply (replay)"
-	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("apply: connecting to %s: %w", db.Name, err)
 	}

@@ -1,9 +1,9 @@
-// Package dsn resolves which database a command talks to and makes sure a
-// password never reaches the user's terminal, a log line or an error message.
+// Resolution of the connection string and redaction of its password.
 //
 // Resolution order: the --dsn flag, then PGFLOW_UPGRADE_DSN, then
 // DATABASE_URL, then libpq's PG* variables as pgx reads them (an empty
 // connection string makes pgx consult PGHOST, PGUSER, PGPASSWORD, ...).
+
 package session
 
 import (

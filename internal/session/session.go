@@ -39,28 +39,35 @@ const ClientCheckInterval = "100ms"
 const pinSQL14 = "select pg_catalog.set_config('search_path', '" + SearchPath + "', true), " +
 	"pg_catalog.set_config('client_connection_check_interval', '" + ClientCheckInterval + "', true)"
 
-// Pin makes every session opened with cfg use SearchPath:
+// pin makes every session opened with cfg use SearchPath (Config calls it
+// for the pinned purposes; a second call changes nothing):
 //
 //   - as a startup parameter: it is applied after the DSN's `options` (so
 //     options=-csearch_path=... loses) and takes precedence over ALTER ROLE
 //     and ALTER DATABASE settings;
 //   - again at the start of every transaction (set_config(..., true) right
 //     after BEGIN), for the sessions where the startup parameter cannot be
-//     used (a pooler that refuses it, see WithoutStartupPin) and so that a
+//     used (a pooler that refuses it, see withoutStartupPin) and so that a
 //     session-level SET earlier on the connection cannot carry over.
 //
 // A search_path given in the DSN itself is overridden.
-func Pin(cfg *pgx.ConnConfig) {
+func pin(cfg *pgx.ConnConfig) {
 	cfg.RuntimeParams["search_path"] = SearchPath
 	if _, done := cfg.Tracer.(*pinTracer); !done {
 		cfg.Tracer = &pinTracer{next: cfg.Tracer}
 	}
 }
 
-// IsStartupParamRefused says whether a connection failed because the server
+// isPinned says whether cfg is pinned (by pin).
+func isPinned(cfg *pgx.ConnConfig) bool {
+	_, ok := cfg.Tracer.(*pinTracer)
+	return ok
+}
+
+// isStartupParamRefused says whether a connection failed because the server
 // (in practice a pooler such as PgBouncer without track_extra_parameters =
 // search_path) refused the search_path startup parameter.
-func IsStartupParamRefused(err error) bool {
+func isStartupParamRefused(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		return strings.Contains(pgErr.Message, "unsupported startup parameter") && strings.Contains(pgErr.Message, "search_path")
@@ -68,14 +75,14 @@ func IsStartupParamRefused(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "unsupported startup parameter: search_path")
 }
 
-// WithoutStartupPin is cfg for a pooler that refuses the search_path startup
+// withoutStartupPin is cfg for a pooler that refuses the search_path startup
 // parameter: the path is then set in every transaction only. No session SET:
 // through a transaction pooler it would stay on the server session and reach
 // the application's clients. Statements outside a transaction run with the
 // path of whichever server session the pooler hands out; the tool's own SQL
 // names every schema, and the pooler should pass search_path (PgBouncer:
 // track_extra_parameters = search_path) to close that gap.
-func WithoutStartupPin(cfg *pgx.ConnConfig) *pgx.ConnConfig {
+func withoutStartupPin(cfg *pgx.ConnConfig) *pgx.ConnConfig {
 	c := cfg.Copy()
 	delete(c.RuntimeParams, "search_path")
 	return c

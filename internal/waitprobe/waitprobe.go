@@ -52,17 +52,18 @@ const taskKey = `run_id operator(pg_catalog.=) $1::uuid and step_slug operator(p
 // queued task, else any task; a database with no task is probed by reading
 // step_tasks only.
 func (p *Probe) Run(ctx context.Context, dsnText string, ready chan<- struct{}) error {
-	cfg, err := session.ParseConfig(dsnText)
-	if err != nil {
+	name := p.ApplicationName
+	if name == "" {
+		name = "pgflow-upgrade wait probe"
+	}
+	// A rehearsal session (pinned), though the probe plays the application:
+	// it runs inside the tool, on the database being upgraded, and its SQL
+	// names every schema and operator.
+	conn, err := session.OpenWith(ctx, dsnText, session.Options{Purpose: session.Rehearsal, Name: name,
+		Settings: map[string]string{"lock_timeout": "5s"}})
+	if errors.Is(err, session.ErrMalformed) {
 		return fmt.Errorf("wait probe: %w", err)
 	}
-	session.Pin(cfg)
-	cfg.RuntimeParams["application_name"] = p.ApplicationName
-	if p.ApplicationName == "" {
-		cfg.RuntimeParams["application_name"] = "pgflow-upgrade wait probe"
-	}
-	cfg.RuntimeParams["lock_timeout"] = "5s"
-	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("wait probe: connecting: %w", err)
 	}
