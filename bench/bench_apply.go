@@ -5,8 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
@@ -28,7 +27,7 @@ func benchApply(ctx context.Context, env *Env) ([]Row, error) {
 			if err != nil {
 				return nil, err
 			}
-			conn, err := pgx.Connect(ctx, dsn)
+			conn, err := session.Open(ctx, dsn, session.Rehearsal)
 			if err != nil {
 				drop()
 				return nil, err

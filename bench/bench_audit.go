@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // The audit answers exactly: its one full-table check (duplicate (queue,
@@ -39,7 +40,7 @@ type AuditTimes struct {
 func MeasureAudit(ctx context.Context, dsn string) (AuditTimes, error) {
 	var m AuditTimes
 	timed := func(fn func(conn *pgx.Conn) error) (time.Duration, error) {
-		conn, err := pgx.Connect(ctx, dsn)
+		conn, err := session.Open(ctx, dsn, session.Rehearsal)
 		if err != nil {
 			return 0, err
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/calibrate"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/forecast"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
@@ -106,7 +107,7 @@ func onClone(ctx context.Context, env *Env, size int64, fn func(conn *pgx.Conn) 
 		return err
 	}
 	defer drop()
-	conn, err := pgx.Connect(ctx, dsn)
+	conn, err := session.Open(ctx, dsn, session.Rehearsal)
 	if err != nil {
 		return err
 	}

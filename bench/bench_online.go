@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/waitprobe"
 )
@@ -36,7 +37,7 @@ func measuredWith(ctx context.Context, env *Env, size int64, p *waitprobe.Probe,
 		return 0, waitprobe.Result{}, err
 	}
 	defer drop()
-	conn, err := pgx.Connect(ctx, dsn)
+	conn, err := session.Open(ctx, dsn, session.Rehearsal)
 	if err != nil {
 		return 0, waitprobe.Result{}, err
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/oldworker"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 	"github.com/pgflow-upgrade/pgflow-upgrade/worker"
 )
@@ -240,7 +241,7 @@ func measureWorkers(ctx context.Context, env *Env, p protocol, shape workerShape
 		return workerSample{}, err
 	}
 	defer drop()
-	admin, err := pgx.Connect(ctx, dsn)
+	admin, err := session.Open(ctx, dsn, session.Admin)
 	if err != nil {
 		return workerSample{}, err
 	}
@@ -619,16 +620,13 @@ var noOutput = json.RawMessage("true") // the same output on both paths (0.16.0 
 
 func startBenchWorkers(ctx context.Context, p protocol, shape workerShape, dsn string, n int) (*benchWorkers, error) {
 	b := &benchWorkers{}
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		return nil, err
-	}
-	cfg.MaxConns = wbPoolConns
+	// The workers are the application: its sessions, on purpose not pinned.
+	opts := session.Options{Purpose: session.Application, MaxConns: wbPoolConns}
 	if wbTrackFunctions() {
-		cfg.ConnConfig.RuntimeParams["track_functions"] = "all"
+		opts.Settings = map[string]string{"track_functions": "all"}
 	}
 	for range n {
-		pool, err := pgxpool.NewWithConfig(ctx, cfg.Copy())
+		pool, err := session.OpenPool(ctx, dsn, opts)
 		if err != nil {
 			_ = b.stop()
 			return nil, err

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/datagen"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // Env is what a benchmark gets: a server, the sizes to measure, and cheap
@@ -85,7 +86,7 @@ func (e *Env) clone(ctx context.Context, tpl string) (string, func(), error) {
 }
 
 func (e *Env) admin(ctx context.Context, sql string) error {
-	conn, err := pgx.Connect(ctx, e.Server.AdminDSN())
+	conn, err := session.Open(ctx, e.Server.AdminDSN(), session.Admin)
 	if err != nil {
 		return err
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/forecast"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
@@ -119,7 +120,8 @@ func onCopy(ctx context.Context, srv *pgprovider.Server, tpl string, fn func(con
 		return err
 	}
 	defer func() { _ = srv.DropDatabase(context.WithoutCancel(ctx), name) }()
-	conn, err := pgx.Connect(ctx, srv.DSNFor(name))
+	// The tool's own SQL on the copy: a rehearsal session, pinned as the CLI's.
+	conn, err := session.Open(ctx, srv.DSNFor(name), session.Rehearsal)
 	if err != nil {
 		return fmt.Errorf("connecting to the sample copy: %w", err)
 	}

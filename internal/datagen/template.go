@@ -5,10 +5,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // Template creates on srv a template database named prefix plus a random
@@ -28,7 +27,7 @@ func Template(ctx context.Context, srv *pgprovider.Server, prefix string, rows i
 			_ = srv.DropDatabase(context.WithoutCancel(ctx), name)
 		}
 	}()
-	conn, err := pgx.Connect(ctx, srv.DSNFor(name))
+	conn, err := session.Open(ctx, srv.DSNFor(name), session.Admin) // installs and generates
 	if err != nil {
 		return "", 0, fmt.Errorf("connecting to the generated database: %w", err)
 	}

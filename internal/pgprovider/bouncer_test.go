@@ -5,7 +5,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // TestBouncerIsTransactionMode proves the harness really is a transaction-mode
@@ -26,7 +26,9 @@ func TestBouncerIsTransactionMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	c1, err := pgx.Connect(ctx, b.DSNFor("postgres"))
+	// Raw sessions, unpinned on purpose: the test is about the pooler's
+	// connections as any client gets them.
+	c1, err := session.Open(ctx, b.DSNFor("postgres"), session.Raw)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +46,7 @@ func TestBouncerIsTransactionMode(t *testing.T) {
 		t.Fatalf("SET LOCAL inside a transaction did not hold through the bouncer: %q", st)
 	}
 	// Two clients interleaving transactions share server connections.
-	c2, err := pgx.Connect(ctx, b.DSNFor("postgres"))
+	c2, err := session.Open(ctx, b.DSNFor("postgres"), session.Raw)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +63,7 @@ func TestBouncerIsTransactionMode(t *testing.T) {
 		t.Fatal("no backend pid read through the bouncer")
 	}
 	var mode string
-	admin, err := pgx.Connect(ctx, b.DSNFor("pgbouncer"))
+	admin, err := session.Open(ctx, b.DSNFor("pgbouncer"), session.Raw) // the console takes nothing else
 	if err != nil {
 		t.Fatalf("admin console: %v", err)
 	}

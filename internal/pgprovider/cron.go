@@ -9,8 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
@@ -76,7 +74,7 @@ type CronInfo struct {
 
 // Cron reports what the server offers of pg_cron.
 func (s *Server) Cron(ctx context.Context) (CronInfo, error) {
-	conn, err := pgx.Connect(ctx, s.AdminDSN())
+	conn, err := session.Open(ctx, s.AdminDSN(), session.Admin)
 	if err != nil {
 		return CronInfo{}, errors.New(session.RedactText(err.Error(), s.AdminDSN()))
 	}

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // TestLocalClusterLifecycle starts the embedded default, uses it through the
@@ -41,7 +41,7 @@ func TestLocalClusterLifecycle(t *testing.T) {
 	if err := d.CreateDatabase(ctx, tpl, ""); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := pgx.Connect(ctx, d.DSNFor(tpl))
+	conn, err := session.Open(ctx, d.DSNFor(tpl), session.Admin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func TestLocalClusterLifecycle(t *testing.T) {
 	if err := d.CreateDatabase(ctx, clone, tpl); err != nil {
 		t.Fatal(err)
 	}
-	conn, err = pgx.Connect(ctx, d.DSNFor(clone))
+	conn, err = session.Open(ctx, d.DSNFor(clone), session.Admin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestLocalClusterLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	var left int
-	admin, _ := pgx.Connect(ctx, d.AdminDSN())
+	admin, _ := session.Open(ctx, d.AdminDSN(), session.Admin)
 	_ = admin.QueryRow(ctx, "select count(*) from pg_database where datname in ($1, $2)", tpl, clone).Scan(&left)
 	admin.Close(ctx)
 	if left != 0 {
