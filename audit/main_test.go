@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -19,7 +20,7 @@ func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
 // connect opens a dedicated connection to dsn, closed at cleanup.
 func connect(t *testing.T, dsn string) *pgx.Conn {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), dsn)
+	conn, err := session.Open(context.Background(), dsn, session.Test)
 	if err != nil {
 		t.Fatalf("connecting: %v", err)
 	}

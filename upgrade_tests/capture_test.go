@@ -9,6 +9,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -28,7 +29,7 @@ func TestCaptureReplay(t *testing.T) {
 	if _, err := scenario.Generate(ctx, src.Pool, 11); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := pgx.Connect(ctx, src.DSN)
+	conn, err := session.Open(ctx, src.DSN, session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/oldworker"
@@ -22,6 +21,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
@@ -45,7 +45,7 @@ func onlineOptions() online.Options {
 // from the first preflight: the switch runs only blockers under its locks;
 // duplicates are found by the index build, before any switch).
 func onlineUpgrade(ctx context.Context, db *scenario.DB) (*upgrade.Report, error) {
-	conn, err := pgx.Connect(ctx, db.DSN)
+	conn, err := session.Open(ctx, db.DSN, session.Test)
 	if err != nil {
 		return nil, err
 	}
@@ -244,7 +244,7 @@ func interruptedSeed(t *testing.T, seed uint64) error {
 		if run > kills+5 {
 			return fmt.Errorf("not upgraded after %d runs: %s", run, strings.Join(log, "; "))
 		}
-		conn, err := pgx.Connect(ctx, db.DSN)
+		conn, err := session.Open(ctx, db.DSN, session.Test)
 		if err != nil {
 			return err
 		}
@@ -331,7 +331,7 @@ func interruptedSeed(t *testing.T, seed uint64) error {
 		}
 		return fmt.Errorf("queue_name wrong (%s):\n%s", strings.Join(log, "; "), fingerprint.Format(d, 20))
 	}
-	conn, err := pgx.Connect(ctx, db.DSN)
+	conn, err := session.Open(ctx, db.DSN, session.Test)
 	if err != nil {
 		return err
 	}

@@ -7,12 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/datagen"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
@@ -44,7 +42,7 @@ func TestApplyCancelsAutovacuumOnStepTasks(t *testing.T) {
 	if r := run(t, nil, "--dsn", dsnValue, "fixtures", "load", "inflight"); r.code != cli.ExitOK {
 		t.Fatalf("fixtures load: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	pool, err := pgxpool.New(ctx, dsnValue)
+	pool, err := session.OpenPool(ctx, dsnValue, session.Options{Purpose: session.Admin}) // generates the rows
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +75,7 @@ func TestApplyCancelsAutovacuumOnStepTasks(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 
-	conn, err := pgx.Connect(ctx, dsnValue)
+	conn, err := session.Open(ctx, dsnValue, session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
@@ -252,7 +253,7 @@ func replayDatabases(t *testing.T) []string {
 
 func replayDatabasesOn(t *testing.T, adminDSN string) []string {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), adminDSN)
+	conn, err := session.Open(context.Background(), adminDSN, session.Admin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,7 +358,7 @@ func TestBadInputWrongPassword(t *testing.T) {
 		t.Fatalf("starting a cluster with password authentication: %v", err)
 	}
 	t.Cleanup(func() { srv.Close() })
-	admin, err := pgx.Connect(ctx, srv.AdminDSN())
+	admin, err := session.Open(ctx, srv.AdminDSN(), session.Admin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -409,7 +410,7 @@ func TestBadInputTamperedMigration(t *testing.T) {
 	}
 	tampered[all[0].File] = &fstest.MapFile{Data: []byte(all[0].SQL + "\ndrop table pgflow.runs cascade;\n")}
 	before := testdb.State(t, db.Pool)
-	conn, err := pgx.Connect(ctx, db.DSN)
+	conn, err := session.Open(ctx, db.DSN, session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -432,7 +433,7 @@ func TestBadInputTamperedMigration(t *testing.T) {
 }
 
 func dropRole(t *testing.T, role string) {
-	conn, err := pgx.Connect(context.Background(), testdb.Server(t).AdminDSN())
+	conn, err := session.Open(context.Background(), testdb.Server(t).AdminDSN(), session.Admin)
 	if err != nil {
 		t.Errorf("dropping role %s: %v", role, err)
 		return

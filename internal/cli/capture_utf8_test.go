@@ -15,6 +15,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -81,7 +82,7 @@ func TestCaptureRefusesTextThatIsNotUTF8(t *testing.T) {
 	ctx := context.Background()
 	srv := testdb.Server(t)
 	name := pgprovider.RandomName("pgflow_upgrade_test_ascii_")
-	admin, err := pgx.Connect(ctx, srv.AdminDSN())
+	admin, err := session.Open(ctx, srv.AdminDSN(), session.Admin)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +96,7 @@ func TestCaptureRefusesTextThatIsNotUTF8(t *testing.T) {
 	if r := run(t, nil, "--dsn", dsnValue, "fixtures", "load", "inflight"); r.code != cli.ExitOK {
 		t.Fatalf("fixtures load into a SQL_ASCII database: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	conn, err := pgx.Connect(ctx, dsnValue)
+	conn, err := session.Open(ctx, dsnValue, session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}

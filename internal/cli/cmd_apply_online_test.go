@@ -7,10 +7,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -35,7 +34,7 @@ func TestApplyOnlineCLI(t *testing.T) {
 
 	// Stop an online upgrade after its backfill, as a kill would.
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, db.DSN)
+	conn, err := session.Open(ctx, db.DSN, session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}

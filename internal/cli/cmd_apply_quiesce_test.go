@@ -6,10 +6,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -73,7 +72,7 @@ func TestApplyQuiesceCommands(t *testing.T) {
 	}
 
 	// As a crash after the pause leaves it: status shows it and the commands.
-	conn, err := pgx.Connect(ctx, db.DSN)
+	conn, err := session.Open(ctx, db.DSN, session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +147,7 @@ func TestApplyOnlineResumeQuiesce(t *testing.T) {
 	ctx := context.Background()
 	db := quiesceDB(t)
 	before := recordedValues(t, db)
-	conn, err := pgx.Connect(ctx, db.DSN)
+	conn, err := session.Open(ctx, db.DSN, session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,10 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -241,7 +240,7 @@ func TestHostileDatabaseName(t *testing.T) {
 	if r := run(t, nil, "--dsn", dsnValue, "fixtures", "load", "baseline"); r.code != cli.ExitOK {
 		t.Fatalf("fixtures load baseline on database %q: exit %d\n%s%s", name, r.code, r.stdout, r.stderr)
 	}
-	conn, err := pgx.Connect(ctx, dsnValue)
+	conn, err := session.Open(ctx, dsnValue, session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}

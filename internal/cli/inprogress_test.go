@@ -8,11 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
@@ -169,7 +168,7 @@ func TestOnlineInProgressNamedByAuditAndApply(t *testing.T) {
 	ctx := context.Background()
 	db := testdb.Baseline(t)
 	sqlExec(t, db, `select pgflow.create_flow('Half_Way')`, `select pgflow.add_step('Half_Way', 'only')`, `select pgflow.start_flow('Half_Way', '{}')`)
-	conn, err := pgx.Connect(ctx, db.DSN)
+	conn, err := session.Open(ctx, db.DSN, session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,7 +316,7 @@ func TestVerifyFailsWhileAQuiesceRecordIsOpen(t *testing.T) {
 func crashQuiesceAt(t *testing.T, db *testdb.DB, point string) {
 	t.Helper()
 	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, db.DSN)
+	conn, err := session.Open(ctx, db.DSN, session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}

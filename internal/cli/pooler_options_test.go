@@ -6,9 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -24,7 +23,7 @@ func TestPoolerRefusesOptions(t *testing.T) {
 	// The test bouncer ignores options; this one must refuse them, as
 	// PgBouncer does unless told otherwise (a runtime setting of its admin
 	// console).
-	admin, err := pgx.Connect(ctx, b.DSNFor("pgbouncer"))
+	admin, err := session.Open(ctx, b.DSNFor("pgbouncer"), session.Raw) // the console takes nothing else
 	if err != nil {
 		t.Fatalf("pgbouncer's admin console: %v", err)
 	}

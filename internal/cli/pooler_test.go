@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
@@ -87,12 +88,14 @@ func TestPoolerExecModes(t *testing.T) {
 				mode, extra = mode[:i], mode[i:]
 			}
 			dsnMode := viaBouncer(t, b, db, mode) + extra
-			a, err := pgx.Connect(ctx, dsnMode)
+			// Raw, unpinned on purpose: what the pooler does to a client's
+			// prepared statements, whatever the tool adds.
+			a, err := session.Open(ctx, dsnMode, session.Raw)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer a.Close(ctx)
-			other, err := pgx.Connect(ctx, viaBouncer(t, b, db, "simple_protocol"))
+			other, err := session.Open(ctx, viaBouncer(t, b, db, "simple_protocol"), session.Raw)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -180,7 +183,8 @@ func TestPoolerAudit(t *testing.T) {
 	}()
 	seen := map[uint32]bool{}
 	for i := 0; i < 4; i++ {
-		c, err := pgx.Connect(ctx, viaBouncer(t, b, db, "simple_protocol"))
+		// Raw: plain clients of the pooler, holding its server connections.
+		c, err := session.Open(ctx, viaBouncer(t, b, db, "simple_protocol"), session.Raw)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -214,7 +218,9 @@ func TestPoolerApplyAdvisoryLock(t *testing.T) {
 	ctx := context.Background()
 	before := testdb.State(t, db.Pool)
 
-	connA, err := pgx.Connect(ctx, viaBouncer(t, b, db, "exec"))
+	// Pinned as the CLI's apply is (per transaction, if the pooler refuses
+	// the startup parameter: session.Connect).
+	connA, err := session.Open(ctx, viaBouncer(t, b, db, "exec"), session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}

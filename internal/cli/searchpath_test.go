@@ -241,7 +241,8 @@ func hostileSchema(t *testing.T, db *testdb.DB) hostile {
 	// The shadows work: a session (as evil, so its escalation fails) whose
 	// path puts public first calls them, and the server counts the calls
 	// once that session has ended.
-	check, err := pgx.Connect(ctx, db.DSN)
+	// Raw, unpinned on purpose: this session must find the shadows.
+	check, err := session.Open(ctx, db.DSN, session.Raw)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -479,12 +480,7 @@ func TestHostileSearchPathShadows(t *testing.T) {
 func stopOnline(t *testing.T, db *testdb.DB, point string) {
 	t.Helper()
 	ctx := context.Background()
-	cfg, err := pgx.ParseConfig(db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.RuntimeParams["search_path"] = "pg_catalog, pg_temp" // as the tool's own sessions
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	conn, err := session.Open(ctx, db.DSN, session.Test) // pinned, as the tool's own sessions
 	if err != nil {
 		t.Fatal(err)
 	}

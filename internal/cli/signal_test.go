@@ -15,10 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -196,7 +195,7 @@ func backends(t *testing.T, app, db string, waitingOnLock bool) int {
 
 func backendsOn(t *testing.T, adminDSN, app, db string, waitingOnLock bool) int {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), adminDSN)
+	conn, err := session.Open(context.Background(), adminDSN, session.Admin)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,9 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/forecast"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -28,7 +27,7 @@ func TestReadStats(t *testing.T) {
 	}
 	// Someone holds step_tasks as an apply would.
 	release := db.HoldLock(t, `lock table pgflow.step_tasks in access exclusive mode`)
-	conn, err := pgx.Connect(ctx, db.DSN)
+	conn, err := session.Open(ctx, db.DSN, session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +53,7 @@ func TestReadStats(t *testing.T) {
 // the forecast unavailable).
 func TestReadStatsWithoutPgflow(t *testing.T) {
 	db := testdb.Empty(t)
-	conn, err := pgx.Connect(context.Background(), db.DSN)
+	conn, err := session.Open(context.Background(), db.DSN, session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
@@ -56,7 +57,7 @@ func inflight(t *testing.T) *testdb.DB {
 
 func connect(t *testing.T, db *testdb.DB) *pgx.Conn {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), db.DSN)
+	conn, err := session.Open(context.Background(), db.DSN, session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/oldworker"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
@@ -38,7 +39,7 @@ func testCtx(t *testing.T) context.Context {
 
 func connect(t *testing.T, db *testdb.DB) *pgx.Conn {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), db.DSN)
+	conn, err := session.Open(context.Background(), db.DSN, session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}

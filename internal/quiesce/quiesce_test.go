@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
@@ -355,7 +356,7 @@ func TestQuiesceCronRoleMayNotAlter(t *testing.T) {
 				`grant create on database `+pgx.Identifier{db.Name}.Sanitize()+` to %[1]s`)
 			before := snapshot(t, db)
 			stateBefore := testdb.State(t, db.Pool)
-			conn, err := pgx.Connect(ctx, roleDSN)
+			conn, err := session.Open(ctx, roleDSN, session.Test)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/routes"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/worker"
 )
@@ -49,7 +50,7 @@ func startWorker(t *testing.T, db *testdb.DB, step, function string) *worker.Wor
 
 func connect(t *testing.T, dsn string) *pgx.Conn {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), dsn)
+	conn, err := session.Open(context.Background(), dsn, session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,13 +296,8 @@ func TestReadSendsOnlySelectsInAReadOnlyTransaction(t *testing.T) {
 	}
 	before := testdb.State(t, db.Pool)
 
-	cfg, err := pgx.ParseConfig(db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
 	rec := &recorder{}
-	cfg.Tracer = rec
-	conn, err := pgx.ConnectConfig(context.Background(), cfg)
+	conn, err := session.OpenWith(context.Background(), db.DSN, session.Options{Purpose: session.Test, Tracer: rec})
 	if err != nil {
 		t.Fatal(err)
 	}

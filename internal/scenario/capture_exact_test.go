@@ -12,6 +12,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -91,7 +92,7 @@ func TestCaptureRebuildsExactly(t *testing.T) {
 		t.Fatal(err)
 	}
 	var file bytes.Buffer
-	conn, err := pgx.Connect(ctx, src.DSN)
+	conn, err := session.Open(ctx, src.DSN, session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +177,7 @@ func TestCaptureRebuildsExactly(t *testing.T) {
 func dropRole(t *testing.T, role string) {
 	t.Helper()
 	drop := func() error {
-		conn, err := pgx.Connect(context.Background(), testdb.Server(t).DSNFor("postgres"))
+		conn, err := session.Open(context.Background(), testdb.Server(t).DSNFor("postgres"), session.Admin)
 		if err != nil {
 			return err
 		}
@@ -236,7 +237,7 @@ func TestCaptureRefusesPartitionedTables(t *testing.T) {
 	if _, err := src.Pool.Exec(ctx, `create schema app; create table app.p (id int) partition by range (id)`); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := pgx.Connect(ctx, src.DSN)
+	conn, err := session.Open(ctx, src.DSN, session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}

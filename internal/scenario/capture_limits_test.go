@@ -16,9 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -235,7 +234,7 @@ func TestRestoreFileStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	dst := testdb.Empty(t)
-	conn, err := pgx.Connect(ctx, dst.DSN)
+	conn, err := session.Open(ctx, dst.DSN, session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
@@ -28,7 +29,7 @@ func TestRehearsalOnACustomizedCapture(t *testing.T) {
 	if _, err := src.Pool.Exec(ctx, customizeSQL); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := pgx.Connect(ctx, src.DSN)
+	conn, err := session.Open(ctx, src.DSN, session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -111,7 +112,7 @@ func TestGenerateCoversEveryKind(t *testing.T) {
 
 func capture(t *testing.T, db *testdb.DB, redact bool) []byte {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), db.DSN)
+	conn, err := session.Open(context.Background(), db.DSN, session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +130,7 @@ func restored(t *testing.T, c *scenario.Captured) *testdb.DB {
 	t.Helper()
 	ctx := context.Background()
 	dst := testdb.Empty(t)
-	conn, err := pgx.Connect(ctx, dst.DSN)
+	conn, err := session.Open(ctx, dst.DSN, session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}

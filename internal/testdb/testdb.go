@@ -7,6 +7,10 @@
 //	func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
 //	db := testdb.Baseline(t) // pgmq + the real pgflow 0.16.0 engine
 //
+// A DB's Pool hands out session.Test sessions: search_path is pinned as in
+// the tool's own, so test SQL that forgets its schema fails (the templates
+// are built by session.Admin ones, which keep the server's path).
+//
 // Each database is dropped when its test ends, and the templates when the
 // binary ends, so a DSN server is left as it was found.
 package testdb
@@ -21,11 +25,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // Template kinds.
@@ -162,7 +166,7 @@ func fill(ctx context.Context, dsn, kind string) error {
 	if kind == tplEmpty {
 		return nil
 	}
-	conn, err := pgx.Connect(ctx, dsn)
+	conn, err := session.Open(ctx, dsn, session.Admin) // builds the template
 	if err != nil {
 		return err
 	}
@@ -202,7 +206,7 @@ func announceComponents(ctx context.Context) error {
 	if os.Getenv("PGFLOW_UPGRADE_NO_CRON") == "1" {
 		cron = pgprovider.CronInfo{Why: "PGFLOW_UPGRADE_NO_CRON=1"}
 	}
-	conn, err := pgx.Connect(ctx, server.AdminDSN())
+	conn, err := session.Open(ctx, server.AdminDSN(), session.Admin)
 	if err != nil {
 		return err
 	}
@@ -247,6 +251,9 @@ func announceComponents(ctx context.Context) error {
 type DB struct {
 	Name string
 	DSN  string
+	// Pool's sessions are session.Test ones: search_path pinned. A test
+	// opens more with session.Open(ctx, db.DSN, session.Test), or an
+	// explicitly unpinned purpose when that is what it tests.
 	Pool *pgxpool.Pool
 }
 
@@ -260,12 +267,10 @@ func fresh(t testing.TB, kind string) *DB {
 		t.Fatalf("testdb: %v", err)
 	}
 	db := &DB{Name: name, DSN: s.DSNFor(name)}
-	cfg, err := pgxpool.ParseConfig(db.DSN)
-	if err != nil {
-		t.Fatalf("testdb: %v", err)
-	}
-	cfg.MaxConns = 20
-	db.Pool, err = pgxpool.NewWithConfig(ctx, cfg)
+	// A session.Test pool: search_path pinned as in the tool's own
+	// sessions, so test SQL that forgets its schema fails here too.
+	var err error
+	db.Pool, err = session.OpenPool(ctx, db.DSN, session.Options{Purpose: session.Test, MaxConns: 20})
 	if err != nil {
 		t.Fatalf("testdb: connecting to %s: %v", name, err)
 	}

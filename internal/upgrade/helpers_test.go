@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -53,7 +54,7 @@ func inflightDB(t *testing.T) *testdb.DB {
 // connect opens one connection to db (closed at cleanup).
 func connect(t *testing.T, db *testdb.DB) *pgx.Conn {
 	t.Helper()
-	conn, err := pgx.Connect(context.Background(), db.DSN)
+	conn, err := session.Open(context.Background(), db.DSN, session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}

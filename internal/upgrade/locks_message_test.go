@@ -8,8 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
@@ -28,13 +27,8 @@ func TestLockErrorTellsTheTruth(t *testing.T) {
 	ctx := testCtx(t)
 	db := inflightDB(t)
 
-	cfg, err := pgx.ParseConfig(db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const app = "billing worker, v2"
-	cfg.RuntimeParams["application_name"] = app
-	holder, err := pgx.ConnectConfig(ctx, cfg)
+	holder, err := session.OpenWith(ctx, db.DSN, session.Options{Purpose: session.Application, Name: app})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,12 +151,7 @@ func TestLockHoldersSeeNewSessionsInATransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cfg, err := pgx.ParseConfig(db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.RuntimeParams["application_name"] = "late holder"
-	late, err := pgx.ConnectConfig(ctx, cfg)
+	late, err := session.OpenWith(ctx, db.DSN, session.Options{Purpose: session.Application, Name: "late holder"})
 	if err != nil {
 		t.Fatal(err)
 	}
