@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // events returns the names of the broadcasts recorded for a run, in order.
@@ -125,7 +127,9 @@ func testDifferences(t *testing.T, p *pgxpool.Pool) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	exec(t, tx, `select set_config('app.settings.jwt_secret', 'super-secret-jwt-token-with-at-least-32-characters-long', true)`)
+	if err := session.SetLocal(ctx, tx, "app.settings.jwt_secret", "super-secret-jwt-token-with-at-least-32-characters-long"); err != nil {
+		t.Fatal(err)
+	}
 	want["status"], want["mismatchKind"] = "recompiled", nil
 	if got := compile(tx, "gate_flow", gate, "step"); !reflect.DeepEqual(got, want) {
 		t.Fatalf("local recompile:\n got %v\nwant %v", got, want)

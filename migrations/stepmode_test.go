@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -260,7 +261,9 @@ func TestLocalRecompileMovesAFlowToStepMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	exec(t, tx, `select set_config('app.settings.jwt_secret', 'super-secret-jwt-token-with-at-least-32-characters-long', true)`)
+	if err := session.SetLocal(ctx, tx, "app.settings.jwt_secret", "super-secret-jwt-token-with-at-least-32-characters-long"); err != nil {
+		t.Fatal(err)
+	}
 	if st := scalar[string](t, tx, `select pgflow.ensure_flow_compiled('Moving', $1::jsonb, 'step') ->> 'status'`, shape); st != "recompiled" {
 		t.Fatalf("local recompile into step mode: %s", st)
 	}

@@ -7,12 +7,14 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // fakePool is a pool that never connects (New does not touch the database).
 func fakePool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none?sslmode=disable")
+	pool, err := session.OpenPool(context.Background(), "postgres://nobody@127.0.0.1:1/none?sslmode=disable", session.Options{Purpose: session.Application})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -126,3 +126,12 @@ func (s *locals) exec(ctx context.Context, q Querier) error {
 func millis(d time.Duration) string {
 	return strconv.FormatInt(max(d.Milliseconds(), 1), 10) + "ms"
 }
+
+// SetLocal sets one run-time setting for the current transaction (or
+// savepoint) of q only, like Limits.Set, for a setting the tool does not
+// name itself (an application's own, such as app.settings.jwt_secret).
+// Name and value travel as parameters.
+func SetLocal(ctx context.Context, q Querier, name, value string) error {
+	_, err := q.Exec(ctx, "select pg_catalog.set_config($1, $2, true)", name, value)
+	return err
+}
