@@ -147,7 +147,7 @@ func openDSN(ctx context.Context, raw string) (*Server, error) {
 
 // ping connects once and reads the server version.
 func (s *Server) ping(ctx context.Context) error {
-	conn, err := pgx.Connect(ctx, s.AdminDSN())
+	conn, err := session.Open(ctx, s.AdminDSN(), session.Admin)
 	if err != nil {
 		return errors.New(session.RedactText(err.Error(), s.AdminDSN()))
 	}
@@ -238,7 +238,7 @@ func (s *Server) DropTemplate(ctx context.Context, name string) error {
 }
 
 func (s *Server) adminExec(ctx context.Context, what, stmt string, args ...any) error {
-	conn, err := pgx.Connect(ctx, s.AdminDSN())
+	conn, err := session.Open(ctx, s.AdminDSN(), session.Admin)
 	if err != nil {
 		return fmt.Errorf("%s: connecting: %s", what, session.RedactText(err.Error(), s.AdminDSN()))
 	}
