@@ -37,11 +37,14 @@ func benchApply(ctx context.Context, env *Env) ([]Row, error) {
 			took := time.Since(start)
 			conn.Close(ctx)
 			drop()
-			if err := upgrade.RequireApplied(rep.Outcome, rep.Message, err); err != nil {
+			if err == nil {
+				err = rep.Want(upgrade.OutcomeApplied)
+			}
+			if err != nil {
 				return nil, fmt.Errorf("apply at %d rows: %w", size, err)
 			}
 			total = append(total, took)
-			window = append(window, time.Duration(rep.LockWindowMS)*time.Millisecond)
+			window = append(window, time.Duration(rep.Report.LockWindowMS)*time.Millisecond)
 		}
 		rows = append(rows, Row{Benchmark: "apply", Case: fmt.Sprintf("pgflow-upgrade apply, %d step_tasks", size), Metrics: []Metric{
 			{"total", Median(total).Seconds(), "s"},

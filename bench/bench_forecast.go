@@ -51,9 +51,11 @@ func benchForecast(ctx context.Context, env *Env) ([]Row, error) {
 			}
 			est = forecast.Estimate(stats, basis, forecast.DefaultOnlineThreshold)
 			rep, err := upgrade.Apply(ctx, conn, upgrade.Options{})
-			err = upgrade.RequireApplied(rep.Outcome, rep.Message, err)
-			window = time.Duration(rep.LockWindowMS) * time.Millisecond
-			return err
+			if err != nil {
+				return err
+			}
+			window = time.Duration(rep.Report.LockWindowMS) * time.Millisecond
+			return rep.Want(upgrade.OutcomeApplied)
 		})
 		if err != nil {
 			return nil, fmt.Errorf("forecast, apply at %d rows: %w", size, err)
@@ -80,11 +82,14 @@ func benchForecast(ctx context.Context, env *Env) ([]Row, error) {
 				env.Logf("bench: forecast at %d: apply --online stopped after %s (forecast %.1fs): %v", size, onlineTook.Round(time.Second), fOnline, err)
 				return nil
 			}
-			err = upgrade.RequireApplied(rep.Outcome, rep.Message, err)
-			if err == nil {
-				env.Logf("bench: forecast at %d: apply --online %s, phases %+v, backfill %+v", size, onlineTook.Round(time.Millisecond), rep.Phases, rep.Backfill)
+			if err != nil {
+				return err
 			}
-			return err
+			if err := rep.Want(upgrade.OutcomeApplied); err != nil {
+				return err
+			}
+			env.Logf("bench: forecast at %d: apply --online %s, phases %+v, backfill %+v", size, onlineTook.Round(time.Millisecond), rep.Report.Phases, rep.Report.Backfill)
+			return nil
 		})
 		if err != nil {
 			return nil, fmt.Errorf("forecast, apply --online at %d rows: %w", size, err)

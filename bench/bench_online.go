@@ -68,20 +68,22 @@ func benchOnline(ctx context.Context, env *Env) ([]Row, error) {
 		var onTotal, onProbe, onWindow, txTotal, txProbe, flTotal, flProbe []time.Duration
 		var onFails, txFails, flFails int
 		for i := 0; i < env.Repeat; i++ {
-			var rep *online.Report
+			var rep *upgrade.Result[*online.Report]
 			took, p, err := measured(ctx, env, size, func(ctx context.Context, conn *pgx.Conn) error {
 				var err error
-				rep, err = online.Apply(ctx, conn, online.Options{})
-				return upgrade.RequireApplied(rep.Outcome, rep.Message, err)
+				if rep, err = online.Apply(ctx, conn, online.Options{}); err != nil {
+					return err
+				}
+				return rep.Want(upgrade.OutcomeApplied)
 			})
 			if err != nil {
 				return nil, fmt.Errorf("apply --online at %d rows: %w", size, err)
 			}
 			env.Logf("bench: online at %d: %s, phases %+v, locks %+v, backfill %+v, probe longest %s over %d ops (%d failed %v)",
-				size, took.Round(time.Millisecond), rep.Phases, rep.Locks, rep.Backfill, p.Longest, p.Statements, p.Failures, p.Errors)
-			logSwitch(env, rep.Switch)
+				size, took.Round(time.Millisecond), rep.Report.Phases, rep.Report.Locks, rep.Report.Backfill, p.Longest, p.Statements, p.Failures, p.Errors)
+			logSwitch(env, rep.Report.Switch)
 			onTotal, onProbe = append(onTotal, took), append(onProbe, p.Longest)
-			onWindow = append(onWindow, time.Duration(rep.LongestLockWindowMS)*time.Millisecond)
+			onWindow = append(onWindow, time.Duration(rep.Report.LongestLockWindowMS)*time.Millisecond)
 			onFails += p.Failures
 
 			var fsteps map[string]time.Duration
@@ -103,7 +105,10 @@ func benchOnline(ctx context.Context, env *Env) ([]Row, error) {
 
 			took, p, err = measured(ctx, env, size, func(ctx context.Context, conn *pgx.Conn) error {
 				rep, err := upgrade.Apply(ctx, conn, upgrade.Options{LockRetries: 50})
-				return upgrade.RequireApplied(rep.Outcome, rep.Message, err)
+				if err != nil {
+					return err
+				}
+				return rep.Want(upgrade.OutcomeApplied)
 			})
 			if err != nil {
 				return nil, fmt.Errorf("transactional apply at %d rows: %w", size, err)
@@ -138,10 +143,11 @@ func benchOnline(ctx context.Context, env *Env) ([]Row, error) {
 
 // logSwitch logs where the switch transaction spent its time: its steps and
 // its slowest statements (the lock window is from the table locks to commit).
-func logSwitch(env *Env, sw *upgrade.Report) {
-	if sw == nil {
+func logSwitch(env *Env, res *upgrade.Result[*upgrade.Report]) {
+	if res == nil {
 		return
 	}
+	sw := res.Report
 	var steps []string
 	for _, st := range sw.Steps {
 		steps = append(steps, fmt.Sprintf("%s %dms", st.Step, st.DurationMS))

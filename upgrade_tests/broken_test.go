@@ -15,7 +15,7 @@ import (
 // brokenUpgrade is apply with a migration that also runs sabotage: a
 // deliberately broken migration the scenarios must catch.
 func brokenUpgrade(sabotage string) scenario.UpgradeFunc {
-	return func(ctx context.Context, db *scenario.DB) (*upgrade.Report, error) {
+	return func(ctx context.Context, db *scenario.DB) (*upgrade.Result[*upgrade.Report], error) {
 		return scenario.ApplyWith(ctx, db, upgrade.Options{
 			Verify: func() error { return nil }, // the sabotaged file is not in atlas.sum, by design
 			Migrations: func() ([]migrations.Migration, error) {

@@ -23,7 +23,7 @@ func upgradeFunc() scenario.UpgradeFunc {
 	if !*noIntegrity {
 		return scenario.Apply
 	}
-	return func(ctx context.Context, db *scenario.DB) (*upgrade.Report, error) {
+	return func(ctx context.Context, db *scenario.DB) (*upgrade.Result[*upgrade.Report], error) {
 		return scenario.ApplyWith(ctx, db, upgrade.Options{Verify: func() error { return nil }})
 	}
 }

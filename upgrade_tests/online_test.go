@@ -44,19 +44,20 @@ func onlineOptions() online.Options {
 // the preflight results and blockers of the whole run (the warnings come
 // from the first preflight: the switch runs only blockers under its locks;
 // duplicates are found by the index build, before any switch).
-func onlineUpgrade(ctx context.Context, db *scenario.DB) (*upgrade.Report, error) {
+func onlineUpgrade(ctx context.Context, db *scenario.DB) (*upgrade.Result[*upgrade.Report], error) {
 	conn, err := session.Open(ctx, db.DSN, session.Test)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	rep, err := online.Apply(ctx, conn, onlineOptions())
-	sw := &upgrade.Report{Outcome: rep.Outcome, Message: rep.Message}
-	if rep.Switch != nil {
-		c := *rep.Switch
+	sw := &upgrade.Result[*upgrade.Report]{Outcome: rep.Outcome, Message: rep.Message, Report: &upgrade.Report{}}
+	if rep.Report.Switch != nil {
+		c, r := *rep.Report.Switch, *rep.Report.Switch.Report
+		c.Report = &r
 		sw = &c
 	}
-	sw.Preflight, sw.Blockers = rep.Preflight, rep.Blockers
+	sw.Report.Preflight, sw.Report.Blockers = rep.Report.Preflight, rep.Report.Blockers
 	if err != nil {
 		return sw, fmt.Errorf("apply --online (%s): %w", rep.Outcome, err)
 	}
@@ -239,7 +240,7 @@ func interruptedSeed(t *testing.T, seed uint64) error {
 
 	kills := 1 + rng.IntN(3)
 	var log []string
-	var final *online.Report
+	var final *upgrade.Result[*online.Report]
 	for run := 0; ; run++ {
 		if run > kills+5 {
 			return fmt.Errorf("not upgraded after %d runs: %s", run, strings.Join(log, "; "))
@@ -355,6 +356,6 @@ func interruptedSeed(t *testing.T, seed uint64) error {
 		return errors.New("the application traffic started no run during the upgrade")
 	}
 	t.Logf("%s; traffic: %d runs started, %d tasks completed by the 0.16.0 worker (fenced: %v, %d calls in flight at the expand failed with 42804); backfill of the last run %+v",
-		strings.Join(log, "; "), app.started.Load(), app.completed.Load(), app.fenced.Load(), app.rowtype.Load(), final.Backfill)
+		strings.Join(log, "; "), app.started.Load(), app.completed.Load(), app.fenced.Load(), app.rowtype.Load(), final.Report.Backfill)
 	return nil
 }

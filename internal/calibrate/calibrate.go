@@ -85,13 +85,15 @@ func measureSize(ctx context.Context, srv *pgprovider.Server, n int64, logf func
 		}
 		start := time.Now()
 		rep, err := upgrade.Apply(ctx, conn, upgrade.Options{})
-		err = upgrade.RequireApplied(rep.Outcome, rep.Message, err)
 		if err != nil {
+			return fmt.Errorf("transactional apply: %w", err)
+		}
+		if err := rep.Want(upgrade.OutcomeApplied); err != nil {
 			return fmt.Errorf("transactional apply: %w", err)
 		}
 		m.applyTotalMS = ms(time.Since(start))
 		// Sub-millisecond windows are reported as 0 ms; never a zero cost.
-		m.LockWindowMS = max(float64(rep.LockWindowMS), 1)
+		m.LockWindowMS = max(float64(rep.Report.LockWindowMS), 1)
 		return nil
 	})
 	if err != nil {
@@ -100,8 +102,10 @@ func measureSize(ctx context.Context, srv *pgprovider.Server, n int64, logf func
 	err = onCopy(ctx, srv, tpl, func(conn *pgx.Conn) error {
 		start := time.Now()
 		rep, err := online.Apply(ctx, conn, online.Options{})
-		err = upgrade.RequireApplied(rep.Outcome, rep.Message, err)
 		if err != nil {
+			return fmt.Errorf("apply --online: %w", err)
+		}
+		if err := rep.Want(upgrade.OutcomeApplied); err != nil {
 			return fmt.Errorf("apply --online: %w", err)
 		}
 		m.OnlineTotalMS = ms(time.Since(start))

@@ -424,7 +424,7 @@ func TestBadInputTamperedMigration(t *testing.T) {
 	if rep.Outcome != upgrade.OutcomeRefused || !strings.Contains(err.Error(), "atlas.sum") {
 		t.Fatalf("outcome %s, message %q", rep.Outcome, err)
 	}
-	for _, s := range rep.Steps {
+	for _, s := range rep.Report.Steps {
 		if s.Step != upgrade.StepIntegrity {
 			t.Fatalf("apply went on to %s after the integrity check failed", s.Step)
 		}

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
@@ -139,61 +138,21 @@ func (a *App) applyAction(c *ucli.Context) error {
 	}
 	prog := a.newProgress() // progress.go: on a terminal and off it
 	opts.Progress = prog.event
-	rep, applyErr := upgrade.Apply(ctx, conn, opts)
+	res, err := upgrade.Apply(ctx, conn, opts)
 	prog.stop()
-	code := applyExitCode(applyErr, conn, ctx.Err() != nil)
-	if env := a.diagnose(ctx, t, applyErr); env != nil {
+	if env := a.diagnose(ctx, t, err); env != nil {
 		// A setting or a role a rerun runs into again: say which.
-		code = ExitEnvironment
-		rep.Message = env.Error() + "; the transaction was rolled back: nothing was changed"
+		err = env
+		res.Message = env.Error() + "; the transaction was rolled back: nothing was changed"
 	}
-
-	if jsonOutput(c) {
-		out := struct {
-			Command  string `json:"command"`
-			Database string `json:"database"`
-			ExitCode int    `json:"exit_code"`
-			*upgrade.Report
-		}{"apply", where, code, rep}
-		if err := writeJSON(a.Stdout, out); err != nil {
-			return err
-		}
-	} else if err := writeApplyTable(a.Stdout, where, rep); err != nil {
-		return err
-	}
-	if code == ExitOK {
-		return nil
-	}
-	if code == ExitInterrupted {
-		return reportedError{withCode(code, fmt.Errorf("interrupted: %w", applyErr))}
-	}
-	fmt.Fprintf(a.Stderr, "pgflow-upgrade apply: %s\n", a.redact(rep.Message))
-	return reportedError{withCode(code, applyErr)}
-}
-
-// applyExitCode maps the outcome apply's error carries (transactional or
-// online: both fail with an *upgrade.Error) to the exit code.
-func applyExitCode(err error, conn *pgx.Conn, interrupted bool) int {
-	if err == nil {
-		return ExitOK
-	}
-	outcome := upgrade.OutcomeOf(err)
-	switch {
-	case interrupted || outcome == upgrade.OutcomeInterrupted:
-		return ExitInterrupted
-	case outcome == upgrade.OutcomeInconclusive:
-		return ExitInconclusive
-	case outcome == upgrade.OutcomeFailed && conn.IsClosed():
-		// The connection went away mid-transaction: the server rolled back.
-		return ExitEnvironment
-	}
-	return ExitFindings
+	return finishRun(a, c, "apply", where, res, err, func(w io.Writer) error { return writeApplyTable(w, where, res) })
 }
 
 // writeApplyTable prints the outcome, blockers, failed post-conditions,
 // statements (dry run) and step timings.
-func writeApplyTable(w io.Writer, where string, rep *upgrade.Report) error {
-	fmt.Fprintf(w, "pgflow-upgrade apply on %s: %s\n%s\n", where, rep.Outcome, rep.Message)
+func writeApplyTable(w io.Writer, where string, res *upgrade.Result[*upgrade.Report]) error {
+	rep := res.Report
+	fmt.Fprintf(w, "pgflow-upgrade apply on %s: %s\n%s\n", where, res.Outcome, res.Message)
 	if rep.VersionNow != "" { // applied: what was found before is no longer true
 		was := "?"
 		if rep.PgflowVersion != nil {
@@ -289,7 +248,7 @@ func writeApplyTable(w io.Writer, where string, rep *upgrade.Report) error {
 			return err
 		}
 	}
-	if rep.LockAttempts > 0 && rep.Outcome == upgrade.OutcomeLockBusy {
+	if rep.LockAttempts > 0 && res.Outcome == upgrade.OutcomeLockBusy {
 		fmt.Fprintf(w, "tables not locked: %d lock attempt(s), %d ms waiting in them; total %d ms\n", rep.LockAttempts, rep.LockWaitMS, rep.TotalMS)
 	} else if rep.LockAttempts > 0 {
 		fmt.Fprintf(w, "lock window %d ms (first LOCK to %s), %d lock attempt(s), %d ms waiting in failed attempts; total %d ms\n",

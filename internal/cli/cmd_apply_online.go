@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -72,34 +73,11 @@ func (a *App) applyOnlineAction(c *ucli.Context) error {
 	defer stopProgress()
 
 	if c.Bool("rollback-online") {
-		rr, err := online.Rollback(ctx, conn, online.RollbackOptions{LockTimeout: lockTimeout, LockRetries: lockRetries, Wait: c.Duration("wait"), Progress: prog})
-		code := ExitOK
-		switch {
-		case err == nil:
-		case ctx.Err() != nil:
-			code = ExitInterrupted
-		case conn.IsClosed():
-			code = ExitEnvironment
-		default:
-			code = ExitFindings
-		}
-		if jsonOutput(c) {
-			out := struct {
-				Command  string `json:"command"`
-				Database string `json:"database"`
-				ExitCode int    `json:"exit_code"`
-				*online.RollbackReport
-			}{"apply --rollback-online", where, code, rr}
-			if werr := writeJSON(a.Stdout, out); werr != nil {
-				return werr
-			}
-		} else {
-			fmt.Fprintf(a.Stdout, "pgflow-upgrade apply --rollback-online on %s: %s (found phase %s)\n%s\n", where, rr.Outcome, rr.PhaseFound, a.redact(rr.Message))
-		}
-		if code != ExitOK {
-			return reportedError{withCode(code, err)}
-		}
-		return nil
+		res, err := online.Rollback(ctx, conn, online.RollbackOptions{LockTimeout: lockTimeout, LockRetries: lockRetries, Wait: c.Duration("wait"), Progress: prog})
+		return finishRun(a, c, "apply --rollback-online", where, res, err, func(w io.Writer) error {
+			_, werr := fmt.Fprintf(w, "pgflow-upgrade apply --rollback-online on %s: %s (found phase %s)\n%s\n", where, res.Outcome, res.Report.PhaseFound, a.redact(res.Message))
+			return werr
+		})
 	}
 
 	opts := online.Options{
@@ -109,48 +87,34 @@ func (a *App) applyOnlineAction(c *ucli.Context) error {
 		Preflight: audit.Options{Sample: c.Int("sample"), CheckTimeout: c.Duration("check-timeout")},
 		Switch:    upgrade.Options{Quiesce: a.quiesceOptions(c, quiesce.ModeOnline)}, // around the switch only
 	}
-	rep, applyErr := online.Apply(ctx, conn, opts)
-	code := applyExitCode(applyErr, conn, ctx.Err() != nil)
-	if applyErr != nil {
-		blocked := code == ExitEnvironment
-		if env := a.diagnose(ctx, t, applyErr); env != nil {
-			// A rerun fails the same way (no "run again to continue"),
-			// unless the diagnosis says it may pass.
-			env = env.forOnline()
-			code = ExitEnvironment
-			rep.Message = env.Error()
-			blocked = !env.mayPass()
-		}
-		remains, phase := a.onlineRemains(ctx, t, blocked)
-		msg := withoutRerunAdvice(rep.Message)
-		if phase {
-			// The switch's own words are about its transaction only.
-			msg = strings.ReplaceAll(msg, "rolled back, nothing was changed", "the switch was rolled back")
-			msg = strings.ReplaceAll(msg, "nothing was changed", "the switch changed nothing")
-		}
-		rep.Message = msg + remains
+	res, err := online.Apply(ctx, conn, opts)
+	if err != nil {
+		err = a.explainOnlineStop(ctx, t, res, err)
 	}
-	if jsonOutput(c) {
-		out := struct {
-			Command  string `json:"command"`
-			Database string `json:"database"`
-			ExitCode int    `json:"exit_code"`
-			*online.Report
-		}{"apply --online", where, code, rep}
-		if err := writeJSON(a.Stdout, out); err != nil {
-			return err
-		}
-	} else if err := writeOnlineTable(a.Stdout, where, rep); err != nil {
-		return err
+	return finishRun(a, c, "apply --online", where, res, err, func(w io.Writer) error { return writeOnlineTable(w, where, res) })
+}
+
+// explainOnlineStop rewrites the message of an online upgrade that stopped:
+// the environment's cause when one is found (then the error is that
+// envError), and what the run left in the database and what to run next.
+func (a *App) explainOnlineStop(ctx context.Context, t *target, res *upgrade.Result[*online.Report], err error) error {
+	var lost *upgrade.ConnectionLostError
+	blocked := errors.As(err, &lost)
+	if env := a.diagnose(ctx, t, err); env != nil {
+		// A rerun fails the same way (no "run again to continue"),
+		// unless the diagnosis says it may pass.
+		env = env.forOnline()
+		err, res.Message, blocked = env, env.Error(), !env.mayPass()
 	}
-	if code == ExitOK {
-		return nil
+	remains, phase := a.onlineRemains(ctx, t, blocked)
+	msg := withoutRerunAdvice(res.Message)
+	if phase {
+		// The switch's own words are about its transaction only.
+		msg = strings.ReplaceAll(msg, "rolled back, nothing was changed", "the switch was rolled back")
+		msg = strings.ReplaceAll(msg, "nothing was changed", "the switch changed nothing")
 	}
-	if code == ExitInterrupted {
-		return reportedError{withCode(code, fmt.Errorf("interrupted: %w", applyErr))}
-	}
-	fmt.Fprintf(a.Stderr, "pgflow-upgrade apply --online: %s\n", a.redact(rep.Message))
-	return reportedError{withCode(code, applyErr)}
+	res.Message = msg + remains
+	return err
 }
 
 // onlineRemains says what an online upgrade that stopped left in the
@@ -178,8 +142,9 @@ func (a *App) onlineRemains(ctx context.Context, t *target, blocked bool) (text 
 		info.Phase, s.Columns, len(online.Tables), s.Triggers, s.Checks, s.ChecksValid, len(s.Indexes), len(online.Indexes), len(s.IndexesValid), next), true
 }
 
-func writeOnlineTable(w io.Writer, where string, rep *online.Report) error {
-	fmt.Fprintf(w, "pgflow-upgrade apply --online on %s: %s (started at phase %s)\n%s\n", where, rep.Outcome, rep.StartPhase, rep.Message)
+func writeOnlineTable(w io.Writer, where string, res *upgrade.Result[*online.Report]) error {
+	rep := res.Report
+	fmt.Fprintf(w, "pgflow-upgrade apply --online on %s: %s (started at phase %s)\n%s\n", where, res.Outcome, rep.StartPhase, res.Message)
 	if len(rep.Blockers) > 0 {
 		fmt.Fprintln(w, "\nblockers (fix them, then rerun; `pgflow-upgrade audit` shows the same checks):")
 		var rows [][]string
@@ -208,7 +173,7 @@ func writeOnlineTable(w io.Writer, where string, rep *online.Report) error {
 	}
 	fmt.Fprintf(w, "total %d ms\n", rep.TotalMS)
 	if rep.Switch != nil {
-		writeQuiesce(w, rep.Switch.Quiesce)
+		writeQuiesce(w, rep.Switch.Report.Quiesce)
 	}
 	return nil
 }

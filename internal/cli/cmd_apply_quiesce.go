@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -80,43 +79,12 @@ func (a *App) undoQuiesceAction(c *ucli.Context) error {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	where := session.Describe(t.config)
-	rep, uerr := quiesce.Undo(ctx, conn)
-	code, msg := ExitOK, ""
-	switch {
-	case errors.Is(uerr, quiesce.ErrNothing):
-		msg = "nothing to undo: no quiesce is recorded"
-		uerr = nil
-	case uerr == nil:
-		msg = fmt.Sprintf("restored %d recorded value(s) (found phase %s)", len(rep.Recorded), rep.ResumedFrom)
-		if rep.Applied {
-			msg += "; the upgrade to 0.17.0 had been committed and stays"
-		}
-	case ctx.Err() != nil:
-		code, msg = ExitInterrupted, uerr.Error()
-	case conn.IsClosed():
-		code, msg = ExitEnvironment, uerr.Error()
-	default:
-		code, msg = ExitFindings, uerr.Error()
-	}
-	if jsonOutput(c) {
-		out := struct {
-			Command  string          `json:"command"`
-			Database string          `json:"database"`
-			ExitCode int             `json:"exit_code"`
-			Message  string          `json:"message"`
-			Quiesce  *quiesce.Report `json:"quiesce"`
-		}{"apply --undo-quiesce", where, code, msg, rep}
-		if err := writeJSON(a.Stdout, out); err != nil {
-			return err
-		}
-	} else {
-		fmt.Fprintf(a.Stdout, "pgflow-upgrade apply --undo-quiesce on %s: %s\n", where, a.redact(msg))
-		writeQuiesceItems(a.Stdout, rep)
-	}
-	if code != ExitOK {
-		return reportedError{withCode(code, uerr)}
-	}
-	return nil
+	res, err := upgrade.UndoQuiesce(ctx, conn)
+	return finishRun(a, c, "apply --undo-quiesce", where, res, err, func(w io.Writer) error {
+		fmt.Fprintf(w, "pgflow-upgrade apply --undo-quiesce on %s: %s\n", where, a.redact(res.Message))
+		writeQuiesceItems(w, res.Report.Quiesce)
+		return nil
+	})
 }
 
 // writeQuiesce prints what apply --quiesce did (or, dry run, would do).

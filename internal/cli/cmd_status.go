@@ -40,11 +40,9 @@ func (a *App) statusCommand() *ucli.Command {
 	}
 }
 
-// statusJSON is status's --format json document.
+// statusJSON is status's --format json document after command, database
+// and exit_code (writeCommandJSON).
 type statusJSON struct {
-	Command  string `json:"command"`
-	Database string `json:"database"`
-	ExitCode int    `json:"exit_code"`
 	*upgrade.StatusReport
 	Online  *online.StatusInfo  `json:"online,omitempty"`
 	Quiesce *quiesce.StatusInfo `json:"quiesce,omitempty"`
@@ -96,7 +94,7 @@ func (a *App) statusAction(c *ucli.Context) error {
 		code = ExitFindings // an online upgrade in progress is a known partial state; a recorded quiesce has functions disabled
 	}
 	if jsonOutput(c) {
-		if err := writeJSON(a.Stdout, statusJSON{"status", where, code, st, on, qs, rr}); err != nil {
+		if err := writeCommandJSON(a.Stdout, "status", where, code, statusJSON{st, on, qs, rr}); err != nil {
 			return err
 		}
 	} else if err := writeStatus(a.Stdout, where, st, on, qs, rr, c.Bool("verbose")); err != nil {

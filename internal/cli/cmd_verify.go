@@ -89,13 +89,10 @@ func (a *App) verifyAction(c *ucli.Context) error {
 	code := verifyExitCode(vr, rr)
 	if jsonOutput(c) {
 		out := struct {
-			Command  string `json:"command"`
-			Database string `json:"database"`
-			ExitCode int    `json:"exit_code"`
 			*upgrade.VerifyReport
 			Routes *routesResult `json:"routes,omitempty"`
-		}{"verify", where, code, vr, rr}
-		if err := writeJSON(a.Stdout, out); err != nil {
+		}{vr, rr}
+		if err := writeCommandJSON(a.Stdout, "verify", where, code, out); err != nil {
 			return err
 		}
 	} else if err := writeVerify(a.Stdout, where, vr, rr, code, c.Bool("verbose")); err != nil {

@@ -227,7 +227,7 @@ func TestPoolerApplyAdvisoryLock(t *testing.T) {
 	defer connA.Close(ctx)
 	holding, release := make(chan struct{}), make(chan struct{})
 	type outcome struct {
-		rep *upgrade.Report
+		rep *upgrade.Result[*upgrade.Report]
 		err error
 	}
 	done := make(chan outcome, 1)

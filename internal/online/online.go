@@ -143,10 +143,8 @@ type BackfillStats struct {
 	LongestMS     int64   `json:"longest_batch_ms"`
 }
 
-// Report says what Apply did; it is returned also with an error.
+// Report says what Apply did (upgrade.Result's Report), also when it failed.
 type Report struct {
-	Outcome    upgrade.Outcome     `json:"outcome"`
-	Message    string              `json:"message"`
 	StartPhase Phase               `json:"start_phase"`
 	Resumed    bool                `json:"resumed"`
 	Phases     []PhaseTiming       `json:"phases"`
@@ -155,9 +153,10 @@ type Report struct {
 	Backfill   BackfillStats       `json:"backfill"`
 	Locks      []LockWindow        `json:"locks"`
 	// LongestLockWindowMS over the expand, check and switch transactions.
-	LongestLockWindowMS int64           `json:"longest_lock_window_ms"`
-	Switch              *upgrade.Report `json:"switch,omitempty"`
-	TotalMS             int64           `json:"total_ms"`
+	LongestLockWindowMS int64 `json:"longest_lock_window_ms"`
+	// Switch: the result of the switch transaction (upgrade.Apply).
+	Switch  *upgrade.Result[*upgrade.Report] `json:"switch,omitempty"`
+	TotalMS int64                            `json:"total_ms"`
 }
 
 // Errors of Apply (refusals: exit 1).
@@ -169,40 +168,29 @@ var (
 type engine struct {
 	conn *pgx.Conn
 	opts Options
-	rep  *Report
+	res  *upgrade.Result[*Report]
+	rep  *Report // res.Report
 	pid  uint32
+}
+
+func newEngine(conn *pgx.Conn, opts Options) *engine {
+	res := &upgrade.Result[*Report]{Report: &Report{}}
+	return &engine{conn: conn, opts: opts, res: res, rep: res.Report, pid: conn.PgConn().PID()}
 }
 
 // Apply runs (or continues) the online upgrade on conn: a direct session
 // (not a transaction-mode pooler: CREATE INDEX CONCURRENTLY and the
-// session lock need one). The report is never nil.
-func Apply(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, error) {
-	opts = opts.withDefaults()
-	e := &engine{conn: conn, opts: opts, rep: &Report{}, pid: conn.PgConn().PID()}
+// session lock need one). The result is never nil; its outcome and the
+// error follow internal/upgrade's rule.
+func Apply(ctx context.Context, conn *pgx.Conn, opts Options) (*upgrade.Result[*Report], error) {
+	e := newEngine(conn, opts.withDefaults())
 	start := time.Now()
-	err := e.run(ctx)
+	err := upgrade.Settle(ctx, conn, e.res, e.run(ctx))
 	e.rep.TotalMS = time.Since(start).Milliseconds()
-	if err != nil {
-		if e.rep.Outcome == "" {
-			if ctx.Err() != nil {
-				e.rep.Outcome = upgrade.OutcomeInterrupted
-			} else {
-				e.rep.Outcome = upgrade.OutcomeFailed
-			}
-		}
-		if e.rep.Message == "" {
-			e.rep.Message = err.Error()
-		}
-		if e.rep.Outcome == upgrade.OutcomeInterrupted || e.rep.Outcome == upgrade.OutcomeFailed {
-			e.rep.Message += "; run apply --online again to continue from where it stopped (or apply --rollback-online to undo)"
-		}
-		// The outcome travels in the error, as upgrade.Apply's does.
-		var ue *upgrade.Error
-		if !errors.As(err, &ue) || ue.Outcome != e.rep.Outcome {
-			err = &upgrade.Error{Outcome: e.rep.Outcome, Err: err}
-		}
+	if o := e.res.Outcome; o == upgrade.OutcomeInterrupted || o == upgrade.OutcomeFailed {
+		e.res.Message += "; run apply --online again to continue from where it stopped (or apply --rollback-online to undo)"
 	}
-	return e.rep, err
+	return e.res, err
 }
 
 func (e *engine) hook(ctx context.Context, point string) error {
@@ -234,13 +222,13 @@ func (e *engine) phase(ph Phase, detail string, fn func() error) error {
 
 func (e *engine) run(ctx context.Context) error {
 	if err := e.opts.Switch.Verify(); err != nil {
-		e.rep.Outcome = upgrade.OutcomeRefused
+		e.res.Outcome = upgrade.OutcomeRefused
 		return fmt.Errorf("%w: %w", upgrade.ErrIntegrity, err)
 	}
 	release, err := sessionLock(ctx, e.conn, e.opts.Wait)
 	if err != nil {
 		if errors.Is(err, ErrBusy) {
-			e.rep.Outcome = upgrade.OutcomeLockBusy
+			e.res.Outcome = upgrade.OutcomeLockBusy
 		}
 		return err
 	}
@@ -254,12 +242,12 @@ func (e *engine) run(ctx context.Context) error {
 	e.rep.Resumed = s.Started()
 	// An open apply --quiesce record is closed only by --resume-quiesce:
 	// refused now, not at the switch after a whole backfill.
-	if err := upgrade.CheckQuiesce(ctx, e.conn, e.opts.Switch.Quiesce); err != nil {
-		e.rep.Outcome = upgrade.OutcomeOf(err)
+	if o, err := upgrade.CheckQuiesce(ctx, e.conn, e.opts.Switch.Quiesce); err != nil {
+		e.res.Outcome = o
 		return err
 	}
 	if !s.Pgflow {
-		e.rep.Outcome = upgrade.OutcomeRefused
+		e.res.Outcome = upgrade.OutcomeRefused
 		return fmt.Errorf("%w: %w: no pgflow.step_tasks", ErrRefused, upgrade.ErrNotBaseline)
 	}
 	if s.Upgraded {
@@ -330,10 +318,10 @@ func (e *engine) preflightBefore(ctx context.Context) error {
 	if !res.OK() {
 		e.rep.Blockers = res.Blockers()
 		if len(e.rep.Blockers) == 0 && res.Inconclusive() {
-			e.rep.Outcome = upgrade.OutcomeInconclusive
+			e.res.Outcome = upgrade.OutcomeInconclusive
 			return fmt.Errorf("%w: %s", upgrade.ErrInconclusive, res.Summary())
 		}
-		e.rep.Outcome = upgrade.OutcomeRefused
+		e.res.Outcome = upgrade.OutcomeRefused
 		return fmt.Errorf("%w: %s", upgrade.ErrPreflight, res.Summary())
 	}
 	return nil
@@ -347,7 +335,7 @@ func (e *engine) finishSwitch(ctx context.Context, s Shape) error {
 			return fmt.Errorf("online: dropping the leftover online bookkeeping: %w", err)
 		}
 	}
-	var sw *upgrade.Report
+	var sw *upgrade.Result[*upgrade.Report]
 	err := e.phase(PhaseSwitch, "fence and function switch in one short transaction (upgrade.Apply), preflight under its locks", func() error {
 		if err := e.hook(ctx, PointSwitch); err != nil {
 			return err
@@ -359,19 +347,19 @@ func (e *engine) finishSwitch(ctx context.Context, s Shape) error {
 	})
 	e.rep.Switch = sw
 	if sw != nil {
-		e.rep.Preflight = append(e.rep.Preflight, sw.Preflight...)
-		e.rep.Blockers = append(e.rep.Blockers, sw.Blockers...)
-		if sw.LockAttempts > 0 {
-			e.lockWindow("switch", sw.LockAttempts, time.Duration(sw.LockWindowMS)*time.Millisecond)
+		e.rep.Preflight = append(e.rep.Preflight, sw.Report.Preflight...)
+		e.rep.Blockers = append(e.rep.Blockers, sw.Report.Blockers...)
+		if sw.Report.LockAttempts > 0 {
+			e.lockWindow("switch", sw.Report.LockAttempts, time.Duration(sw.Report.LockWindowMS)*time.Millisecond)
 		}
-		e.rep.Outcome = sw.Outcome
-		e.rep.Message = sw.Message
+		e.res.Outcome = sw.Outcome
+		e.res.Message = sw.Message
 	}
 	if err != nil {
 		return err
 	}
 	if sw.Outcome == upgrade.OutcomeApplied {
-		e.rep.Message = fmt.Sprintf("upgraded online: %s; the longest lock window was %d ms", strings.Join(sw.Pending, ", "), e.rep.LongestLockWindowMS)
+		e.res.Message = fmt.Sprintf("upgraded online: %s; the longest lock window was %d ms", strings.Join(sw.Report.Pending, ", "), e.rep.LongestLockWindowMS)
 	}
 	return nil
 }
@@ -523,7 +511,7 @@ func (e *engine) ddlTx(ctx context.Context, step string, fn func(tx pgx.Tx) erro
 		})
 	var ex *pgretry.ExhaustedError
 	if errors.As(err, &ex) {
-		e.rep.Outcome = upgrade.OutcomeLockBusy
+		e.res.Outcome = upgrade.OutcomeLockBusy
 		return fmt.Errorf("online %s: locks not obtained in %d attempts, each waiting at most %s (lock_timeout); nothing of this step was changed: %w",
 			step, ex.Attempts, e.opts.LockTimeout, ex.Err)
 	}

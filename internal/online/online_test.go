@@ -195,7 +195,7 @@ func stopOnlineAt(t *testing.T, conn *pgx.Conn, point string) {
 // applyOnline runs apply --online to the end (--batch-size 7, as
 // stopOnlineAt) and fails the test unless it applied; what names the run in
 // the failure.
-func applyOnline(t *testing.T, conn *pgx.Conn, what string) *online.Report {
+func applyOnline(t *testing.T, conn *pgx.Conn, what string) *upgrade.Result[*online.Report] {
 	t.Helper()
 	rep, err := online.Apply(context.Background(), conn, online.Options{BatchSize: 7})
 	if err != nil || rep.Outcome != upgrade.OutcomeApplied {
@@ -221,15 +221,15 @@ func TestApplyOnlineInflight(t *testing.T) {
 	if rep.Outcome != upgrade.OutcomeApplied {
 		t.Fatalf("outcome %s: %s", rep.Outcome, rep.Message)
 	}
-	if rep.Backfill.Batches < 5 || rep.Backfill.Rows < 40 || rep.Backfill.Steps != 3 {
-		t.Fatalf("backfill did %d tasks in %d batches and %d steps; want several batches, every task, 3 steps", rep.Backfill.Rows, rep.Backfill.Batches, rep.Backfill.Steps)
+	if rep.Report.Backfill.Batches < 5 || rep.Report.Backfill.Rows < 40 || rep.Report.Backfill.Steps != 3 {
+		t.Fatalf("backfill did %d tasks in %d batches and %d steps; want several batches, every task, 3 steps", rep.Report.Backfill.Rows, rep.Report.Backfill.Batches, rep.Report.Backfill.Steps)
 	}
 	// The switch's SET NOT NULL was proven by the validated check: the
 	// migration ran on the prepared shape (no rewrite statement reported rows).
-	if rep.Switch == nil || rep.Switch.Outcome != upgrade.OutcomeApplied {
-		t.Fatalf("switch: %+v", rep.Switch)
+	if rep.Report.Switch == nil || rep.Report.Switch.Outcome != upgrade.OutcomeApplied {
+		t.Fatalf("switch: %+v", rep.Report.Switch)
 	}
-	t.Logf("report: %s; phases %+v; locks %+v; backfill %+v", rep.Message, rep.Phases, rep.Locks, rep.Backfill)
+	t.Logf("report: %s; phases %+v; locks %+v; backfill %+v", rep.Message, rep.Report.Phases, rep.Report.Locks, rep.Report.Backfill)
 	checkUpgraded(t, db, before)
 
 	// A rerun is a no-op that says so.
@@ -403,7 +403,7 @@ func TestResumeOnlineFromEveryPoint(t *testing.T) {
 				t.Fatalf("status after stopping at %s: %+v", stopAt, info)
 			}
 			rep := applyOnline(t, conn, fmt.Sprintf("rerun after stopping at %s (shape %+v)", stopAt, shape))
-			if stopAt != online.PointExpand && stopAt != online.PointPreflight && !rep.Resumed {
+			if stopAt != online.PointExpand && stopAt != online.PointPreflight && !rep.Report.Resumed {
 				t.Fatalf("rerun after %s does not say it resumed", stopAt)
 			}
 			checkUpgraded(t, db, before)
@@ -450,8 +450,8 @@ func TestOnlineIndexDuplicatesRefused(t *testing.T) {
 	if s := mustShape(t, db); s.Started() {
 		t.Fatalf("the online upgrade was not rolled back after the refused build: %+v", s)
 	}
-	if len(rep.Blockers) == 0 || rep.Blockers[0].CheckID != "flows.case_alias" {
-		t.Fatalf("want the findings of flows.case_alias as blockers: %+v", rep.Blockers)
+	if len(rep.Report.Blockers) == 0 || rep.Report.Blockers[0].CheckID != "flows.case_alias" {
+		t.Fatalf("want the findings of flows.case_alias as blockers: %+v", rep.Report.Blockers)
 	}
 	// The alias removed, a rerun finishes.
 	if _, err := db.Pool.Exec(ctx, `delete from pgflow.flows where flow_slug = 'ROOT_MAP'`); err != nil {

@@ -38,7 +38,7 @@ func (e *engine) expand(ctx context.Context) error {
 			return err
 		}
 		if !baselineOrOnline(st) {
-			e.rep.Outcome = upgrade.OutcomeRefused
+			e.res.Outcome = upgrade.OutcomeRefused
 			return fmt.Errorf("%w: %w: state %s", ErrRefused, upgrade.ErrNotBaseline, st.State)
 		}
 		restart := false

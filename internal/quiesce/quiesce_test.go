@@ -53,15 +53,15 @@ func TestApplyQuiesce(t *testing.T) {
 	if !sawPaused {
 		t.Fatal("the paused point was never reached")
 	}
-	if rep.Outcome != upgrade.OutcomeApplied || rep.Quiesce == nil || !rep.Quiesce.Restored || !rep.Quiesce.Applied {
-		t.Fatalf("report: outcome %s, quiesce %+v", rep.Outcome, rep.Quiesce)
+	if rep.Outcome != upgrade.OutcomeApplied || rep.Report.Quiesce == nil || !rep.Report.Quiesce.Restored || !rep.Report.Quiesce.Applied {
+		t.Fatalf("report: outcome %s, quiesce %+v", rep.Outcome, rep.Report.Quiesce)
 	}
-	if rep.Quiesce.WorkersDeprecated != 3 {
-		t.Fatalf("%d workers deprecated, want 3", rep.Quiesce.WorkersDeprecated)
+	if rep.Report.Quiesce.WorkersDeprecated != 3 {
+		t.Fatalf("%d workers deprecated, want 3", rep.Report.Quiesce.WorkersDeprecated)
 	}
 	// 4 functions, upstream's 3 jobs and the pruning job; not "not_pgflow".
-	if n := len(rep.Quiesce.Recorded); n != 8 {
-		t.Fatalf("%d values recorded, want 8: %+v", n, rep.Quiesce.Recorded)
+	if n := len(rep.Report.Quiesce.Recorded); n != 8 {
+		t.Fatalf("%d values recorded, want 8: %+v", n, rep.Report.Quiesce.Recorded)
 	}
 	if st := state(t, conn); st != audit.StateUpgraded {
 		t.Fatalf("state %s after apply --quiesce", st)
@@ -111,11 +111,11 @@ func TestQuiesceInterrupted(t *testing.T) {
 				return nil
 			}
 			rep, err := upgrade.Apply(ctx, conn, opts)
-			if err == nil || upgrade.OutcomeOf(err) != upgrade.OutcomeInterrupted {
-				t.Fatalf("interrupted at %s: err %v, outcome %s", point, err, upgrade.OutcomeOf(err))
+			if err == nil || rep.Outcome != upgrade.OutcomeInterrupted {
+				t.Fatalf("interrupted at %s: err %v, outcome %s", point, err, rep.Outcome)
 			}
-			if rep.Quiesce == nil || !rep.Quiesce.Restored {
-				t.Fatalf("interrupted at %s: not restored: %+v", point, rep.Quiesce)
+			if rep.Report.Quiesce == nil || !rep.Report.Quiesce.Restored {
+				t.Fatalf("interrupted at %s: not restored: %+v", point, rep.Report.Quiesce)
 			}
 			sameValues(t, before, snapshot(t, s.db), "after an interrupt at "+point)
 			if recorded(t, conn) != nil {
@@ -165,7 +165,7 @@ func TestQuiesceCrashResumeUndo(t *testing.T) {
 					t.Fatalf("status after a crash at %s: %+v, %v", point, info, err)
 				}
 				// A second quiesce is refused while one is recorded.
-				if _, err := upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: quiesceOpts()}); !errors.Is(err, quiesce.ErrInProgress) || upgrade.OutcomeOf(err) != upgrade.OutcomeRefused {
+				if res, err := upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: quiesceOpts()}); !errors.Is(err, quiesce.ErrInProgress) || res.Outcome != upgrade.OutcomeRefused {
 					t.Fatalf("a second apply --quiesce: %v", err)
 				}
 				want := audit.StateUpgraded
@@ -176,8 +176,8 @@ func TestQuiesceCrashResumeUndo(t *testing.T) {
 					if err != nil {
 						t.Fatalf("--resume-quiesce after a crash at %s: %v", point, err)
 					}
-					if !rep.Quiesce.Restored || rep.Quiesce.ResumedFrom != quiesce.Phase(point) {
-						t.Fatalf("resume report: %+v", rep.Quiesce)
+					if !rep.Report.Quiesce.Restored || rep.Report.Quiesce.ResumedFrom != quiesce.Phase(point) {
+						t.Fatalf("resume report: %+v", rep.Report.Quiesce)
 					}
 					s.workersStoppedCleanly(t)
 					nothingLost(t, s.db)
@@ -216,11 +216,11 @@ func TestQuiesceDrainTimeout(t *testing.T) {
 	q := quiesceOpts()
 	q.DrainTimeout = 500 * time.Millisecond
 	rep, err := upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: q})
-	if !errors.Is(err, quiesce.ErrDrainTimeout) || upgrade.OutcomeOf(err) != upgrade.OutcomeRefused {
+	if !errors.Is(err, quiesce.ErrDrainTimeout) || rep.Outcome != upgrade.OutcomeRefused {
 		t.Fatalf("drain timeout: %v", err)
 	}
-	if !rep.Quiesce.Restored || rep.Quiesce.Applied {
-		t.Fatalf("report: %+v", rep.Quiesce)
+	if !rep.Report.Quiesce.Restored || rep.Report.Quiesce.Applied {
+		t.Fatalf("report: %+v", rep.Report.Quiesce)
 	}
 	sameValues(t, before, snapshot(t, s.db), "after a drain timeout")
 	if st := state(t, conn); st != audit.StateBaseline {
@@ -239,10 +239,10 @@ func TestQuiesceDryRun(t *testing.T) {
 	if err != nil {
 		t.Fatalf("apply --quiesce --dry-run: %v", err)
 	}
-	if rep.Outcome != upgrade.OutcomeDryRun || rep.Quiesce == nil || len(rep.Quiesce.Plan) < 8 {
-		t.Fatalf("dry run: outcome %s, quiesce %+v", rep.Outcome, rep.Quiesce)
+	if rep.Outcome != upgrade.OutcomeDryRun || rep.Report.Quiesce == nil || len(rep.Report.Quiesce.Plan) < 8 {
+		t.Fatalf("dry run: outcome %s, quiesce %+v", rep.Outcome, rep.Report.Quiesce)
 	}
-	inv := rep.Quiesce.Inventory
+	inv := rep.Report.Quiesce.Inventory
 	if len(inv.Functions) != 4 || len(inv.CronJobs) != 4 || len(inv.Workers) != 3 || !inv.Cron || !inv.AlterJob {
 		t.Fatalf("inventory: %+v", inv)
 	}
@@ -269,8 +269,8 @@ func TestQuiesceNothingToPause(t *testing.T) {
 	if err != nil {
 		t.Fatalf("apply --quiesce without pg_cron and functions: %v", err)
 	}
-	if !rep.Quiesce.Restored || len(rep.Quiesce.Recorded) != 0 || state(t, conn) != audit.StateUpgraded {
-		t.Fatalf("report: %s %+v", rep.Outcome, rep.Quiesce)
+	if !rep.Report.Quiesce.Restored || len(rep.Report.Quiesce.Recorded) != 0 || state(t, conn) != audit.StateUpgraded {
+		t.Fatalf("report: %s %+v", rep.Outcome, rep.Report.Quiesce)
 	}
 }
 
@@ -283,8 +283,8 @@ func TestQuiesceNoAlterJob(t *testing.T) {
 	exec(t, db, `drop function cron.alter_job(bigint, text, text, text, text, boolean)`)
 	before := snapshot(t, db)
 	conn := connect(t, db)
-	_, err := upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: quiesceOpts()})
-	if !errors.Is(err, quiesce.ErrCronAPI) || upgrade.OutcomeOf(err) != upgrade.OutcomeRefused {
+	res, err := upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: quiesceOpts()})
+	if !errors.Is(err, quiesce.ErrCronAPI) || res.Outcome != upgrade.OutcomeRefused {
 		t.Fatalf("without cron.alter_job: %v", err)
 	}
 	sameValues(t, before, snapshot(t, db), "after the refusal")
@@ -317,11 +317,11 @@ func TestQuiesceInterruptedMidQuery(t *testing.T) {
 		return nil
 	}
 	rep, err := upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: q, LockTimeout: 10 * time.Second})
-	if upgrade.OutcomeOf(err) != upgrade.OutcomeInterrupted {
+	if rep.Outcome != upgrade.OutcomeInterrupted {
 		t.Fatalf("interrupted while waiting for a lock: %v", err)
 	}
-	if !rep.Quiesce.Restored {
-		t.Fatalf("not restored: %v %+v", err, rep.Quiesce)
+	if !rep.Report.Quiesce.Restored {
+		t.Fatalf("not restored: %v %+v", err, rep.Report.Quiesce)
 	}
 	t.Logf("apply's connection closed by the cancel: %v", conn.IsClosed())
 	blocker.Rollback(context.Background())
@@ -361,8 +361,8 @@ func TestQuiesceCronRoleMayNotAlter(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer conn.Close(context.Background())
-			_, err = upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: quiesceOpts()})
-			if !errors.Is(err, quiesce.ErrCronAPI) || upgrade.OutcomeOf(err) != upgrade.OutcomeRefused {
+			res, err := upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: quiesceOpts()})
+			if !errors.Is(err, quiesce.ErrCronAPI) || res.Outcome != upgrade.OutcomeRefused {
 				t.Fatalf("apply --quiesce as %s: %v", role, err)
 			}
 			if !strings.Contains(err.Error(), tc.want) {
@@ -390,7 +390,7 @@ func TestQuiesceRealCronAlterJob(t *testing.T) {
 	before := snapshot(t, s.db)
 	conn := connect(t, s.db)
 	rep, err := upgrade.Apply(testCtx(t), conn, upgrade.Options{Quiesce: quiesceOpts()})
-	if err != nil || !rep.Quiesce.Restored {
+	if err != nil || !rep.Report.Quiesce.Restored {
 		t.Fatalf("apply --quiesce on the real pg_cron: %v", err)
 	}
 	sameValues(t, before, snapshot(t, s.db), "after apply --quiesce")

@@ -99,7 +99,7 @@ func (r *Rehearsal) survives(ctx context.Context, env *Env) error {
 	if err := r.sizes(ctx, db); err != nil {
 		return err
 	}
-	var rep *upgrade.Report
+	var rep *upgrade.Result[*upgrade.Report]
 	rows, err := keeps(ctx, db, "the upgrade", func() error {
 		var err error
 		if rep, err = env.Upgrade(ctx, db); err != nil {
@@ -117,11 +117,11 @@ func (r *Rehearsal) survives(ctx context.Context, env *Env) error {
 	if rep == nil {
 		return nil
 	}
-	window := time.Duration(rep.LockWindowMS) * time.Millisecond
+	window := time.Duration(rep.Report.LockWindowMS) * time.Millisecond
 	r.record(func(m *Measurements) {
-		m.LockWindow, m.ApplyTotal = window, time.Duration(rep.TotalMS)*time.Millisecond
+		m.LockWindow, m.ApplyTotal = window, time.Duration(rep.Report.TotalMS)*time.Millisecond
 	})
-	env.Measure("apply_total", time.Duration(rep.TotalMS)*time.Millisecond, 0)
+	env.Measure("apply_total", time.Duration(rep.Report.TotalMS)*time.Millisecond, 0)
 	return env.Measure("lock_window", window, r.MaxLockWindow)
 }
 
@@ -131,7 +131,7 @@ func (r *Rehearsal) onlineSurvives(ctx context.Context, env *Env) error {
 		return err
 	}
 	p := &waitprobe.Probe{ApplicationName: "pgflow-upgrade replay probe"}
-	var rep *online.Report
+	var rep *upgrade.Result[*online.Report]
 	var took time.Duration
 	rows, err := keeps(ctx, db, "apply --online", func() error {
 		pctx, stop := context.WithCancel(ctx)
@@ -158,7 +158,10 @@ func (r *Rehearsal) onlineSurvives(ctx context.Context, env *Env) error {
 		if perr := <-perr; perr != nil && err == nil {
 			return fmt.Errorf("the probe: %w", perr)
 		}
-		if err := upgrade.RequireApplied(rep.Outcome, rep.Message, err); err != nil {
+		if err != nil {
+			return fmt.Errorf("apply --online: %w", err)
+		}
+		if err := rep.Want(upgrade.OutcomeApplied); err != nil {
 			return fmt.Errorf("apply --online: %w", err)
 		}
 		return nil
@@ -172,7 +175,7 @@ func (r *Rehearsal) onlineSurvives(ctx context.Context, env *Env) error {
 	probed := p.Result()
 	longest := probed.Longest
 	env.Notef("%d rows and messages identical; probe: %d operations, %d failed", rows, probed.Statements, probed.Failures)
-	lockWindow := time.Duration(rep.LongestLockWindowMS) * time.Millisecond
+	lockWindow := time.Duration(rep.Report.LongestLockWindowMS) * time.Millisecond
 	r.record(func(m *Measurements) {
 		m.OnlineTotal, m.OnlineLongestWait, m.OnlineLockWindow = took, longest, lockWindow
 	})

@@ -87,7 +87,7 @@ func TestRehearsalOnACustomizedCapture(t *testing.T) {
 	// message is caught by the digest comparison.
 	broken := &scenario.Runner{Server: testdb.Server(t), Logf: t.Logf,
 		Baseline: func(ctx context.Context, conn *pgx.Conn) error { return c.Restore(ctx, conn) },
-		Upgrade: func(ctx context.Context, db *scenario.DB) (*upgrade.Report, error) {
+		Upgrade: func(ctx context.Context, db *scenario.DB) (*upgrade.Result[*upgrade.Report], error) {
 			rep, err := scenario.Apply(ctx, db)
 			if err != nil {
 				return rep, err

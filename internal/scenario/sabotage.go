@@ -85,10 +85,10 @@ func malformed(s sabotage) func(context.Context, *Env) error {
 			return errorf("apply refused but the schema is no longer the 0.16.0 baseline")
 		}
 		why := firstLine(err.Error())
-		if rep != nil && len(rep.Blockers) > 0 {
+		if rep != nil && len(rep.Report.Blockers) > 0 {
 			var b []string
 			found := false
-			for _, f := range rep.Blockers {
+			for _, f := range rep.Report.Blockers {
 				b = append(b, fmt.Sprintf("%s: %s", f.CheckID, f.Message))
 				found = found || f.CheckID == s.check
 			}

@@ -252,7 +252,7 @@ func concurrentTraffic(ctx context.Context, env *Env) error {
 	lockWindow := int64(0)
 	attempts := 0
 	if ap.rep != nil {
-		lockWindow, attempts = ap.rep.LockWindowMS, ap.rep.LockAttempts
+		lockWindow, attempts = ap.rep.Report.LockWindowMS, ap.rep.Report.LockAttempts
 	}
 	env.Notef("longest application wait %s over %d ops (%d lock timeouts, %d calls in flight across the row-type change failed with 42804 and were retried); apply lock window %d ms, %d lock attempts in its last of %d run(s)",
 		tr.longest().Round(time.Millisecond), tr.ops(), tr.timeouts(), tr.stale(), lockWindow, attempts, ap.runs)
@@ -290,7 +290,7 @@ func startLegacyTasks(ctx context.Context, db *DB, n int) ([]string, error) {
 type applyUnderTraffic struct {
 	done     chan error
 	finished atomic.Bool // set before done is sent to
-	rep      *upgrade.Report
+	rep      *upgrade.Result[*upgrade.Report]
 	runs     int // apply runs made, the last one reported
 }
 

@@ -35,7 +35,7 @@ func unownedQueue(ctx context.Context, env *Env) error {
 	}
 	var warning string
 	if rep != nil {
-		for _, c := range rep.Preflight {
+		for _, c := range rep.Report.Preflight {
 			for _, f := range c.Findings {
 				if c.ID == "pgmq.unowned_queue" && f.Severity == audit.Warning && strings.Contains(fmt.Sprint(f.Samples), "orphan") {
 					warning = f.Message

@@ -11,19 +11,19 @@ import (
 )
 
 // UpgradeFunc runs the upgrade on db. An error means it refused (or failed);
-// the database must then be unchanged. The report may be nil.
-type UpgradeFunc func(ctx context.Context, db *DB) (*upgrade.Report, error)
+// the database must then be unchanged. The result may be nil.
+type UpgradeFunc func(ctx context.Context, db *DB) (*upgrade.Result[*upgrade.Report], error)
 
 // Apply is the real upgrade: `pgflow-upgrade apply` (internal/upgrade.Apply:
 // advisory lock, ordered table locks with retries, preflight under the
 // locks, the migration, post-conditions, one transaction).
-func Apply(ctx context.Context, db *DB) (*upgrade.Report, error) {
+func Apply(ctx context.Context, db *DB) (*upgrade.Result[*upgrade.Report], error) {
 	return ApplyWith(ctx, db, upgrade.Options{})
 }
 
 // ApplyWith is Apply with options (zero values: 10 s advisory wait, 2 s lock
 // timeout, 5 lock retries).
-func ApplyWith(ctx context.Context, db *DB, opts upgrade.Options) (*upgrade.Report, error) {
+func ApplyWith(ctx context.Context, db *DB, opts upgrade.Options) (*upgrade.Result[*upgrade.Report], error) {
 	if opts.Wait == 0 {
 		opts.Wait = 10 * time.Second
 	}
@@ -46,8 +46,8 @@ func ApplyWith(ctx context.Context, db *DB, opts upgrade.Options) (*upgrade.Repo
 	if err != nil {
 		return rep, fmt.Errorf("apply (%s): %w", rep.Outcome, err)
 	}
-	if rep.Outcome != upgrade.OutcomeApplied {
-		return rep, fmt.Errorf("apply: outcome %s, want %s: %s", rep.Outcome, upgrade.OutcomeApplied, rep.Message)
+	if err := rep.Want(upgrade.OutcomeApplied); err != nil {
+		return rep, fmt.Errorf("apply: %w", err)
 	}
 	return rep, nil
 }

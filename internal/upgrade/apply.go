@@ -146,31 +146,6 @@ type Event struct {
 	Elapsed time.Duration // when Done
 }
 
-// Outcome of Apply.
-type Outcome string
-
-const (
-	OutcomeApplied        Outcome = "applied"
-	OutcomeAlreadyApplied Outcome = "already_applied"
-	OutcomeDryRun         Outcome = "dry_run"      // everything ran, then rolled back
-	OutcomeRefused        Outcome = "refused"      // preflight, integrity, state or post-conditions said no
-	OutcomeLockBusy       Outcome = "lock_busy"    // the advisory lock or a table lock was not obtained
-	OutcomeFailed         Outcome = "failed"       // an error; rolled back
-	OutcomeInterrupted    Outcome = "interrupted"  // context cancelled; rolled back
-	OutcomeInconclusive   Outcome = "inconclusive" // a preflight check ran out of time
-)
-
-// RequireApplied is err, or, when a run (Apply, or online.Apply) returned no
-// error without applying (already applied, a dry run), an error naming its
-// outcome and message: for callers that need the upgrade done (the
-// calibration, the benchmarks).
-func RequireApplied(outcome Outcome, message string, err error) error {
-	if err == nil && outcome != OutcomeApplied {
-		return fmt.Errorf("outcome %s, want %s: %s", outcome, OutcomeApplied, message)
-	}
-	return err
-}
-
 // StepTiming is one step of the report.
 type StepTiming struct {
 	Step       string `json:"step"`
@@ -188,13 +163,10 @@ type StatementReport struct {
 	Rows       int64  `json:"rows"`
 }
 
-// Report says what apply did. It is returned also with an error; the error
-// (an *Error) carries the same Outcome.
+// Report says what apply did (Result.Report), also when it failed.
 type Report struct {
-	Outcome Outcome          `json:"outcome"`
-	DryRun  bool             `json:"dry_run"`
-	Message string           `json:"message"`
-	State   audit.SchemaInfo `json:"state_before"`
+	DryRun bool             `json:"dry_run"`
+	State  audit.SchemaInfo `json:"state_before"`
 	// PgflowVersion: which pgflow apply found before it changed anything,
 	// and the next step (the same object status and audit print).
 	PgflowVersion *versions.Detection `json:"pgflow_version"`
@@ -255,36 +227,35 @@ var (
 //  9. the revision also in supabase_migrations.schema_migrations, if present;
 //  10. COMMIT (or ROLLBACK with DryRun).
 //
-// Any failure rolls everything back. The report is never nil.
-func Apply(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, error) {
+// Any failure rolls everything back. The result is never nil; its outcome
+// and the error follow the package's rule (checks.go).
+func Apply(ctx context.Context, conn *pgx.Conn, opts Options) (*Result[*Report], error) {
 	if opts.Quiesce != nil {
 		return applyQuiesced(ctx, conn, opts) // quiesce.go
 	}
 	opts = opts.withDefaults()
-	r := &Report{DryRun: opts.DryRun, BackendPID: conn.PgConn().PID()}
+	res := &Result[*Report]{Report: &Report{DryRun: opts.DryRun, BackendPID: conn.PgConn().PID()}}
 	start := time.Now()
-	defer func() { r.TotalMS = time.Since(start).Milliseconds() }()
-
-	err := apply(ctx, conn, opts, r)
-	if err != nil {
-		o := OutcomeOf(err)
-		if ctx.Err() != nil {
-			o = OutcomeInterrupted
-		}
-		err = &Error{Outcome: o, Err: unwrapOutcome(err)}
-		r.Outcome = o
-		if r.Message == "" {
-			r.Message = err.Error()
-		}
-	}
-	return r, err
+	defer func() { res.Report.TotalMS = time.Since(start).Milliseconds() }()
+	err := apply(ctx, conn, opts, res)
+	return res, Settle(ctx, conn, res, err)
 }
 
 // runner times steps and tells Progress about them.
 type runner struct {
 	ctx  context.Context
 	opts Options
-	r    *Report
+	res  *Result[*Report]
+	r    *Report // res.Report
+}
+
+// fail is err, and o the run's outcome when err is not nil: a refusal, a
+// lock not obtained, a check without an answer.
+func (s *runner) fail(o Outcome, err error) error {
+	if err != nil {
+		s.res.Outcome = o
+	}
+	return err
 }
 
 func (s *runner) step(name, detail string, fn func() error) error {
@@ -308,8 +279,8 @@ func (s *runner) step(name, detail string, fn func() error) error {
 
 // apply is Apply's plan: its steps, in order, on one transaction. The first
 // error stops it; the transaction is then rolled back.
-func apply(ctx context.Context, conn *pgx.Conn, opts Options, r *Report) error {
-	a := &applyRun{runner: &runner{ctx: ctx, opts: opts, r: r}}
+func apply(ctx context.Context, conn *pgx.Conn, opts Options, res *Result[*Report]) error {
+	a := &applyRun{runner: &runner{ctx: ctx, opts: opts, res: res, r: res.Report}}
 	if err := a.integrity(); err != nil {
 		return err
 	}
@@ -355,7 +326,7 @@ func (a *applyRun) integrity() error {
 	opts := a.opts
 	return a.step(StepIntegrity, "embedded migrations against atlas.sum", func() error {
 		if err := opts.Verify(); err != nil {
-			return fail(OutcomeRefused, fmt.Errorf("%w: %w", ErrIntegrity, err))
+			return a.fail(OutcomeRefused, fmt.Errorf("%w: %w", ErrIntegrity, err))
 		}
 		var err error
 		if a.all, err = opts.Migrations(); err != nil {
@@ -365,7 +336,7 @@ func (a *applyRun) integrity() error {
 		// locked: a wrong folder is a refusal that changes nothing.
 		if opts.SupabaseDir != "" {
 			if a.ledger, err = findSupabaseMigration(opts.SupabaseDir); err != nil {
-				return fail(OutcomeRefused, err)
+				return a.fail(OutcomeRefused, err)
 			}
 		}
 		return nil
@@ -406,7 +377,7 @@ func (a *applyRun) advisoryLock() error {
 	return a.step(StepAdvisoryLock, fmt.Sprintf("pg_try_advisory_xact_lock(%d), waiting up to %s", AdvisoryLockKey, opts.Wait), func() error {
 		if err := acquireAdvisoryLock(ctx, tx, opts.Wait); err != nil {
 			if errors.Is(err, ErrUpgradeLocked) {
-				return fail(OutcomeLockBusy, err)
+				return a.fail(OutcomeLockBusy, err)
 			}
 			return err
 		}
@@ -429,7 +400,7 @@ func (a *applyRun) privileges() error {
 		}
 		if len(f) > 0 {
 			a.r.Blockers = f
-			return fail(OutcomeRefused, fmt.Errorf("%w: %s", ErrPreflight, f[0].Message))
+			return a.fail(OutcomeRefused, fmt.Errorf("%w: %s", ErrPreflight, f[0].Message))
 		}
 		return nil
 	})
@@ -448,7 +419,7 @@ func (a *applyRun) tableLocks() error {
 		if err != nil {
 			var tle *TableLockError
 			if errors.As(err, &tle) {
-				return fail(OutcomeLockBusy, err)
+				return a.fail(OutcomeLockBusy, err)
 			}
 			return err
 		}
@@ -478,9 +449,9 @@ func (a *applyRun) runPreflight() error {
 		if !res.OK() {
 			r.Blockers = res.Blockers()
 			if len(r.Blockers) == 0 && res.Inconclusive() {
-				return fail(OutcomeInconclusive, fmt.Errorf("%w: %s", ErrInconclusive, res.Summary()))
+				return a.fail(OutcomeInconclusive, fmt.Errorf("%w: %s", ErrInconclusive, res.Summary()))
 			}
-			return fail(OutcomeRefused, fmt.Errorf("%w: %s", ErrPreflight, res.Summary()))
+			return a.fail(OutcomeRefused, fmt.Errorf("%w: %s", ErrPreflight, res.Summary()))
 		}
 		return nil
 	})
@@ -492,7 +463,7 @@ func (a *applyRun) migrate() error {
 		if !slices.Contains(a.r.Pending, m.Version+"_"+m.Name) {
 			continue
 		}
-		if err := a.step(StepMigrate, m.File, func() error { return runMigration(a.ctx, a.tx, a.opts, a.r, m, !a.accepted) }); err != nil {
+		if err := a.step(StepMigrate, m.File, func() error { return a.runMigration(a.tx, m, !a.accepted) }); err != nil {
 			return err
 		}
 	}
@@ -512,7 +483,7 @@ func (a *applyRun) postChecks() error {
 			for i, b := range bad {
 				ids[i] = b.ID + ": " + b.Detail
 			}
-			return fail(OutcomeRefused, fmt.Errorf("%w: %s", ErrPostConditions, strings.Join(ids, "; ")))
+			return a.fail(OutcomeRefused, fmt.Errorf("%w: %s", ErrPostConditions, strings.Join(ids, "; ")))
 		}
 		return nil
 	})
@@ -580,14 +551,14 @@ func (a *applyRun) finish() {
 		r.LockWindowMS = time.Since(a.lockHeld).Milliseconds()
 	}
 	if a.opts.DryRun {
-		r.Outcome = OutcomeDryRun
-		r.Message = fmt.Sprintf("dry run: the migration ran and passed its post-conditions, then was rolled back; tables were locked for %s", time.Duration(r.LockWindowMS)*time.Millisecond)
+		a.res.Outcome = OutcomeDryRun
+		a.res.Message = fmt.Sprintf("dry run: the migration ran and passed its post-conditions, then was rolled back; tables were locked for %s", time.Duration(r.LockWindowMS)*time.Millisecond)
 	} else {
-		r.Outcome = OutcomeApplied
+		a.res.Outcome = OutcomeApplied
 		// The post-conditions passed in the committed transaction: the
 		// catalog is 0.17.0's.
 		r.VersionNow, r.NextStep = versions.V0_17_0, AppliedNextStep
-		r.Message = fmt.Sprintf("upgraded to pgflow 0.17.0: %s applied; tables were locked for %s", strings.Join(r.Pending, ", "), time.Duration(r.LockWindowMS)*time.Millisecond)
+		a.res.Message = fmt.Sprintf("upgraded to pgflow 0.17.0: %s applied; tables were locked for %s", strings.Join(r.Pending, ", "), time.Duration(r.LockWindowMS)*time.Millisecond)
 	}
 }
 
@@ -627,12 +598,12 @@ func (s *runner) admit(tx pgx.Tx, all []migrations.Migration) (accepted, done bo
 		return false, false, err
 	}
 	if q := r.State.Version; q != nil && q.Quiesce != nil && !s.opts.quiesced {
-		return false, false, fail(OutcomeRefused, quiesceRefusal(q.Quiesce)) // inprogress.go
+		return false, false, s.fail(OutcomeRefused, quiesceRefusal(q.Quiesce)) // inprogress.go
 	}
 	if len(r.Unknown) > 0 {
 		// A revision we do not ship: a newer tool upgraded this database
 		// further, and this one must not "re-apply" or touch it.
-		return false, false, fail(OutcomeRefused, fmt.Errorf("%w: pgflow_upgrade.schema_revisions records %s, which this pgflow-upgrade (migrations up to %s) does not know; use the newer pgflow-upgrade that applied it (`pgflow-upgrade status` lists the revisions)",
+		return false, false, s.fail(OutcomeRefused, fmt.Errorf("%w: pgflow_upgrade.schema_revisions records %s, which this pgflow-upgrade (migrations up to %s) does not know; use the newer pgflow-upgrade that applied it (`pgflow-upgrade status` lists the revisions)",
 			ErrNewerSchema, strings.Join(r.Unknown, ", "), Version))
 	}
 	if s.opts.AcceptState != nil && r.State.State != audit.StateBaseline && r.State.State != audit.StateUpgraded {
@@ -648,15 +619,15 @@ func (s *runner) admit(tx pgx.Tx, all []migrations.Migration) (accepted, done bo
 		// recorded) or pgflow's own migration 20260915074120 (it is not).
 		ours := !slices.Contains(r.Pending, Version+"_"+Name)
 		r.Pending = nil
-		r.Outcome = OutcomeAlreadyApplied
+		s.res.Outcome = OutcomeAlreadyApplied
 		found := "0.17.0"
 		if v := r.State.Version; v != nil && v.Found != "" {
 			found = v.Found // e.g. 0.17.1+, upgraded further by pgflow
 		}
 		if ours {
-			r.Message = "already upgraded: pgflow " + found + ", revision " + Version + " (" + Name + ") recorded in pgflow_upgrade.schema_revisions; nothing to do"
+			s.res.Message = "already upgraded: pgflow " + found + ", revision " + Version + " (" + Name + ") recorded in pgflow_upgrade.schema_revisions; nothing to do"
 		} else {
-			r.Message = "already upgraded: pgflow " + found + " (not applied by this tool: e.g. by pgflow's own migration " + UpstreamVersion + "); nothing to do"
+			s.res.Message = "already upgraded: pgflow " + found + " (not applied by this tool: e.g. by pgflow's own migration " + UpstreamVersion + "); nothing to do"
 		}
 		return false, true, nil
 	case r.State.State == audit.StateBaseline || accepted:
@@ -667,7 +638,7 @@ func (s *runner) admit(tx pgx.Tx, all []migrations.Migration) (accepted, done bo
 			}
 		}
 	case r.State.Version != nil && r.State.Version.Online != nil:
-		return false, false, fail(OutcomeRefused, onlineRefusal(r.State.Version)) // inprogress.go
+		return false, false, s.fail(OutcomeRefused, onlineRefusal(r.State.Version)) // inprogress.go
 	default:
 		// Name the version found and the next step (internal/versions).
 		why := strings.Join(r.State.Differences, "; ")
@@ -677,7 +648,7 @@ func (s *runner) admit(tx pgx.Tx, all []migrations.Migration) (accepted, done bo
 				why += ": " + strings.Join(r.State.Differences, "; ")
 			}
 		}
-		return false, false, fail(OutcomeRefused, fmt.Errorf("%w: state %s (%s); run `pgflow-upgrade status`", ErrNotBaseline, r.State.State, why))
+		return false, false, s.fail(OutcomeRefused, fmt.Errorf("%w: state %s (%s); run `pgflow-upgrade status`", ErrNotBaseline, r.State.State, why))
 	}
 	return accepted, false, nil
 

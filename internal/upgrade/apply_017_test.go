@@ -1,7 +1,9 @@
 package upgrade_test
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -38,19 +40,19 @@ func TestApplyPreflightRefusals(t *testing.T) {
 			}
 			before := testdb.State(t, db.Pool)
 			rep, err := upgrade.Apply(ctx, connect(t, db), fastOpts())
-			if !errors.Is(err, upgrade.ErrPreflight) || upgrade.OutcomeOf(err) != upgrade.OutcomeRefused {
-				t.Fatalf("apply: %v (outcome %s), want a preflight refusal", err, upgrade.OutcomeOf(err))
+			if !errors.Is(err, upgrade.ErrPreflight) || rep.Outcome != upgrade.OutcomeRefused {
+				t.Fatalf("apply: %v (outcome %s), want a preflight refusal", err, rep.Outcome)
 			}
 			var found bool
-			for _, b := range rep.Blockers {
+			for _, b := range rep.Report.Blockers {
 				if b.CheckID == c.check {
 					found = b.Count > 0 && len(b.Samples) > 0 && b.Remedy != ""
 				}
 			}
 			if !found {
-				t.Fatalf("no %s blocker with count, samples and remedy: %+v", c.check, rep.Blockers)
+				t.Fatalf("no %s blocker with count, samples and remedy: %+v", c.check, rep.Report.Blockers)
 			}
-			for _, st := range rep.Steps {
+			for _, st := range rep.Report.Steps {
 				if st.Step == upgrade.StepMigrate {
 					t.Fatal("the migration ran despite a blocker")
 				}
@@ -92,20 +94,34 @@ func TestUpgradedElsewhereIs017(t *testing.T) {
 	}
 }
 
-// The outcome travels in the error: errors.As and errors.Is by outcome.
-func TestOutcomeInError(t *testing.T) {
-	err := error(&upgrade.Error{Outcome: upgrade.OutcomeLockBusy, Err: upgrade.ErrUpgradeLocked})
-	var ae *upgrade.Error
-	if !errors.As(err, &ae) || ae.Outcome != upgrade.OutcomeLockBusy {
-		t.Fatal("errors.As")
+// The outcome is the result's, one JSON object with the report's members
+// after outcome and message; Want names an outcome other than the one
+// wanted; a success is what a nil error comes with.
+func TestResult(t *testing.T) {
+	res := &upgrade.Result[*upgrade.Report]{Outcome: upgrade.OutcomeAlreadyApplied, Message: "already upgraded", Report: &upgrade.Report{TotalMS: 7}}
+	b, err := json.Marshal(res)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if !errors.Is(err, &upgrade.Error{Outcome: upgrade.OutcomeLockBusy}) || errors.Is(err, &upgrade.Error{Outcome: upgrade.OutcomeRefused}) {
-		t.Fatal("errors.Is by outcome")
+	if !strings.HasPrefix(string(b), `{"outcome":"already_applied","message":"already upgraded","dry_run":false,`) || !strings.Contains(string(b), `"total_ms":7`) {
+		t.Fatalf("JSON %s", b)
 	}
-	if !errors.Is(err, upgrade.ErrUpgradeLocked) {
-		t.Fatal("the cause is not reachable")
+	if err := res.Want(upgrade.OutcomeAlreadyApplied); err != nil {
+		t.Fatal(err)
 	}
-	if upgrade.OutcomeOf(nil) != "" || upgrade.OutcomeOf(errors.New("x")) != upgrade.OutcomeFailed {
-		t.Fatal("OutcomeOf")
+	if err := res.Want(upgrade.OutcomeApplied); err == nil || !strings.Contains(err.Error(), "outcome already_applied, want applied: already upgraded") {
+		t.Fatalf("Want: %v", err)
+	}
+	for _, o := range []upgrade.Outcome{upgrade.OutcomeRefused, upgrade.OutcomeLockBusy, upgrade.OutcomeInconclusive, upgrade.OutcomeInterrupted, upgrade.OutcomeFailed} {
+		if o.Succeeded() {
+			t.Fatalf("%s succeeded", o)
+		}
+	}
+	if !upgrade.OutcomeDryRun.Succeeded() || !upgrade.OutcomeRolledBack.Succeeded() {
+		t.Fatal("dry_run and rolled_back are successes")
+	}
+	lost := error(&upgrade.ConnectionLostError{Err: fmt.Errorf("migrating: %w", upgrade.ErrUpgradeLocked)})
+	if !errors.Is(lost, upgrade.ErrUpgradeLocked) || lost.Error() != "migrating: "+upgrade.ErrUpgradeLocked.Error() {
+		t.Fatalf("the cause is not reachable, or its text changed: %v", lost)
 	}
 }

@@ -15,12 +15,12 @@ import (
 	"time"
 
 	"ariga.io/atlas/sql/migrate"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
@@ -42,27 +42,27 @@ func TestApplyDryRunChangesNothing(t *testing.T) {
 	}
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "dry run")
 	steps := map[string]bool{}
-	for _, s := range rep.Steps {
+	for _, s := range rep.Report.Steps {
 		steps[s.Step] = true
 	}
 	for _, want := range []string{upgrade.StepAdvisoryLock, upgrade.StepTableLocks, upgrade.StepPreflight, upgrade.StepMigrate, upgrade.StepPostChecks, upgrade.StepRollback} {
 		if !steps[want] {
-			t.Errorf("dry run report lacks step %s: %+v", want, rep.Steps)
+			t.Errorf("dry run report lacks step %s: %+v", want, rep.Report.Steps)
 		}
 	}
 	if steps[upgrade.StepCommit] {
 		t.Errorf("dry run committed")
 	}
-	if len(rep.Statements) == 0 || len(rep.PostConditions) == 0 {
-		t.Fatalf("dry run reported %d statements, %d post-conditions", len(rep.Statements), len(rep.PostConditions))
+	if len(rep.Report.Statements) == 0 || len(rep.Report.PostConditions) == 0 {
+		t.Fatalf("dry run reported %d statements, %d post-conditions", len(rep.Report.Statements), len(rep.Report.PostConditions))
 	}
 	// The lock window covers at least the statements run under the locks.
 	var stmts int64
-	for _, s := range rep.Statements {
+	for _, s := range rep.Report.Statements {
 		stmts += s.DurationMS
 	}
-	if rep.LockWindowMS < stmts {
-		t.Fatalf("lock window %dms shorter than the statements it contains (%dms)", rep.LockWindowMS, stmts)
+	if rep.Report.LockWindowMS < stmts {
+		t.Fatalf("lock window %dms shorter than the statements it contains (%dms)", rep.Report.LockWindowMS, stmts)
 	}
 	// And the real thing still works afterwards.
 	if rep, err := upgrade.Apply(ctx, connect(t, db), fastOpts()); err != nil || rep.Outcome != upgrade.OutcomeApplied {
@@ -120,8 +120,8 @@ func TestApplyRecordsSupabaseMigration(t *testing.T) {
 	if err != nil {
 		t.Fatalf("apply: %v", err)
 	}
-	if !rep.SupabaseRecorded {
-		t.Fatalf("not recorded: %s", rep.Supabase)
+	if !rep.Report.SupabaseRecorded {
+		t.Fatalf("not recorded: %s", rep.Report.Supabase)
 	}
 	var name string
 	if err := db.Pool.QueryRow(ctx, `select name from supabase_migrations.schema_migrations where version = $1`, upgrade.UpstreamVersion).Scan(&name); err != nil {
@@ -143,7 +143,7 @@ func TestApplyRefusesSupabaseDirWithoutTheFile(t *testing.T) {
 	opts := fastOpts()
 	opts.SupabaseDir = t.TempDir()
 	rep, err := upgrade.Apply(ctx, connect(t, db), opts)
-	if !errors.Is(err, upgrade.ErrSupabaseDir) || upgrade.OutcomeOf(err) != upgrade.OutcomeRefused || rep.Outcome != upgrade.OutcomeRefused {
+	if !errors.Is(err, upgrade.ErrSupabaseDir) || rep.Outcome != upgrade.OutcomeRefused {
 		t.Fatalf("apply with an empty --supabase-dir: %v (%s)", err, rep.Outcome)
 	}
 	if !strings.Contains(err.Error(), upgrade.SupabaseRepairCommand) {
@@ -163,8 +163,8 @@ func TestApplyWithoutSupabaseTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.SupabaseRecorded || !strings.Contains(rep.Supabase, "not present") {
-		t.Fatalf("supabase: %v %q", rep.SupabaseRecorded, rep.Supabase)
+	if rep.Report.SupabaseRecorded || !strings.Contains(rep.Report.Supabase, "not present") {
+		t.Fatalf("supabase: %v %q", rep.Report.SupabaseRecorded, rep.Report.Supabase)
 	}
 }
 
@@ -188,7 +188,7 @@ func TestApplyConcurrent(t *testing.T) {
 		return nil
 	}
 	var wg sync.WaitGroup
-	var rep1 *upgrade.Report
+	var rep1 *upgrade.Result[*upgrade.Report]
 	var err1 error
 	wg.Add(1)
 	go func() {
@@ -199,7 +199,7 @@ func TestApplyConcurrent(t *testing.T) {
 
 	// One try, no waiting: exits cleanly, nothing changed.
 	rep2, err2 := upgrade.Apply(ctx, connect(t, db), fastOpts())
-	if !errors.Is(err2, upgrade.ErrUpgradeLocked) || rep2.Outcome != upgrade.OutcomeLockBusy || upgrade.OutcomeOf(err2) != upgrade.OutcomeLockBusy {
+	if !errors.Is(err2, upgrade.ErrUpgradeLocked) || rep2.Outcome != upgrade.OutcomeLockBusy {
 		t.Fatalf("second apply without wait: %v %s", err2, rep2.Outcome)
 	}
 	if !strings.Contains(err2.Error(), "another pgflow-upgrade apply") {
@@ -207,7 +207,7 @@ func TestApplyConcurrent(t *testing.T) {
 	}
 
 	// Waiting: it gets the lock once the first commits, and sees the upgrade done.
-	var rep3 *upgrade.Report
+	var rep3 *upgrade.Result[*upgrade.Report]
 	var err3 error
 	waiting := make(chan struct{})
 	wg.Add(1)
@@ -314,10 +314,10 @@ func TestApplyLockRetriesThenGivesUp(t *testing.T) {
 	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
 		t.Fatalf("the lock_not_available error is not reachable: %v", err)
 	}
-	if tle.Table != "runs" || tle.Attempts != 4 || rep.LockAttempts != 4 || len(retries) != 3 {
-		t.Fatalf("table %s, attempts %d (report %d), retries %v", tle.Table, tle.Attempts, rep.LockAttempts, retries)
+	if tle.Table != "runs" || tle.Attempts != 4 || rep.Report.LockAttempts != 4 || len(retries) != 3 {
+		t.Fatalf("table %s, attempts %d (report %d), retries %v", tle.Table, tle.Attempts, rep.Report.LockAttempts, retries)
 	}
-	if rep.Outcome != upgrade.OutcomeLockBusy || upgrade.OutcomeOf(err) != upgrade.OutcomeLockBusy {
+	if rep.Outcome != upgrade.OutcomeLockBusy {
 		t.Fatalf("outcome %s", rep.Outcome)
 	}
 	named := false
@@ -391,7 +391,7 @@ func TestApplyKilledAtEveryStatement(t *testing.T) {
 			}
 			return nil
 		}
-		conn, err := pgx.Connect(ctx, db.DSN)
+		conn, err := session.Open(ctx, db.DSN, session.Test)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -533,7 +533,7 @@ func TestApplyRefusesRoleWithoutOwnership(t *testing.T) {
 		t.Fatal(err)
 	}
 	u.User = url.UserPassword(role, password)
-	conn, err := pgx.Connect(ctx, u.String())
+	conn, err := session.Open(ctx, u.String(), session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -542,8 +542,8 @@ func TestApplyRefusesRoleWithoutOwnership(t *testing.T) {
 	if !errors.Is(err, upgrade.ErrPreflight) || rep.Outcome != upgrade.OutcomeRefused {
 		t.Fatalf("apply as %s: %v %s", role, err, rep.Outcome)
 	}
-	if rep.LockAttempts != 0 || len(rep.Blockers) != 1 || rep.Blockers[0].CheckID != preflight.PrivilegesCheckID {
-		t.Fatalf("lock attempts %d, blockers %+v", rep.LockAttempts, rep.Blockers)
+	if rep.Report.LockAttempts != 0 || len(rep.Report.Blockers) != 1 || rep.Report.Blockers[0].CheckID != preflight.PrivilegesCheckID {
+		t.Fatalf("lock attempts %d, blockers %+v", rep.Report.LockAttempts, rep.Report.Blockers)
 	}
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "refused non-owner")
 }
@@ -571,7 +571,7 @@ func TestApplyBacksOffFromDeadlock(t *testing.T) {
 	opts.LockTimeout = 30 * time.Second // longer than deadlock_timeout: the detector decides
 	opts.LockRetries = 3
 	done := make(chan struct{})
-	var rep *upgrade.Report
+	var rep *upgrade.Result[*upgrade.Report]
 	var applyErr error
 	go func() {
 		defer close(done)
@@ -602,8 +602,8 @@ func TestApplyBacksOffFromDeadlock(t *testing.T) {
 		t.Fatalf("the application's commit failed: %v", err)
 	}
 	<-done
-	if applyErr != nil || rep.Outcome != upgrade.OutcomeApplied || rep.LockAttempts < 2 {
-		t.Fatalf("apply: %v %s after %d lock attempts", applyErr, rep.Outcome, rep.LockAttempts)
+	if applyErr != nil || rep.Outcome != upgrade.OutcomeApplied || rep.Report.LockAttempts < 2 {
+		t.Fatalf("apply: %v %s after %d lock attempts", applyErr, rep.Outcome, rep.Report.LockAttempts)
 	}
 }
 
@@ -621,7 +621,7 @@ func TestApplyInterrupted(t *testing.T) {
 		return nil
 	}
 	rep, err := upgrade.Apply(ctx, connect(t, db), opts)
-	if !errors.Is(err, context.Canceled) || rep.Outcome != upgrade.OutcomeInterrupted || upgrade.OutcomeOf(err) != upgrade.OutcomeInterrupted {
+	if !errors.Is(err, context.Canceled) || rep.Outcome != upgrade.OutcomeInterrupted {
 		t.Fatalf("interrupted apply: %v %s", err, rep.Outcome)
 	}
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "interrupted apply")
@@ -641,7 +641,7 @@ func TestApplyPreflightInconclusive(t *testing.T) {
 		},
 	}}}
 	rep, err := upgrade.Apply(ctx, connect(t, db), opts)
-	if !errors.Is(err, upgrade.ErrInconclusive) || rep.Outcome != upgrade.OutcomeInconclusive || upgrade.OutcomeOf(err) != upgrade.OutcomeInconclusive {
+	if !errors.Is(err, upgrade.ErrInconclusive) || rep.Outcome != upgrade.OutcomeInconclusive {
 		t.Fatalf("apply with a slow preflight check: %v %s", err, rep.Outcome)
 	}
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "inconclusive preflight")
@@ -671,12 +671,12 @@ func TestApplyRefusesDuplicateMessageIDs(t *testing.T) {
 	if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
 		t.Fatalf("the unique violation is not reachable: %v", err)
 	}
-	if len(rep.Blockers) != 1 || rep.Blockers[0].CheckID != "tasks.duplicate_message_id" || rep.Blockers[0].Count != 1 {
-		t.Fatalf("blockers %+v", rep.Blockers)
+	if len(rep.Report.Blockers) != 1 || rep.Report.Blockers[0].CheckID != "tasks.duplicate_message_id" || rep.Report.Blockers[0].Count != 1 {
+		t.Fatalf("blockers %+v", rep.Report.Blockers)
 	}
 	// It ran once: after the build failed, not also up front.
 	runs := 0
-	for _, c := range rep.Preflight {
+	for _, c := range rep.Report.Preflight {
 		if c.ID == "tasks.duplicate_message_id" {
 			runs++
 		}

@@ -32,8 +32,8 @@ func TestApplyInflight(t *testing.T) {
 	if rep.Outcome != upgrade.OutcomeApplied {
 		t.Fatalf("outcome %s, want applied: %s", rep.Outcome, rep.Message)
 	}
-	if rep.LockAttempts != 1 || len(rep.Statements) == 0 {
-		t.Fatalf("lock attempts %d, statements %d", rep.LockAttempts, len(rep.Statements))
+	if rep.Report.LockAttempts != 1 || len(rep.Report.Statements) == 0 {
+		t.Fatalf("lock attempts %d, statements %d", rep.Report.LockAttempts, len(rep.Report.Statements))
 	}
 
 	// Every step and task holds lower(flow_slug), every flow is in flow mode.
@@ -51,10 +51,10 @@ func TestApplyInflight(t *testing.T) {
 	if v := scalarOf[string](t, db, `select name from pgflow_upgrade.schema_revisions where version = $1`, upgrade.Version); v != upgrade.Name {
 		t.Fatalf("revision recorded as %q", v)
 	}
-	if !strings.Contains(rep.Supabase, upgrade.SupabaseRepairCommand) {
-		t.Fatalf("without --supabase-dir the report must say what to run: %q", rep.Supabase)
+	if !strings.Contains(rep.Report.Supabase, upgrade.SupabaseRepairCommand) {
+		t.Fatalf("without --supabase-dir the report must say what to run: %q", rep.Report.Supabase)
 	}
-	for _, pc := range rep.PostConditions {
+	for _, pc := range rep.Report.PostConditions {
 		if !pc.OK {
 			t.Errorf("post-condition %s failed: %s", pc.ID, pc.Detail)
 		}
@@ -69,8 +69,8 @@ func TestApplyInflight(t *testing.T) {
 	if rep2.Outcome != upgrade.OutcomeAlreadyApplied || !strings.Contains(rep2.Message, "already upgraded") || !strings.Contains(rep2.Message, "nothing to do") {
 		t.Fatalf("rerun outcome %s: %s", rep2.Outcome, rep2.Message)
 	}
-	if rep2.LockAttempts != 0 {
-		t.Fatalf("the rerun took table locks (%d attempts)", rep2.LockAttempts)
+	if rep2.Report.LockAttempts != 0 {
+		t.Fatalf("the rerun took table locks (%d attempts)", rep2.Report.LockAttempts)
 	}
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "rerun")
 
@@ -92,19 +92,19 @@ func TestApplyRefusesCaseAliases(t *testing.T) {
 	if !errors.Is(err, upgrade.ErrPreflight) {
 		t.Fatalf("apply: %v, want ErrPreflight (%+v)", err, rep)
 	}
-	if rep.Outcome != upgrade.OutcomeRefused || len(rep.Blockers) == 0 {
-		t.Fatalf("outcome %s, blockers %v", rep.Outcome, rep.Blockers)
+	if rep.Outcome != upgrade.OutcomeRefused || len(rep.Report.Blockers) == 0 {
+		t.Fatalf("outcome %s, blockers %v", rep.Outcome, rep.Report.Blockers)
 	}
 	found := false
-	for _, b := range rep.Blockers {
+	for _, b := range rep.Report.Blockers {
 		if strings.Contains(b.Message+b.CheckID, "Foo") || strings.Contains(b.CheckID, "case") {
 			found = true
 		}
 	}
 	if !found {
-		t.Fatalf("no blocker names the case-only aliases: %+v", rep.Blockers)
+		t.Fatalf("no blocker names the case-only aliases: %+v", rep.Report.Blockers)
 	}
-	for _, st := range rep.Steps {
+	for _, st := range rep.Report.Steps {
 		if st.Step == upgrade.StepMigrate {
 			t.Fatalf("the migration ran despite a blocker")
 		}

@@ -53,22 +53,23 @@ func quiesceCommands(q *versions.Quiesce) string {
 // CheckQuiesce is the gate of a run whose quiesce options are q (nil: no
 // --quiesce), read before it changes anything: an open quiesce record is
 // finished only by --resume-quiesce (or undone by --undo-quiesce), so any
-// other run refuses; --resume-quiesce without a record refuses too. The
-// error carries OutcomeRefused. A role that cannot read the record is not
-// refused here (the version detection cannot see the record either).
-func CheckQuiesce(ctx context.Context, qr Querier, q *quiesce.Options) error {
+// other run refuses; --resume-quiesce without a record refuses too. A
+// refusal comes with OutcomeRefused, a failure to read the record with
+// OutcomeFailed. A role that cannot read the record is not refused here
+// (the version detection cannot see the record either).
+func CheckQuiesce(ctx context.Context, qr Querier, q *quiesce.Options) (Outcome, error) {
 	rec, _, err := quiesce.Find(ctx, qr)
 	if err != nil {
-		return err
+		return OutcomeFailed, err
 	}
 	switch {
 	case rec == nil && q != nil && q.Resume:
-		return fail(OutcomeRefused, quiesce.ErrNothing)
+		return OutcomeRefused, quiesce.ErrNothing
 	case rec == nil, q != nil && q.Resume:
-		return nil
+		return "", nil
 	case q == nil:
-		return fail(OutcomeRefused, quiesceRefusal(versions.NewQuiesce(rec)))
+		return OutcomeRefused, quiesceRefusal(versions.NewQuiesce(rec))
 	}
-	return fail(OutcomeRefused, fmt.Errorf("%w (phase %s, since %s): finish it with `%s` or undo it with `%s`",
-		quiesce.ErrInProgress, rec.Phase, rec.StartedAt.UTC().Format(time.RFC3339), quiesce.ResumeCommand(rec.Mode), quiesce.UndoCommand))
+	return OutcomeRefused, fmt.Errorf("%w (phase %s, since %s): finish it with `%s` or undo it with `%s`",
+		quiesce.ErrInProgress, rec.Phase, rec.StartedAt.UTC().Format(time.RFC3339), quiesce.ResumeCommand(rec.Mode), quiesce.UndoCommand)
 }

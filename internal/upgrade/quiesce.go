@@ -23,7 +23,7 @@ type QuiesceReport struct {
 // transaction (which marks the quiesce applied as it commits), then the
 // recorded values restored. The online path gets the same around its
 // switch, since its switch is an Apply with the same Options.Quiesce.
-func applyQuiesced(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, error) {
+func applyQuiesced(ctx context.Context, conn *pgx.Conn, opts Options) (*Result[*Report], error) {
 	q := *opts.Quiesce
 	opts.Quiesce = nil
 	if !q.Resume {
@@ -34,8 +34,8 @@ func applyQuiesced(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, 
 		// record, on a dry run) its refusal before any table lock.
 		st, err := DetectState(ctx, conn)
 		if err != nil {
-			err = fmt.Errorf("detecting the schema state before --quiesce: %w", err)
-			return &Report{DryRun: opts.DryRun, Outcome: OutcomeFailed, Message: err.Error(), BackendPID: conn.PgConn().PID()}, &Error{Outcome: OutcomeFailed, Err: err}
+			res := &Result[*Report]{Report: &Report{DryRun: opts.DryRun, BackendPID: conn.PgConn().PID()}}
+			return res, Settle(ctx, conn, res, fmt.Errorf("detecting the schema state before --quiesce: %w", err))
 		}
 		open := st.Version != nil && st.Version.Quiesce != nil
 		switch {
@@ -43,30 +43,15 @@ func applyQuiesced(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, 
 			// quiesce.Run refuses it, naming the commands that close it.
 		case !open && (st.State == audit.StateBaseline || (st.State == audit.StatePartial && opts.AcceptState != nil)):
 		default:
-			rep, err := Apply(ctx, conn, opts)
+			res, err := Apply(ctx, conn, opts)
 			if err != nil && !open {
-				rep.Message += "; --quiesce paused nothing: it quiesces the pgflow 0.16.0 baseline only"
+				res.Message += "; --quiesce paused nothing: it quiesces the pgflow 0.16.0 baseline only"
 			}
-			return rep, err
+			return res, err
 		}
 	}
 	if opts.DryRun {
-		// Changes nothing: the inventory says what would change, and the
-		// transaction runs as any dry run does.
-		inv, err := quiesce.TakeInventory(ctx, conn, q.LiveWorker)
-		if err != nil {
-			return &Report{DryRun: true, Outcome: OutcomeFailed, Message: err.Error()}, &Error{Outcome: OutcomeFailed, Err: err}
-		}
-		rep, aerr := Apply(ctx, conn, opts)
-		plan := inv.Changes()
-		if why := inv.Blocked(); why != "" {
-			plan = append(plan, "REFUSED: "+why)
-		}
-		rep.Quiesce = &QuiesceReport{Report: &quiesce.Report{Inventory: inv}, Plan: plan}
-		if aerr == nil {
-			rep.Message += "; --quiesce would pause and restore what its plan lists (nothing was paused, so nothing is restored)"
-		}
-		return rep, aerr
+		return dryRunQuiesced(ctx, conn, opts, q)
 	}
 	opts.quiesced = true
 	before := opts.BeforeCommit
@@ -78,45 +63,87 @@ func applyQuiesced(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, 
 		}
 		return quiesce.Mark(ctx, tx)
 	}
-	var rep *Report
+	var res *Result[*Report]
 	qr, qerr := quiesce.Run(ctx, conn, q, func(ctx context.Context) error {
 		var err error
-		rep, err = Apply(ctx, conn, opts)
+		res, err = Apply(ctx, conn, opts)
 		return err
 	})
-	if rep == nil {
-		rep = &Report{BackendPID: conn.PgConn().PID()}
+	if res == nil {
+		res = &Result[*Report]{Report: &Report{BackendPID: conn.PgConn().PID()}}
 	}
-	rep.Quiesce = &QuiesceReport{Report: qr}
+	res.Report.Quiesce = &QuiesceReport{Report: qr}
 	if qerr == nil {
 		if qr.Restored {
-			rep.Message += fmt.Sprintf("; quiesce: %d worker function/cron value(s) recorded and restored, %d 0.16.0 worker(s) deprecated, drained in %d ms",
+			res.Message += fmt.Sprintf("; quiesce: %d worker function/cron value(s) recorded and restored, %d 0.16.0 worker(s) deprecated, drained in %d ms",
 				len(qr.Recorded), qr.WorkersDeprecated, qr.DrainMS)
 		}
-		return rep, nil
-	}
-	o := OutcomeOf(qerr)
-	var ae *Error
-	switch {
-	case ctx.Err() != nil:
-		o = OutcomeInterrupted
-	case errors.As(qerr, &ae):
-	case errors.Is(qerr, quiesce.ErrInProgress), errors.Is(qerr, quiesce.ErrNothing),
-		errors.Is(qerr, quiesce.ErrDrainTimeout), errors.Is(qerr, quiesce.ErrCronAPI):
-		o = OutcomeRefused
+		return res, nil
 	}
 	switch {
-	case o == OutcomeInterrupted, rep.Outcome == "":
-		rep.Outcome = o
-	case rep.Outcome == OutcomeApplied || rep.Outcome == OutcomeAlreadyApplied:
-		rep.Outcome = OutcomeFailed // applied, but what followed failed
+	case res.Outcome == "" && quiesceRefused(qerr):
+		res.Outcome = OutcomeRefused // before anything was paused, or the drain gave up
+	case res.Outcome == OutcomeApplied || res.Outcome == OutcomeAlreadyApplied:
+		res.Outcome = OutcomeFailed // applied, but what followed failed
 	}
-	rep.Message = qerr.Error()
+	res.Message = qerr.Error()
 	if qr.Applied {
-		rep.Message += "; the upgrade to 0.17.0 was committed"
+		res.Message += "; the upgrade to 0.17.0 was committed"
 	}
 	if qr.Restored {
-		rep.Message += "; the recorded worker functions and cron jobs were restored"
+		res.Message += "; the recorded worker functions and cron jobs were restored"
 	}
-	return rep, &Error{Outcome: rep.Outcome, Err: qerr}
+	return res, Settle(ctx, conn, res, qerr)
+}
+
+// quiesceRefused says whether quiesce.Run's error is one of its refusals.
+func quiesceRefused(err error) bool {
+	return errors.Is(err, quiesce.ErrInProgress) || errors.Is(err, quiesce.ErrNothing) ||
+		errors.Is(err, quiesce.ErrDrainTimeout) || errors.Is(err, quiesce.ErrCronAPI)
+}
+
+// dryRunQuiesced changes nothing: the inventory says what --quiesce would
+// change, and the transaction runs as any dry run does.
+func dryRunQuiesced(ctx context.Context, conn *pgx.Conn, opts Options, q quiesce.Options) (*Result[*Report], error) {
+	inv, err := quiesce.TakeInventory(ctx, conn, q.LiveWorker)
+	if err != nil {
+		res := &Result[*Report]{Report: &Report{DryRun: true}}
+		return res, Settle(ctx, conn, res, err)
+	}
+	res, aerr := Apply(ctx, conn, opts)
+	plan := inv.Changes()
+	if why := inv.Blocked(); why != "" {
+		plan = append(plan, "REFUSED: "+why)
+	}
+	res.Report.Quiesce = &QuiesceReport{Report: &quiesce.Report{Inventory: inv}, Plan: plan}
+	if aerr == nil {
+		res.Message += "; --quiesce would pause and restore what its plan lists (nothing was paused, so nothing is restored)"
+	}
+	return res, aerr
+}
+
+// UndoReport is what UndoQuiesce did (Result.Report).
+type UndoReport struct {
+	Quiesce *quiesce.Report `json:"quiesce"`
+}
+
+// UndoQuiesce restores every value a recorded quiesce holds, whatever its
+// phase, without upgrading (apply --undo-quiesce): OutcomeUndone, or
+// OutcomeNothingToDo when no quiesce is recorded.
+func UndoQuiesce(ctx context.Context, conn *pgx.Conn) (*Result[*UndoReport], error) {
+	qr, err := quiesce.Undo(ctx, conn)
+	res := &Result[*UndoReport]{Report: &UndoReport{Quiesce: qr}}
+	switch {
+	case errors.Is(err, quiesce.ErrNothing):
+		res.Outcome, res.Message = OutcomeNothingToDo, "nothing to undo: no quiesce is recorded"
+		return res, nil
+	case err == nil:
+		res.Outcome = OutcomeUndone
+		res.Message = fmt.Sprintf("restored %d recorded value(s) (found phase %s)", len(qr.Recorded), qr.ResumedFrom)
+		if qr.Applied {
+			res.Message += "; the upgrade to 0.17.0 had been committed and stays"
+		}
+		return res, nil
+	}
+	return res, Settle(ctx, conn, res, err)
 }

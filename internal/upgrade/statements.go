@@ -59,7 +59,8 @@ func deferredFindings(ctx context.Context, tx pgx.Tx, opts Options, code string)
 // accepted prepared shape: its unique indexes exist, so no statement can
 // fail the way a deferred check explains), two round trips per statement
 // fewer under the locks.
-func runMigration(ctx context.Context, tx pgx.Tx, opts Options, r *Report, m migrations.Migration, savepoints bool) error {
+func (s *runner) runMigration(tx pgx.Tx, m migrations.Migration, savepoints bool) error {
+	ctx, opts, r := s.ctx, s.opts, s.r
 	stmts, err := migrate.Stmts(m.SQL)
 	if err != nil {
 		return fmt.Errorf("splitting %s into statements: %w", m.File, err)
@@ -101,7 +102,7 @@ func runMigration(ctx context.Context, tx pgx.Tx, opts Options, r *Report, m mig
 			}
 			r.Preflight = append(r.Preflight, res.Checks...)
 			r.Blockers = res.Blockers()
-			return fail(OutcomeRefused, fmt.Errorf("%w: %s (found by %s: %w)", ErrPreflight, res.Summary(), m.File, err))
+			return s.fail(OutcomeRefused, fmt.Errorf("%w: %s (found by %s: %w)", ErrPreflight, res.Summary(), m.File, err))
 		}
 		if savepoints {
 			if _, err := tx.Exec(ctx, `release savepoint pgflow_upgrade_stmt`); err != nil {

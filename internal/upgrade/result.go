@@ -1,0 +1,141 @@
+package upgrade
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Outcome says how a run ended: the one place a run's outcome is kept
+// (Result.Outcome).
+type Outcome string
+
+// Outcomes of a run that succeeded: it returns a nil error.
+const (
+	OutcomeApplied        Outcome = "applied"
+	OutcomeAlreadyApplied Outcome = "already_applied"
+	OutcomeDryRun         Outcome = "dry_run"       // everything ran, then rolled back
+	OutcomeRolledBack     Outcome = "rolled_back"   // --rollback-online undid an unfinished online upgrade
+	OutcomeNothingToDo    Outcome = "nothing_to_do" // --rollback-online, --undo-quiesce: nothing to undo
+	OutcomeUndone         Outcome = "undone"        // --undo-quiesce restored every recorded value
+)
+
+// Outcomes of a run that did not do what it was asked: it returns the cause
+// as its error. Each one changed nothing it was not meant to leave behind
+// (the message says what remains).
+const (
+	OutcomeRefused      Outcome = "refused"      // preflight, integrity, state or post-conditions said no
+	OutcomeLockBusy     Outcome = "lock_busy"    // the advisory lock or a table lock was not obtained
+	OutcomeInconclusive Outcome = "inconclusive" // a preflight check ran out of time
+	OutcomeInterrupted  Outcome = "interrupted"  // context cancelled; rolled back
+	OutcomeFailed       Outcome = "failed"       // an error; rolled back
+)
+
+// Succeeded says whether o is the outcome of a run that did what it was
+// asked (its error is nil).
+func (o Outcome) Succeeded() bool {
+	switch o {
+	case OutcomeApplied, OutcomeAlreadyApplied, OutcomeDryRun, OutcomeRolledBack, OutcomeNothingToDo, OutcomeUndone:
+		return true
+	}
+	return false
+}
+
+// Result is what one run did, whichever run it was: Apply (with or without
+// --quiesce, --resume-quiesce), online.Apply, online.Rollback and
+// UndoQuiesce all return one, never nil, next to their error. Report is the
+// run's own account (R: *Report for Apply, *online.Report, ...).
+//
+// As JSON it is one object: outcome and message first, then the report's
+// fields.
+type Result[R any] struct {
+	Outcome Outcome
+	Message string
+	Report  R
+}
+
+// Want is nil when the run ended with want; otherwise an error naming the
+// outcome it had and its message. For callers that need one outcome, e.g.
+// the upgrade applied by this run (a calibration, a benchmark), where an
+// already upgraded database or a dry run, which succeed, will not do.
+func (r *Result[R]) Want(want Outcome) error {
+	if r.Outcome == want {
+		return nil
+	}
+	return fmt.Errorf("outcome %s, want %s: %s", r.Outcome, want, r.Message)
+}
+
+// MarshalJSON writes outcome and message, then the report's fields, as one
+// object.
+func (r *Result[R]) MarshalJSON() ([]byte, error) {
+	head, err := json.Marshal(struct {
+		Outcome Outcome `json:"outcome"`
+		Message string  `json:"message"`
+	}{r.Outcome, r.Message})
+	if err != nil {
+		return nil, err
+	}
+	body, err := json.Marshal(r.Report)
+	if err != nil {
+		return nil, err
+	}
+	return MergeObjects(head, body)
+}
+
+// MergeObjects is the JSON object with a's members, then b's. b may be
+// null (no members).
+func MergeObjects(a, b []byte) ([]byte, error) {
+	a, b = bytes.TrimSpace(a), bytes.TrimSpace(b)
+	if bytes.Equal(b, []byte("null")) {
+		return a, nil
+	}
+	if len(a) < 2 || a[0] != '{' || len(b) < 2 || b[0] != '{' {
+		return nil, fmt.Errorf("merging JSON objects: %.20q and %.20q are not both objects", a, b)
+	}
+	if string(b) == "{}" {
+		return a, nil
+	}
+	if string(a) == "{}" {
+		return b, nil
+	}
+	out := make([]byte, 0, len(a)+len(b))
+	out = append(out, a[:len(a)-1]...)
+	out = append(out, ',')
+	return append(out, b[1:]...), nil
+}
+
+// ConnectionLostError is the error of a run whose session ended under it
+// (the server terminated it, the network dropped it): the server rolled
+// back whatever transaction was open. Err is what the run saw.
+type ConnectionLostError struct{ Err error }
+
+func (e *ConnectionLostError) Error() string { return e.Err.Error() }
+func (e *ConnectionLostError) Unwrap() error { return e.Err }
+
+// Settle ends every run the same way. A nil err leaves res as the run wrote
+// it. Otherwise the outcome is interrupted when ctx ended, the run's own
+// when it set one that is not a success (refused, lock busy,
+// inconclusive), failed else; the message is the error's unless the run
+// wrote one; and a failure on a session that is gone is a
+// ConnectionLostError, decided here, where the session is known.
+func Settle[R any](ctx context.Context, conn *pgx.Conn, res *Result[R], err error) error {
+	if err == nil {
+		return nil
+	}
+	switch {
+	case ctx.Err() != nil:
+		res.Outcome = OutcomeInterrupted
+	case res.Outcome == "" || res.Outcome.Succeeded():
+		res.Outcome = OutcomeFailed
+	}
+	if res.Message == "" {
+		res.Message = err.Error()
+	}
+	if res.Outcome == OutcomeFailed && conn.IsClosed() {
+		err = &ConnectionLostError{Err: err}
+	}
+	return err
+}
