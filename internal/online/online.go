@@ -166,11 +166,12 @@ var (
 )
 
 type engine struct {
-	conn *pgx.Conn
-	opts Options
-	res  *upgrade.Result[*Report]
-	rep  *Report // res.Report
-	pid  uint32
+	conn  *pgx.Conn
+	opts  Options
+	res   *upgrade.Result[*Report]
+	rep   *Report // res.Report
+	pid   uint32
+	shape Shape // what the catalog said last: the plan's operations read it and refresh it
 }
 
 func newEngine(conn *pgx.Conn, opts Options) *engine {
@@ -250,46 +251,20 @@ func (e *engine) run(ctx context.Context) error {
 		e.res.Outcome = upgrade.OutcomeRefused
 		return fmt.Errorf("%w: %w: no pgflow.step_tasks", ErrRefused, upgrade.ErrNotBaseline)
 	}
-	if s.Upgraded {
-		// Already switched (or 0.17 reached another way): the switch
-		// transaction reports it; a hand-run file can leave our progress
-		// table behind, which goes.
-		return e.finishSwitch(ctx, s)
-	}
-
-	if err := e.phase(PhaseNone, "preflight: the shared check catalog, exact, no table locks (duplicate message ids: by the index build)", func() error {
-		return e.preflightBefore(ctx)
-	}); err != nil {
-		return err
-	}
-	if s.Columns < len(Tables) || s.TriggersFull < len(Tables) || !s.Progress {
-		if err := e.phase(PhaseExpand, "steps.queue_name and step_tasks.queue_name nullable, insert/update triggers, progress table", func() error {
-			return e.expand(ctx)
-		}); err != nil {
+	e.shape = s
+	for _, op := range plan { // plan.go
+		needed, err := op.needed(e, ctx)
+		if err != nil {
 			return err
 		}
-		if s, err = Detect(ctx, e.conn); err != nil {
+		if !needed {
+			continue
+		}
+		if err := e.phase(op.phase, op.detail, func() error { return op.run(e, ctx) }); err != nil {
 			return err
 		}
 	}
-	p, _, err := ReadProgress(ctx, e.conn)
-	if err != nil {
-		return err
-	}
-	if s.Checks == 0 && p.Phase != string(PhaseContract) {
-		if err := e.phase(PhaseBackfill, "steps in one statement, step_tasks in block-range (ctid) batches", func() error { return e.backfill(ctx) }); err != nil {
-			return err
-		}
-	}
-	if err := e.phase(PhaseContract, "checks NOT VALID, VALIDATE, three unique indexes CONCURRENTLY", func() error {
-		return e.contract(ctx)
-	}); err != nil {
-		return err
-	}
-	if s, err = Detect(ctx, e.conn); err != nil {
-		return err
-	}
-	return e.finishSwitch(ctx, s)
+	return nil
 }
 
 // preflightBefore runs the preflight checks (all but the duplicate scan) exactly, before anything
@@ -327,34 +302,26 @@ func (e *engine) preflightBefore(ctx context.Context) error {
 	return nil
 }
 
-// finishSwitch runs the switch on a prepared shape, or reports an upgraded
+// switchTx runs the switch on a prepared shape, or reports an upgraded
 // database (dropping our schema if something left it).
-func (e *engine) finishSwitch(ctx context.Context, s Shape) error {
-	if s.Upgraded && s.Progress {
+func (e *engine) switchTx(ctx context.Context) error {
+	if s := e.shape; s.Upgraded && s.Progress {
 		if _, err := e.conn.Exec(ctx, dropBookkeeping); err != nil {
 			return fmt.Errorf("online: dropping the leftover online bookkeeping: %w", err)
 		}
 	}
-	var sw *upgrade.Result[*upgrade.Report]
-	err := e.phase(PhaseSwitch, "fence and function switch in one short transaction (upgrade.Apply), preflight under its locks", func() error {
-		if err := e.hook(ctx, PointSwitch); err != nil {
-			return err
-		}
-		e.cancelAutovacuum(ctx)
-		var err error
-		sw, err = upgrade.Apply(ctx, e.conn, e.switchOptions())
+	if err := e.hook(ctx, PointSwitch); err != nil {
 		return err
-	})
-	e.rep.Switch = sw
-	if sw != nil {
-		e.rep.Preflight = append(e.rep.Preflight, sw.Report.Preflight...)
-		e.rep.Blockers = append(e.rep.Blockers, sw.Report.Blockers...)
-		if sw.Report.LockAttempts > 0 {
-			e.lockWindow("switch", sw.Report.LockAttempts, time.Duration(sw.Report.LockWindowMS)*time.Millisecond)
-		}
-		e.res.Outcome = sw.Outcome
-		e.res.Message = sw.Message
 	}
+	e.cancelAutovacuum(ctx)
+	sw, err := upgrade.Apply(ctx, e.conn, e.switchOptions())
+	e.rep.Switch = sw
+	e.rep.Preflight = append(e.rep.Preflight, sw.Report.Preflight...)
+	e.rep.Blockers = append(e.rep.Blockers, sw.Report.Blockers...)
+	if sw.Report.LockAttempts > 0 {
+		e.lockWindow("switch", sw.Report.LockAttempts, time.Duration(sw.Report.LockWindowMS)*time.Millisecond)
+	}
+	e.res.Outcome, e.res.Message = sw.Outcome, sw.Message
 	if err != nil {
 		return err
 	}
