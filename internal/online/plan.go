@@ -7,12 +7,13 @@ import (
 // operation is one step of the online plan, declared: the phase it is
 // reported under, what it does, when a run does it and how. needed reads
 // what it needs (the catalog's shape, the progress table), so a run after
-// an interruption does only what is missing. Each operation's undo is
-// Rollback's (apply --rollback-online), which drops what the operations
-// before the switch added, the last one first: contract's unique indexes,
-// checks and is_valid_queue_name, then expand's triggers, columns and
-// bookkeeping (the backfilled values go with the columns); the preflight
-// changes nothing and the switch, once committed, is not undone.
+// an interruption does only what is missing. The undo of the operations
+// before the switch is Rollback (apply --rollback-online): contract's
+// unique indexes first (concurrently, outside a transaction), then in one
+// short transaction what expand and contract added, table by table
+// (trigger, checks, column), is_valid_queue_name and the bookkeeping; the
+// backfilled values go with the columns, the preflight changes nothing, and
+// a committed switch is not undone.
 type operation struct {
 	phase  Phase
 	detail string
