@@ -131,7 +131,7 @@ var defaultLocalSettings = map[string]string{
 }
 
 // openLocal initialises and starts an ephemeral cluster.
-func openLocal(ctx context.Context, extra map[string]string, logf func(string, ...any)) (*Server, error) {
+func openLocal(ctx context.Context, extra map[string]string, reuseInitdb bool, logf func(string, ...any)) (*Server, error) {
 	bin, err := FindBinDir()
 	if err != nil {
 		return nil, err
@@ -151,12 +151,9 @@ func openLocal(ctx context.Context, extra map[string]string, logf func(string, .
 		return nil, fmt.Errorf("handing %s to the cluster user: %w", dir, err)
 	}
 	data := filepath.Join(dir, "data")
-	initdb := exec.CommandContext(ctx, filepath.Join(bin, "initdb"), "-D", data, "-U", "postgres",
-		"--auth=trust", "-E", "UTF8", "--no-sync", "--no-instructions")
-	owner.apply(initdb, dir)
-	if out, err := initdb.CombinedOutput(); err != nil {
+	if err := initCluster(ctx, bin, dir, data, owner, reuseInitdb, logf); err != nil {
 		cleanup()
-		return nil, fmt.Errorf("initdb in %s: %w: %s", data, err, strings.TrimSpace(string(out)))
+		return nil, err
 	}
 
 	var lastErr error

@@ -63,6 +63,11 @@ type Options struct {
 	// or database setting cannot put a writable schema first (`fixtures
 	// replay` sets it; the test harness does not).
 	PinSearchPath bool
+	// ReuseInitdb lets a local cluster start from a copy of the data
+	// directory an earlier initdb of the same binaries left in the
+	// temporary directory (kept there for the next one), instead of running
+	// initdb: the test harness starts a cluster per test binary.
+	ReuseInitdb bool
 }
 
 // DefaultDockerImage has PostgreSQL 15 with the pgmq extension available.
@@ -115,7 +120,7 @@ func open(ctx context.Context, opts Options) (*Server, error) {
 	if opts.Cron {
 		settings = withCronPreload(settings, logf)
 	}
-	return openLocal(ctx, settings, logf)
+	return openLocal(ctx, settings, opts.ReuseInitdb, logf)
 }
 
 func openDSN(ctx context.Context, raw string) (*Server, error) {

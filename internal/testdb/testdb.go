@@ -61,6 +61,7 @@ func Main(m *testing.M) int {
 		SkipDocker:  os.Getenv("PGFLOW_UPGRADE_NO_DOCKER") == "1",
 		Logf:        func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) },
 		Cron:        os.Getenv("PGFLOW_UPGRADE_NO_CRON") != "1",
+		ReuseInitdb: true,
 	}
 	server, serverErr = pgprovider.Open(ctx, opts)
 	if serverErr != nil {
