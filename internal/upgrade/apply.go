@@ -277,34 +277,26 @@ func (s *runner) step(name, detail string, fn func() error) error {
 	return err
 }
 
-// apply is Apply's plan: its steps, in order, on one transaction. The first
-// error stops it; the transaction is then rolled back.
+// apply runs Apply's plan (applyPlan, plan.go) on one transaction. The
+// first error stops it; the transaction is then rolled back.
 func apply(ctx context.Context, conn *pgx.Conn, opts Options, res *Result[*Report]) error {
-	a := &applyRun{runner: &runner{ctx: ctx, opts: opts, res: res, r: res.Report}}
-	if err := a.integrity(); err != nil {
-		return err
-	}
-	if err := a.begin(conn); err != nil {
-		return err
-	}
+	a := &applyRun{runner: &runner{ctx: ctx, opts: opts, res: res, r: res.Report}, conn: conn}
 	defer a.rollbackUnlessDone()
-	if err := a.advisoryLock(); err != nil {
-		return err
-	}
-	accepted, done, err := a.admit(a.tx, a.all)
-	if err != nil || done {
-		return err
-	}
-	a.accepted = accepted
-	for _, step := range []func() error{
-		a.privileges, a.tableLocks, a.runPreflight, a.migrate, a.postChecks,
-		a.beforeCommit, a.record, a.end,
-	} {
-		if err := step(); err != nil {
+	for _, st := range applyPlan {
+		if a.done {
+			return nil
+		}
+		if st.when != nil && !st.when(a) {
+			continue
+		}
+		run := func() error { return st.run(a) }
+		if st.name != "" {
+			run = func() error { return a.step(st.name, st.detail(a), func() error { return st.run(a) }) }
+		}
+		if err := run(); err != nil {
 			return err
 		}
 	}
-	a.finish()
 	return nil
 }
 
@@ -312,10 +304,12 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, res *Result[*Repor
 // to the next ones.
 type applyRun struct {
 	*runner
+	conn      *pgx.Conn
 	all       []migrations.Migration // the embedded migrations
 	ledger    *supabaseFile          // the user's copy of upstream's migration, if asked
 	tx        pgx.Tx
 	accepted  bool      // admit accepted a state AcceptState vouched for
+	done      bool      // admit found nothing to do: already upgraded
 	lockHeld  time.Time // when the table locks were granted
 	committed bool      // committed, or rolled back on purpose (dry run)
 }
@@ -324,42 +318,38 @@ type applyRun struct {
 // user's copy of upstream's migration.
 func (a *applyRun) integrity() error {
 	opts := a.opts
-	return a.step(StepIntegrity, "embedded migrations against atlas.sum", func() error {
-		if err := opts.Verify(); err != nil {
-			return a.fail(OutcomeRefused, fmt.Errorf("%w: %w", ErrIntegrity, err))
+	if err := opts.Verify(); err != nil {
+		return a.fail(OutcomeRefused, fmt.Errorf("%w: %w", ErrIntegrity, err))
+	}
+	var err error
+	if a.all, err = opts.Migrations(); err != nil {
+		return err
+	}
+	// The user's copy of upstream's migration, found before anything is
+	// locked: a wrong folder is a refusal that changes nothing.
+	if opts.SupabaseDir != "" {
+		if a.ledger, err = findSupabaseMigration(opts.SupabaseDir); err != nil {
+			return a.fail(OutcomeRefused, err)
 		}
-		var err error
-		if a.all, err = opts.Migrations(); err != nil {
-			return err
-		}
-		// The user's copy of upstream's migration, found before anything is
-		// locked: a wrong folder is a refusal that changes nothing.
-		if opts.SupabaseDir != "" {
-			if a.ledger, err = findSupabaseMigration(opts.SupabaseDir); err != nil {
-				return a.fail(OutcomeRefused, err)
-			}
-		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // begin opens the upgrade transaction.
-func (a *applyRun) begin(conn *pgx.Conn) error {
-	return a.step(StepBegin, "", func() error {
-		var err error
-		a.tx, err = conn.Begin(a.ctx)
-		if err != nil {
-			return fmt.Errorf("beginning the upgrade transaction: %w", err)
-		}
-		return nil
-	})
+func (a *applyRun) begin() error {
+	var err error
+	a.tx, err = a.conn.Begin(a.ctx)
+	if err != nil {
+		return fmt.Errorf("beginning the upgrade transaction: %w", err)
+	}
+	return nil
 }
 
 // rollbackUnlessDone rolls the transaction back unless it was committed (or
 // rolled back on purpose), and then records how long the tables were locked.
 func (a *applyRun) rollbackUnlessDone() {
-	if a.committed {
-		return
+	if a.tx == nil || a.committed {
+		return // not begun, or done with
 	}
 	// A cancelled ctx must not stop the rollback.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), 10*time.Second)
@@ -374,87 +364,79 @@ func (a *applyRun) rollbackUnlessDone() {
 // lock wait of the transaction.
 func (a *applyRun) advisoryLock() error {
 	ctx, tx, opts := a.ctx, a.tx, a.opts
-	return a.step(StepAdvisoryLock, fmt.Sprintf("pg_try_advisory_xact_lock(%d), waiting up to %s", AdvisoryLockKey, opts.Wait), func() error {
-		if err := acquireAdvisoryLock(ctx, tx, opts.Wait); err != nil {
-			if errors.Is(err, ErrUpgradeLocked) {
-				return a.fail(OutcomeLockBusy, err)
-			}
-			return err
+	if err := acquireAdvisoryLock(ctx, tx, opts.Wait); err != nil {
+		if errors.Is(err, ErrUpgradeLocked) {
+			return a.fail(OutcomeLockBusy, err)
 		}
-		// Only now, with the advisory lock held: every later lock wait of
-		// this transaction is bounded. The limits end with the transaction,
-		// so they are safe through a pooler.
-		if err := (session.Limits{Lock: opts.LockTimeout, IdleInTransaction: idleTimeout}).Set(ctx, tx); err != nil {
-			return fmt.Errorf("setting lock_timeout: %w", err)
-		}
-		return nil
-	})
+		return err
+	}
+	// Only now, with the advisory lock held: every later lock wait of
+	// this transaction is bounded. The limits end with the transaction,
+	// so they are safe through a pooler.
+	if err := (session.Limits{Lock: opts.LockTimeout, IdleInTransaction: idleTimeout}).Set(ctx, tx); err != nil {
+		return fmt.Errorf("setting lock_timeout: %w", err)
+	}
+	return nil
 }
 
 // privileges refuses, before any table lock, a role that cannot upgrade.
 func (a *applyRun) privileges() error {
-	return a.step(StepPrivileges, "the current role may alter the pgflow schema", func() error {
-		f, err := preflight.Privileges(a.ctx, a.tx, -1)
-		if err != nil {
-			return err
-		}
-		if len(f) > 0 {
-			a.r.Blockers = f
-			return a.fail(OutcomeRefused, fmt.Errorf("%w: %s", ErrPreflight, f[0].Message))
-		}
-		return nil
-	})
+	f, err := preflight.Privileges(a.ctx, a.tx, -1)
+	if err != nil {
+		return err
+	}
+	if len(f) > 0 {
+		a.r.Blockers = f
+		return a.fail(OutcomeRefused, fmt.Errorf("%w: %s", ErrPreflight, f[0].Message))
+	}
+	return nil
 }
 
 // tableLocks takes LockPlan's table locks, retried with backoff.
 func (a *applyRun) tableLocks() error {
 	ctx, tx, opts, r := a.ctx, a.tx, a.opts, a.r
-	return a.step(StepTableLocks, lockPlanText(), func() error {
-		res, err := lockTables(ctx, tx, opts.LockTimeout, opts.LockRetries, func(detail string) {
-			if opts.Progress != nil {
-				opts.Progress(Event{Step: StepTableLocks, Detail: detail})
-			}
-		})
-		r.LockAttempts, r.LockWaitMS, r.AutovacuumCancelled = res.Attempts, res.Waited.Milliseconds(), res.Autovacuum
-		if err != nil {
-			var tle *TableLockError
-			if errors.As(err, &tle) {
-				return a.fail(OutcomeLockBusy, err)
-			}
-			return err
+	res, err := lockTables(ctx, tx, opts.LockTimeout, opts.LockRetries, func(detail string) {
+		if opts.Progress != nil {
+			opts.Progress(Event{Step: StepTableLocks, Detail: detail})
 		}
-		a.lockHeld = res.Held
-		return nil
 	})
+	r.LockAttempts, r.LockWaitMS, r.AutovacuumCancelled = res.Attempts, res.Waited.Milliseconds(), res.Autovacuum
+	if err != nil {
+		var tle *TableLockError
+		if errors.As(err, &tle) {
+			return a.fail(OutcomeLockBusy, err)
+		}
+		return err
+	}
+	a.lockHeld = res.Held
+	return nil
 }
 
 // runPreflight runs the shared check catalog, exact, under the locks.
 func (a *applyRun) runPreflight() error {
 	opts, r := a.opts, a.r
-	return a.step(StepPreflight, "the shared check catalog, exact, under the locks", func() error {
-		popts := opts.Preflight
-		if len(popts.Checks) == 0 {
-			popts.Checks = preflightChecks()
+	popts := opts.Preflight
+	if len(popts.Checks) == 0 {
+		popts.Checks = preflightChecks()
+	}
+	if a.accepted {
+		// The state AcceptState vouched for, read in this transaction;
+		// the file's guard checks the shape again under the locks.
+		popts.Schema = &r.State
+	}
+	res, err := preflight.Run(a.ctx, a.tx, popts)
+	r.Preflight = res.Checks
+	if err != nil {
+		return err
+	}
+	if !res.OK() {
+		r.Blockers = res.Blockers()
+		if len(r.Blockers) == 0 && res.Inconclusive() {
+			return a.fail(OutcomeInconclusive, fmt.Errorf("%w: %s", ErrInconclusive, res.Summary()))
 		}
-		if a.accepted {
-			// The state AcceptState vouched for, read in this transaction;
-			// the file's guard checks the shape again under the locks.
-			popts.Schema = &r.State
-		}
-		res, err := preflight.Run(a.ctx, a.tx, popts)
-		r.Preflight = res.Checks
-		if err != nil {
-			return err
-		}
-		if !res.OK() {
-			r.Blockers = res.Blockers()
-			if len(r.Blockers) == 0 && res.Inconclusive() {
-				return a.fail(OutcomeInconclusive, fmt.Errorf("%w: %s", ErrInconclusive, res.Summary()))
-			}
-			return a.fail(OutcomeRefused, fmt.Errorf("%w: %s", ErrPreflight, res.Summary()))
-		}
-		return nil
-	})
+		return a.fail(OutcomeRefused, fmt.Errorf("%w: %s", ErrPreflight, res.Summary()))
+	}
+	return nil
 }
 
 // migrate runs the pending migrations, one step each.
@@ -472,21 +454,19 @@ func (a *applyRun) migrate() error {
 
 // postChecks runs the post-conditions (Checks) in the transaction.
 func (a *applyRun) postChecks() error {
-	return a.step(StepPostChecks, "the schema is pgflow 0.17.0 and the 0.16.0 claim is gone", func() error {
-		out, err := RunChecks(a.ctx, a.tx, true)
-		a.r.PostConditions = out
-		if err != nil {
-			return err
+	out, err := RunChecks(a.ctx, a.tx, true)
+	a.r.PostConditions = out
+	if err != nil {
+		return err
+	}
+	if bad := Failed(out); len(bad) > 0 {
+		ids := make([]string, len(bad))
+		for i, b := range bad {
+			ids[i] = b.ID + ": " + b.Detail
 		}
-		if bad := Failed(out); len(bad) > 0 {
-			ids := make([]string, len(bad))
-			for i, b := range bad {
-				ids[i] = b.ID + ": " + b.Detail
-			}
-			return a.fail(OutcomeRefused, fmt.Errorf("%w: %s", ErrPostConditions, strings.Join(ids, "; ")))
-		}
-		return nil
-	})
+		return a.fail(OutcomeRefused, fmt.Errorf("%w: %s", ErrPostConditions, strings.Join(ids, "; ")))
+	}
+	return nil
 }
 
 // beforeCommit runs Options.BeforeCommit, when set.
@@ -501,51 +481,42 @@ func (a *applyRun) beforeCommit() error {
 // ledger when asked.
 func (a *applyRun) record() error {
 	ctx, tx, r := a.ctx, a.tx, a.r
-	return a.step(StepSupabase, "pgflow_upgrade.schema_revisions; supabase_migrations.schema_migrations when asked", func() error {
-		for _, m := range a.all {
-			if slices.Contains(r.Pending, m.Version+"_"+m.Name) {
-				if err := recordRevision(ctx, tx, m); err != nil {
-					return err
-				}
+	for _, m := range a.all {
+		if slices.Contains(r.Pending, m.Version+"_"+m.Name) {
+			if err := recordRevision(ctx, tx, m); err != nil {
+				return err
 			}
 		}
-		ok, why, err := recordSupabase(ctx, tx, a.ledger)
-		if err != nil {
-			return err
-		}
-		r.SupabaseRecorded, r.Supabase = ok, why
-		return nil
-	})
-}
-
-// end commits the transaction, or rolls it back for a dry run.
-func (a *applyRun) end() error {
-	ctx, tx, opts := a.ctx, a.tx, a.opts
-	end := StepCommit
-	if opts.DryRun {
-		end = StepRollback
 	}
-	if err := a.step(end, "", func() error {
-		if opts.DryRun {
-			if err := tx.Rollback(ctx); err != nil {
-				return fmt.Errorf("rolling back the dry run: %w", err)
-			}
-			return nil
-		}
-		if err := tx.Commit(ctx); err != nil {
-			return fmt.Errorf("committing the upgrade (nothing was changed unless the server reports otherwise): %w", err)
-		}
-		return nil
-	}); err != nil {
+	ok, why, err := recordSupabase(ctx, tx, a.ledger)
+	if err != nil {
 		return err
 	}
-	a.committed = true // or rolled back on purpose
+	r.SupabaseRecorded, r.Supabase = ok, why
+	return nil
+}
+
+// commit commits the upgrade.
+func (a *applyRun) commit() error {
+	if err := a.tx.Commit(a.ctx); err != nil {
+		return fmt.Errorf("committing the upgrade (nothing was changed unless the server reports otherwise): %w", err)
+	}
+	a.committed = true
+	return nil
+}
+
+// rollbackDryRun rolls a dry run back on purpose.
+func (a *applyRun) rollbackDryRun() error {
+	if err := a.tx.Rollback(a.ctx); err != nil {
+		return fmt.Errorf("rolling back the dry run: %w", err)
+	}
+	a.committed = true // rolled back on purpose
 	return nil
 }
 
 // finish writes the outcome of a run that committed (or rolled back on
 // purpose) into the report.
-func (a *applyRun) finish() {
+func (a *applyRun) finish() error {
 	r := a.r
 	if !a.lockHeld.IsZero() {
 		r.LockWindowMS = time.Since(a.lockHeld).Milliseconds()
@@ -560,56 +531,59 @@ func (a *applyRun) finish() {
 		r.VersionNow, r.NextStep = versions.V0_17_0, AppliedNextStep
 		a.res.Message = fmt.Sprintf("upgraded to pgflow 0.17.0: %s applied; tables were locked for %s", strings.Join(r.Pending, ", "), time.Duration(r.LockWindowMS)*time.Millisecond)
 	}
+	return nil
 }
 
-// admit reads the schema state and the revisions this tool recorded, and
-// decides whether apply goes on: from 0.16.0 (or a state AcceptState vouches
-// for, then accepted is true), with r.Pending the migrations to run. done is
-// true when there is nothing to do (already 0.17.0, whoever applied it); an
-// error refuses every other state, naming the version found and the next
-// step (internal/versions).
-func (s *runner) admit(tx pgx.Tx, all []migrations.Migration) (accepted, done bool, err error) {
-	ctx, r := s.ctx, s.r
-	if err := s.step(StepState, "detecting the schema state", func() error {
-		st, err := DetectState(ctx, tx)
-		if err != nil {
-			return err
-		}
-		r.State, r.PgflowVersion = st, st.Version
-		applied, err := appliedVersions(ctx, tx)
-		if err != nil {
-			return err
-		}
-		known := map[string]bool{}
-		for _, m := range all {
-			known[m.Version] = true
-			if !applied[m.Version] {
-				r.Pending = append(r.Pending, m.Version+"_"+m.Name)
-			}
-		}
-		for v := range applied {
-			if !known[v] {
-				r.Unknown = append(r.Unknown, v)
-			}
-		}
-		sort.Strings(r.Unknown)
-		return nil
-	}); err != nil {
-		return false, false, err
+// readState reads the schema state and the revisions this tool recorded,
+// with r.Pending the migrations not recorded.
+func (a *applyRun) readState() error {
+	ctx, r, tx, all := a.ctx, a.r, a.tx, a.all
+	st, err := DetectState(ctx, tx)
+	if err != nil {
+		return err
 	}
-	if q := r.State.Version; q != nil && q.Quiesce != nil && !s.opts.quiesced {
-		return false, false, s.fail(OutcomeRefused, quiesceRefusal(q.Quiesce)) // inprogress.go
+	r.State, r.PgflowVersion = st, st.Version
+	applied, err := appliedVersions(ctx, tx)
+	if err != nil {
+		return err
+	}
+	known := map[string]bool{}
+	for _, m := range all {
+		known[m.Version] = true
+		if !applied[m.Version] {
+			r.Pending = append(r.Pending, m.Version+"_"+m.Name)
+		}
+	}
+	for v := range applied {
+		if !known[v] {
+			r.Unknown = append(r.Unknown, v)
+		}
+	}
+	sort.Strings(r.Unknown)
+	return nil
+}
+
+// admit decides whether apply goes on: from 0.16.0 (or a state AcceptState
+// vouches for: then a.accepted), with r.Pending the migrations to run.
+// a.done says there is nothing to do (already 0.17.0, whoever applied it);
+// an error refuses every other state, naming the version found and the
+// next step (internal/versions).
+func (a *applyRun) admit() error {
+	ctx, r, tx, all := a.ctx, a.r, a.tx, a.all
+	var accepted bool
+	if q := r.State.Version; q != nil && q.Quiesce != nil && !a.opts.quiesced {
+		return a.fail(OutcomeRefused, quiesceRefusal(q.Quiesce)) // inprogress.go
 	}
 	if len(r.Unknown) > 0 {
 		// A revision we do not ship: a newer tool upgraded this database
 		// further, and this one must not "re-apply" or touch it.
-		return false, false, s.fail(OutcomeRefused, fmt.Errorf("%w: pgflow_upgrade.schema_revisions records %s, which this pgflow-upgrade (migrations up to %s) does not know; use the newer pgflow-upgrade that applied it (`pgflow-upgrade status` lists the revisions)",
+		return a.fail(OutcomeRefused, fmt.Errorf("%w: pgflow_upgrade.schema_revisions records %s, which this pgflow-upgrade (migrations up to %s) does not know; use the newer pgflow-upgrade that applied it (`pgflow-upgrade status` lists the revisions)",
 			ErrNewerSchema, strings.Join(r.Unknown, ", "), Version))
 	}
-	if s.opts.AcceptState != nil && r.State.State != audit.StateBaseline && r.State.State != audit.StateUpgraded {
-		ok, err := s.opts.AcceptState(ctx, tx, r.State)
+	if a.opts.AcceptState != nil && r.State.State != audit.StateBaseline && r.State.State != audit.StateUpgraded {
+		ok, err := a.opts.AcceptState(ctx, tx, r.State)
 		if err != nil {
-			return false, false, err
+			return err
 		}
 		accepted = ok
 	}
@@ -619,17 +593,18 @@ func (s *runner) admit(tx pgx.Tx, all []migrations.Migration) (accepted, done bo
 		// recorded) or pgflow's own migration 20260915074120 (it is not).
 		ours := !slices.Contains(r.Pending, Version+"_"+Name)
 		r.Pending = nil
-		s.res.Outcome = OutcomeAlreadyApplied
+		a.res.Outcome = OutcomeAlreadyApplied
 		found := "0.17.0"
 		if v := r.State.Version; v != nil && v.Found != "" {
 			found = v.Found // e.g. 0.17.1+, upgraded further by pgflow
 		}
 		if ours {
-			s.res.Message = "already upgraded: pgflow " + found + ", revision " + Version + " (" + Name + ") recorded in pgflow_upgrade.schema_revisions; nothing to do"
+			a.res.Message = "already upgraded: pgflow " + found + ", revision " + Version + " (" + Name + ") recorded in pgflow_upgrade.schema_revisions; nothing to do"
 		} else {
-			s.res.Message = "already upgraded: pgflow " + found + " (not applied by this tool: e.g. by pgflow's own migration " + UpstreamVersion + "); nothing to do"
+			a.res.Message = "already upgraded: pgflow " + found + " (not applied by this tool: e.g. by pgflow's own migration " + UpstreamVersion + "); nothing to do"
 		}
-		return false, true, nil
+		a.done = true
+		return nil
 	case r.State.State == audit.StateBaseline || accepted:
 		// The one state this migration starts from (or one AcceptState vouches for).
 		if len(r.Pending) == 0 {
@@ -638,7 +613,7 @@ func (s *runner) admit(tx pgx.Tx, all []migrations.Migration) (accepted, done bo
 			}
 		}
 	case r.State.Version != nil && r.State.Version.Online != nil:
-		return false, false, s.fail(OutcomeRefused, onlineRefusal(r.State.Version)) // inprogress.go
+		return a.fail(OutcomeRefused, onlineRefusal(r.State.Version)) // inprogress.go
 	default:
 		// Name the version found and the next step (internal/versions).
 		why := strings.Join(r.State.Differences, "; ")
@@ -648,10 +623,10 @@ func (s *runner) admit(tx pgx.Tx, all []migrations.Migration) (accepted, done bo
 				why += ": " + strings.Join(r.State.Differences, "; ")
 			}
 		}
-		return false, false, s.fail(OutcomeRefused, fmt.Errorf("%w: state %s (%s); run `pgflow-upgrade status`", ErrNotBaseline, r.State.State, why))
+		return a.fail(OutcomeRefused, fmt.Errorf("%w: state %s (%s); run `pgflow-upgrade status`", ErrNotBaseline, r.State.State, why))
 	}
-	return accepted, false, nil
-
+	a.accepted = accepted
+	return nil
 }
 
 // AppliedNextStep is what to do after a successful apply.
