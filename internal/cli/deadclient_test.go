@@ -16,7 +16,7 @@ import (
 
 // A client that dies or stops inside apply's locked window must not keep
 // the pgflow tables locked: client_connection_check_interval (PostgreSQL
-// 14+, set in every transaction by internal/dsn) makes the backend of a
+// 14+, set in every transaction by internal/session) makes the backend of a
 // killed client stop mid-statement, and apply's
 // idle_in_transaction_session_timeout (6 s, internal/upgrade) ends the
 // session of a stopped one. Measured on the built binary against a database
