@@ -66,7 +66,7 @@ func (a *App) Run(ctx context.Context, args []string) int {
 	}
 	msg := err.Error()
 	if !errors.Is(err, session.ErrMalformed) {
-		// A malformed DSN's message is fixed text (dsn/malformed.go): the
+		// A malformed DSN's message is fixed text (session/malformed.go): the
 		// password spellings guessed from such a string can be one letter,
 		// and replacing those everywhere garbles the message.
 		msg = a.redact(msg)
