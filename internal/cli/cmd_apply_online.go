@@ -98,7 +98,7 @@ func (a *App) applyOnlineAction(c *ucli.Context) error {
 // the environment's cause when one is found (then the error is that
 // envError), and what the run left in the database and what to run next.
 func (a *App) explainOnlineStop(ctx context.Context, t *target, res *upgrade.Result[*online.Report], err error) error {
-	var lost *upgrade.ConnectionLostError
+	var lost *session.LostError
 	blocked := errors.As(err, &lost)
 	if env := a.diagnose(ctx, t, err); env != nil {
 		// A rerun fails the same way (no "run again to continue"),

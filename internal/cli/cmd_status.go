@@ -14,6 +14,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/routes"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
@@ -83,7 +84,7 @@ func (a *App) statusAction(c *ucli.Context) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if conn.IsClosed() {
+			if errors.As(err, new(*session.LostError)) {
 				return withCode(ExitEnvironment, fmt.Errorf("reading the routes of %s: %w", where, err))
 			}
 			rr.Error = err.Error() // shown; the routes do not decide status's exit code

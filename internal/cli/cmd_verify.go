@@ -9,6 +9,7 @@ import (
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/routes"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
@@ -80,7 +81,7 @@ func (a *App) verifyAction(c *ucli.Context) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
-			if conn.IsClosed() {
+			if errors.As(err, new(*session.LostError)) {
 				return withCode(ExitEnvironment, fmt.Errorf("reading the routes of %s: %w", where, err))
 			}
 			rr.Error = err.Error()

@@ -10,6 +10,7 @@ import (
 
 	ucli "github.com/urfave/cli/v2"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
@@ -20,7 +21,7 @@ import (
 // environment stopped it (an envError: a rerun meets it again), 4 when a
 // preflight check had no answer, 1 for every other refusal or failure.
 func runExitCode(ctx context.Context, outcome upgrade.Outcome, err error) int {
-	var lost *upgrade.ConnectionLostError
+	var lost *session.LostError
 	var env *envError
 	switch {
 	case err == nil:

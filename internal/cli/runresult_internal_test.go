@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
@@ -58,8 +59,8 @@ func TestRunExitCode(t *testing.T) {
 		{live, upgrade.OutcomeInconclusive, cause, ExitInconclusive},
 		{live, upgrade.OutcomeInterrupted, cause, ExitInterrupted},
 		{cancelled, upgrade.OutcomeFailed, cause, ExitInterrupted},
-		{live, upgrade.OutcomeFailed, &upgrade.ConnectionLostError{Err: cause}, ExitEnvironment},
-		{live, upgrade.OutcomeFailed, fmt.Errorf("switch: %w", &upgrade.ConnectionLostError{Err: cause}), ExitEnvironment},
+		{live, upgrade.OutcomeFailed, &session.LostError{Err: cause}, ExitEnvironment},
+		{live, upgrade.OutcomeFailed, fmt.Errorf("switch: %w", &session.LostError{Err: cause}), ExitEnvironment},
 		{live, upgrade.OutcomeInconclusive, &envError{cause: "statement_timeout", err: cause}, ExitEnvironment},
 	} {
 		if got := runExitCode(c.ctx, c.outcome, c.err); got != c.want {

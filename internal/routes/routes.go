@@ -30,6 +30,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 )
 
@@ -226,9 +227,11 @@ var ErrNoRoutes = errors.New("schema pgflow has no queue routes (pgflow.flows.qu
 // Read reads every route of the database behind conn, its queue and its live
 // workers, in one read-only transaction, and decides which routes fail.
 // An error means the answer is unknown (no privilege, a timeout): it keeps
-// the *pgconn.PgError reachable. A queue that cannot be read makes only its
-// route unknown.
-func Read(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, error) {
+// the *pgconn.PgError reachable, and is a *session.LostError when the
+// session is gone. A queue that cannot be read makes only its route
+// unknown.
+func Read(ctx context.Context, conn *pgx.Conn, opts Options) (_ *Report, err error) {
+	defer func() { err = session.Lost(conn, err) }()
 	opts = opts.withDefaults()
 	tx, err := audit.BeginReadOnly(ctx, conn, opts.StatementTimeout, opts.LockTimeout, opts.ApplicationName)
 	if err != nil {

@@ -12,7 +12,7 @@
 // of no: refused, lock busy, inconclusive, interrupted or failed. A refusal
 // is an error like any failure; the outcome lives in Result.Outcome only,
 // never in an error. A failure whose session is gone is a
-// *ConnectionLostError.
+// *session.LostError.
 package upgrade
 
 import (

@@ -7,6 +7,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // Outcome says how a run ended: the one place a run's outcome is kept
@@ -107,20 +109,12 @@ func MergeObjects(a, b []byte) ([]byte, error) {
 	return append(out, b[1:]...), nil
 }
 
-// ConnectionLostError is the error of a run whose session ended under it
-// (the server terminated it, the network dropped it): the server rolled
-// back whatever transaction was open. Err is what the run saw.
-type ConnectionLostError struct{ Err error }
-
-func (e *ConnectionLostError) Error() string { return e.Err.Error() }
-func (e *ConnectionLostError) Unwrap() error { return e.Err }
-
 // Settle ends every run the same way. A nil err leaves res as the run wrote
 // it. Otherwise the outcome is interrupted when ctx ended, the run's own
 // when it set one that is not a success (refused, lock busy,
 // inconclusive), failed else; the message is the error's unless the run
 // wrote one; and a failure on a session that is gone is a
-// ConnectionLostError, decided here, where the session is known.
+// *session.LostError, decided here, where the session is known.
 func Settle[R any](ctx context.Context, conn *pgx.Conn, res *Result[R], err error) error {
 	if err == nil {
 		return nil
@@ -134,8 +128,8 @@ func Settle[R any](ctx context.Context, conn *pgx.Conn, res *Result[R], err erro
 	if res.Message == "" {
 		res.Message = err.Error()
 	}
-	if res.Outcome == OutcomeFailed && conn.IsClosed() {
-		err = &ConnectionLostError{Err: err}
+	if res.Outcome == OutcomeFailed {
+		err = session.Lost(conn, err)
 	}
 	return err
 }
