@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -35,10 +36,10 @@ func TestCaptureReplay(t *testing.T) {
 	}
 	defer conn.Close(ctx)
 	var file bytes.Buffer
-	if _, err := scenario.Capture(ctx, conn, &file, scenario.CaptureOptions{}); err != nil {
+	if _, err := capture.Write(ctx, conn, &file, capture.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	c, err := scenario.ReadCapture(&file)
+	c, err := capture.Read(&file)
 	if err != nil {
 		t.Fatal(err)
 	}

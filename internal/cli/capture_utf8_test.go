@@ -12,9 +12,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
@@ -52,7 +52,7 @@ func TestReplayRefusesCaptureWithInvalidUTF8(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if _, err := scenario.ValidateCapture(f, scenario.DefaultLimits); err != nil {
+	if _, err := capture.Validate(f, capture.DefaultLimits); err != nil {
 		t.Errorf("a capture with an escaped surrogate pair: %v", err)
 	}
 

@@ -15,6 +15,7 @@ import (
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
@@ -74,7 +75,7 @@ func dsnValue(c *ucli.Context) string {
 type replayReport struct {
 	Provider  string            `json:"provider"`
 	From      string            `json:"from,omitempty"`
-	Capture   *scenario.Header  `json:"capture,omitempty"` // the capture's header: versions, table sizes
+	Capture   *capture.Header   `json:"capture,omitempty"` // the capture's header: versions, table sizes
 	Rehearsal *rehearsalReport  `json:"rehearsal,omitempty"`
 	Scenarios []scenario.Result `json:"scenarios"`
 	Passed    int               `json:"passed"`
@@ -136,12 +137,12 @@ func (a *App) fixturesReplay(c *ucli.Context) error {
 // replayPlan is what `fixtures replay` was asked to run, checked from its
 // flags and arguments before any database is made.
 type replayPlan struct {
-	from      string                // --from, the capture file; "" for the built-in scenarios
-	captured  *scenario.CaptureInfo // the validated capture; nil without --from
-	rehearsal *scenario.Rehearsal   // the budgets, and what the rehearsal measures
-	selected  []scenario.Scenario   // the scenarios to run
-	parallel  int                   // scenarios run at once
-	junitPath string                // --junit
+	from      string              // --from, the capture file; "" for the built-in scenarios
+	captured  *capture.Info       // the validated capture; nil without --from
+	rehearsal *scenario.Rehearsal // the budgets, and what the rehearsal measures
+	selected  []scenario.Scenario // the scenarios to run
+	parallel  int                 // scenarios run at once
+	junitPath string              // --junit
 }
 
 func newReplayPlan(c *ucli.Context) (*replayPlan, error) {
@@ -185,22 +186,22 @@ func newReplayPlan(c *ucli.Context) (*replayPlan, error) {
 
 // validateReplayCapture reads the capture file whole before any database is
 // created, as a stream: memory stays bounded whatever the file's size
-// (scenario.Limits). Only a baseline database has an upgrade to replay.
-func validateReplayCapture(from string) (*scenario.CaptureInfo, error) {
+// (capture.Limits). Only a baseline database has an upgrade to replay.
+func validateReplayCapture(from string) (*capture.Info, error) {
 	f, err := os.Open(from)
 	if err != nil {
 		return nil, withCode(ExitUsage, fmt.Errorf("--from: %w", err))
 	}
-	captured, err := scenario.ValidateCapture(bufio.NewReaderSize(f, 1<<20), scenario.DefaultLimits)
+	captured, err := capture.Validate(bufio.NewReaderSize(f, 1<<20), capture.DefaultLimits)
 	f.Close()
-	if errors.Is(err, scenario.ErrCaptureLimit) {
+	if errors.Is(err, capture.ErrCaptureLimit) {
 		return nil, withCode(ExitUsage, fmt.Errorf("--from %s: %w; the limits are in docs/fixtures.md (\"Capture file format\")", from, err))
 	}
 	if err != nil {
 		return nil, withCode(ExitUsage, fmt.Errorf("--from %s: %w; capture the database again with `pgflow-upgrade fixtures capture --out FILE`", from, err))
 	}
 	if captured.Header.PgflowState != "baseline" {
-		return nil, withCode(ExitFindings, fmt.Errorf("--from %s: %w (state %q): nothing to replay", from, scenario.ErrNotBaseline, captured.Header.PgflowState))
+		return nil, withCode(ExitFindings, fmt.Errorf("--from %s: %w (state %q): nothing to replay", from, capture.ErrNotBaseline, captured.Header.PgflowState))
 	}
 	return captured, nil
 }
@@ -249,7 +250,7 @@ func (a *App) runReplayScenarios(ctx context.Context, srv *pgprovider.Server, pl
 	if plan.captured != nil {
 		a.describeCapture(plan.from, plan.captured)
 		r.Baseline = func(ctx context.Context, conn *pgx.Conn) error {
-			return scenario.RestoreFile(ctx, conn, plan.from, scenario.DefaultLimits)
+			return capture.RestoreFile(ctx, conn, plan.from, capture.DefaultLimits)
 		}
 	}
 	if _, err := r.Template(ctx); err != nil {
@@ -273,7 +274,7 @@ func (a *App) runReplayScenarios(ctx context.Context, srv *pgprovider.Server, pl
 }
 
 // describeCapture says on stderr which capture is being restored.
-func (a *App) describeCapture(from string, captured *scenario.CaptureInfo) {
+func (a *App) describeCapture(from string, captured *capture.Info) {
 	h := captured.Header
 	fmt.Fprintf(a.Stderr, "replay: restoring %s (captured %s, %d records", from, h.CreatedAt.Format(time.RFC3339), captured.Records)
 	if h.Version >= 2 {
@@ -393,10 +394,10 @@ func (a *App) fixturesCapture(c *ucli.Context) error {
 	} else if kind == "" {
 		return withCode(ExitFindings, fmt.Errorf("fixtures capture: %s has no pgmq schema: not a pgflow database", session.Describe(t.config)))
 	}
-	opts := scenario.CaptureOptions{Redact: c.Bool("redact"), Source: session.Describe(t.config), IncludeSchemas: c.StringSlice("include-schema")}
+	opts := capture.Options{Redact: c.Bool("redact"), Source: session.Describe(t.config), IncludeSchemas: c.StringSlice("include-schema")}
 	var n int
 	if out == "-" {
-		n, err = scenario.Capture(ctx, conn, a.Stdout, opts)
+		n, err = capture.Write(ctx, conn, a.Stdout, opts)
 		if err != nil {
 			return withCode(ExitFindings, err)
 		}
@@ -405,7 +406,7 @@ func (a *App) fixturesCapture(c *ucli.Context) error {
 		// (outfile.go): a failed capture leaves the target as it was.
 		err = writeOutFile(out, c.Bool("force"), func(w io.Writer) error {
 			var err error
-			if n, err = scenario.Capture(ctx, conn, w, opts); err != nil {
+			if n, err = capture.Write(ctx, conn, w, opts); err != nil {
 				return fmt.Errorf("capturing %s: %w", opts.Source, err)
 			}
 			return nil

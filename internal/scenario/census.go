@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
 )
 
 // Census counts the kinds of in-flight state a database holds, so a scenario
@@ -47,7 +49,7 @@ func TakeCensus(ctx context.Context, pool *pgxpool.Pool) (Census, error) {
 			return nil, fmt.Errorf("census of %s: %w", what, err)
 		}
 	}
-	queues, err := queueNames(ctx, pool)
+	queues, err := capture.QueueNames(ctx, pool)
 	if err != nil {
 		return nil, err
 	}
@@ -105,19 +107,4 @@ func (c Census) String() string {
 		}
 	}
 	return strings.Join(parts, ", ")
-}
-
-// queueNames lists pgmq's queues.
-func queueNames(ctx context.Context, q interface {
-	Query(context.Context, string, ...any) (pgx.Rows, error)
-}) ([]string, error) {
-	rows, err := q.Query(ctx, `select queue_name::text from pgmq.list_queues() order by 1`)
-	if err != nil {
-		return nil, fmt.Errorf("listing pgmq queues: %w", err)
-	}
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("listing pgmq queues: %w", err)
-	}
-	return names, nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 )
 
@@ -60,7 +61,7 @@ func takeDigest(ctx context.Context, pool *pgxpool.Pool) (*digest, error) {
 		}
 		d.tables = append(d.tables, &digestTable{label: fingerprint.QueueList, from: "pgmq.list_queues()",
 			columns: []string{"queue_name", "is_partitioned", "is_unlogged", "created_at"}, key: []string{"queue_name"}})
-		queues, err := queueNames(ctx, tx)
+		queues, err := capture.QueueNames(ctx, tx)
 		if err != nil {
 			return err
 		}

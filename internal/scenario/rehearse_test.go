@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture/capturetest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -16,17 +18,17 @@ import (
 )
 
 // TestRehearsalOnACustomizedCapture: a 0.16.0 database with the owners'
-// additions (customizeSQL) is captured, rebuilt into a template, and the
+// additions (capturetest.CustomizeSQL) is captured, rebuilt into a template, and the
 // rehearsal runs on it: with generous budgets every expectation holds and
 // both figures are reported; with tiny budgets the two measured cases fail
 // on their budget, and the others still pass.
 func TestRehearsalOnACustomizedCapture(t *testing.T) {
-	testdb.SkipIfShort(t, "a 0.16.0 database with the owners' additions (customizeSQL) is captured, rebuilt into a template, and the...")
+	testdb.SkipIfShort(t, "a 0.16.0 database with the owners' additions (capturetest.CustomizeSQL) is captured, rebuilt into a template, and the...")
 	ctx := context.Background()
-	dropRole(t, "w19r_capture_reader")
+	capturetest.DropRole(t, "w19r_capture_reader")
 	src := testdb.Empty(t)
-	loadInflight(t, src)
-	if _, err := src.Pool.Exec(ctx, customizeSQL); err != nil {
+	capturetest.LoadInflight(t, src)
+	if _, err := src.Pool.Exec(ctx, capturetest.CustomizeSQL); err != nil {
 		t.Fatal(err)
 	}
 	conn, err := session.Open(ctx, src.DSN, session.Test)
@@ -35,10 +37,10 @@ func TestRehearsalOnACustomizedCapture(t *testing.T) {
 	}
 	defer conn.Close(ctx)
 	var file bytes.Buffer
-	if _, err := scenario.Capture(ctx, conn, &file, scenario.CaptureOptions{IncludeSchemas: []string{"app"}}); err != nil {
+	if _, err := capture.Write(ctx, conn, &file, capture.Options{IncludeSchemas: []string{"app"}}); err != nil {
 		t.Fatal(err)
 	}
-	c, err := scenario.ReadCapture(bytes.NewReader(file.Bytes()))
+	c, err := capture.Read(bytes.NewReader(file.Bytes()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package scenario
+package capture
 
 import (
 	"context"

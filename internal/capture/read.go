@@ -1,4 +1,4 @@
-package scenario
+package capture
 
 import (
 	"bufio"
@@ -65,8 +65,8 @@ const (
 	batchBytes = 8 << 20
 )
 
-// CaptureInfo is what validating a capture file found.
-type CaptureInfo struct {
+// Info is what validating a capture file found.
+type Info struct {
 	Header  Header
 	Records int
 	Bytes   int64 // decompressed
@@ -221,8 +221,8 @@ func newCaptureReader(r io.Reader, lim Limits) (*captureReader, error) {
 	if at := invalidUTF8(cr.sc.Bytes()); at >= 0 {
 		return nil, bad("line 1 (the header) holds text that is not valid UTF-8 (byte %d of the line%s)", at+1, escapeNote(cr.sc.Bytes(), at))
 	}
-	if cr.header.Format != CaptureFormat {
-		return nil, bad("format %q, want %q", cr.header.Format, CaptureFormat)
+	if cr.header.Format != Format {
+		return nil, bad("format %q, want %q", cr.header.Format, Format)
 	}
 	switch cr.header.Version {
 	case 1:
@@ -236,7 +236,7 @@ func newCaptureReader(r io.Reader, lim Limits) (*captureReader, error) {
 			}
 		}
 	default:
-		return nil, bad("version %d, this tool reads versions 1 and %d", cr.header.Version, CaptureVersion)
+		return nil, bad("version %d, this tool reads versions 1 and %d", cr.header.Version, Version)
 	}
 	return cr, nil
 }
@@ -320,7 +320,7 @@ func (cr *captureReader) next() (rec Record, ok bool, err error) {
 }
 
 // check validates one record: a known table, an object row, and the order
-// Capture writes (version 1: pgflow tables in foreign key order, then the
+// Write writes (version 1: pgflow tables in foreign key order, then the
 // queues, then the messages of declared queues; version 2: pre DDL, rows,
 // queues, messages, sequences, post DDL), which lets a restore stream.
 func (cr *captureReader) check(rec Record) error {
@@ -466,10 +466,10 @@ func (cr *captureReader) phaseV2(rec Record) (int, error) {
 	return 0, bad("line %d: a row of %q, which the header does not list among the captured schemas' tables", cr.line, rec.Table)
 }
 
-// ValidateCapture reads a whole capture file and checks it (format, order,
+// Validate reads a whole capture file and checks it (format, order,
 // trailer, limits) without keeping its records. Every problem wraps
 // ErrBadCapture; a limit also wraps ErrCaptureLimit.
-func ValidateCapture(r io.Reader, lim Limits) (*CaptureInfo, error) {
+func Validate(r io.Reader, lim Limits) (*Info, error) {
 	cr, err := newCaptureReader(r, lim)
 	if err != nil {
 		return nil, err
@@ -480,21 +480,21 @@ func ValidateCapture(r io.Reader, lim Limits) (*CaptureInfo, error) {
 			return nil, err
 		}
 		if !ok {
-			return &CaptureInfo{Header: cr.header, Records: cr.records, Bytes: cr.count.n}, nil
+			return &Info{Header: cr.header, Records: cr.records, Bytes: cr.count.n}, nil
 		}
 	}
 }
 
 // Captured is a capture file read into memory (tests and small files;
-// `fixtures replay --from` streams with ValidateCapture and RestoreFile).
+// `fixtures replay --from` streams with Validate and RestoreFile).
 type Captured struct {
 	Header  Header
 	Records []Record
 }
 
-// ReadCapture reads and validates a capture file into memory, within
+// Read reads and validates a capture file into memory, within
 // DefaultLimits. Every problem with the file itself wraps ErrBadCapture.
-func ReadCapture(r io.Reader) (*Captured, error) {
+func Read(r io.Reader) (*Captured, error) {
 	cr, err := newCaptureReader(r, DefaultLimits)
 	if err != nil {
 		return nil, err
@@ -544,7 +544,7 @@ func (c *Captured) Restore(ctx context.Context, conn *pgx.Conn) error {
 
 // RestoreFile loads the capture file at path into an empty database as
 // Restore does, reading the file as a stream (it validates it again as it
-// goes: the file may have changed since ValidateCapture).
+// goes: the file may have changed since Validate).
 func RestoreFile(ctx context.Context, conn *pgx.Conn, path string, lim Limits) error {
 	f, err := os.Open(path)
 	if err != nil {
@@ -559,7 +559,7 @@ func RestoreFile(ctx context.Context, conn *pgx.Conn, path string, lim Limits) e
 }
 
 // restore inserts the records next yields, in their order (the order
-// Capture writes, which the reader enforces), in batches.
+// Write writes, which the reader enforces), in batches.
 func restore(ctx context.Context, conn *pgx.Conn, h Header, next func() (Record, bool, error)) error {
 	if h.PgflowState != string(audit.StateBaseline) {
 		return fmt.Errorf("%w (state %q): nothing to replay", ErrNotBaseline, h.PgflowState)

@@ -1,4 +1,4 @@
-package scenario
+package capture
 
 import (
 	"context"
@@ -202,4 +202,10 @@ func (b *batch) insertSQL(ctx context.Context) (table, sql string, err error) {
 		b.columns[table] = head
 	}
 	return table, head + " from pg_catalog.jsonb_populate_recordset(null::" + table + ", $1::pg_catalog.jsonb)", nil
+}
+
+// firstLine is s up to its first newline.
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
 }

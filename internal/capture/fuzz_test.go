@@ -1,4 +1,4 @@
-package scenario_test
+package capture_test
 
 import (
 	"bytes"
@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
 )
 
 // The capture file reader is the one parser that reads a file a user hands
@@ -64,9 +64,9 @@ func FuzzReadCapture(f *testing.F) {
 		if !raw {
 			file = gzipped(content)
 		}
-		c, err := scenario.ReadCapture(bytes.NewReader(file))
+		c, err := capture.Read(bytes.NewReader(file))
 		if err != nil {
-			if !errors.Is(err, scenario.ErrBadCapture) {
+			if !errors.Is(err, capture.ErrBadCapture) {
 				t.Fatalf("refusal does not wrap ErrBadCapture: %v", err)
 			}
 			if !strings.Contains(err.Error(), "capture") {
@@ -74,7 +74,7 @@ func FuzzReadCapture(f *testing.F) {
 			}
 			return
 		}
-		if c.Header.Format != scenario.CaptureFormat || (c.Header.Version != 1 && c.Header.Version != scenario.CaptureVersion) {
+		if c.Header.Format != capture.Format || (c.Header.Version != 1 && c.Header.Version != capture.Version) {
 			t.Fatalf("accepted a foreign header %+v", c.Header)
 		}
 		schemas := map[string]bool{"pgflow": true, "pgmq": true}
@@ -115,7 +115,7 @@ func FuzzReadCapture(f *testing.F) {
 		end, _ := json.Marshal(map[string]any{"end": map[string]int{"records": len(c.Records)}})
 		again.Write(end)
 		again.WriteByte('\n')
-		c2, err := scenario.ReadCapture(bytes.NewReader(gzipped(again.String())))
+		c2, err := capture.Read(bytes.NewReader(gzipped(again.String())))
 		if err != nil {
 			t.Fatalf("written back, an accepted file is refused: %v", err)
 		}

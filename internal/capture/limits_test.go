@@ -1,4 +1,4 @@
-package scenario_test
+package capture_test
 
 import (
 	"bytes"
@@ -16,13 +16,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
 // A capture file is read as a stream: memory stays bounded whatever its
-// size, and a file over a documented limit (scenario.DefaultLimits) is
+// size, and a file over a documented limit (capture.DefaultLimits) is
 // refused with an error that names the limit.
 
 // memBudget is what reading a capture may add to the heap: a whole replay
@@ -118,9 +118,9 @@ func TestValidateCaptureStreams(t *testing.T) {
 	blockLen := perBlock * len(row)
 	reps := input / blockLen
 	file := repeatedCapture(t, strings.Repeat(row, perBlock), perBlock, reps)() // the block is garbage from here
-	var info *scenario.CaptureInfo
+	var info *capture.Info
 	var err error
-	grew := peakHeap(func() { info, err = scenario.ValidateCapture(file, scenario.DefaultLimits) })
+	grew := peakHeap(func() { info, err = capture.Validate(file, capture.DefaultLimits) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,23 +161,23 @@ func TestCaptureLimits(t *testing.T) {
 	cases := []struct {
 		name string
 		r    func() io.Reader
-		lim  scenario.Limits
+		lim  capture.Limits
 		want string
 	}{
-		{"one endless line", bomb, scenario.DefaultLimits, "limit MaxLineBytes"},
+		{"one endless line", bomb, capture.DefaultLimits, "limit MaxLineBytes"},
 		{"bytes", repeatedCapture(t, flows.String(), 1000, 100),
-			scenario.Limits{MaxLineBytes: 1 << 20, MaxRecords: 1 << 30, MaxBytes: 1 << 20, MaxQueues: 10}, "limit MaxBytes"},
+			capture.Limits{MaxLineBytes: 1 << 20, MaxRecords: 1 << 30, MaxBytes: 1 << 20, MaxQueues: 10}, "limit MaxBytes"},
 		{"records", repeatedCapture(t, flows.String(), 1000, 100),
-			scenario.Limits{MaxLineBytes: 1 << 20, MaxRecords: 5000, MaxBytes: 1 << 30, MaxQueues: 10}, "limit MaxRecords"},
+			capture.Limits{MaxLineBytes: 1 << 20, MaxRecords: 5000, MaxBytes: 1 << 30, MaxQueues: 10}, "limit MaxRecords"},
 		{"queues", repeatedCapture(t, queues.String(), 20, 1),
-			scenario.Limits{MaxLineBytes: 1 << 20, MaxRecords: 5000, MaxBytes: 1 << 30, MaxQueues: 10}, "limit MaxQueues"},
+			capture.Limits{MaxLineBytes: 1 << 20, MaxRecords: 5000, MaxBytes: 1 << 30, MaxQueues: 10}, "limit MaxQueues"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			r := c.r()
 			var err error
-			grew := peakHeap(func() { _, err = scenario.ValidateCapture(r, c.lim) })
-			if !errors.Is(err, scenario.ErrCaptureLimit) || !errors.Is(err, scenario.ErrBadCapture) || !strings.Contains(err.Error(), c.want) {
+			grew := peakHeap(func() { _, err = capture.Validate(r, c.lim) })
+			if !errors.Is(err, capture.ErrCaptureLimit) || !errors.Is(err, capture.ErrBadCapture) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("want a refusal naming %q, got %v", c.want, err)
 			}
 			t.Logf("%v (heap rose by %.1f MiB)", err, float64(grew)/(1<<20))
@@ -197,8 +197,8 @@ func TestCaptureOrderIsEnforced(t *testing.T) {
 		"flows after steps":        `{"table": "pgflow.steps", "row": {}}` + "\n" + `{"table": "pgflow.flows", "row": {}}`,
 		"queue name too long":      `{"table": "pgmq.queue", "row": {"queue_name": "` + strings.Repeat("q", 48) + `"}}` + "\n" + `{"table": "pgflow.flows", "row": {}}`,
 	} {
-		_, err := scenario.ValidateCapture(bytes.NewReader(gzipped(fuzzHeader+"\n"+body+"\n"+`{"end": {"records": 2}}`+"\n")), scenario.DefaultLimits)
-		if !errors.Is(err, scenario.ErrBadCapture) {
+		_, err := capture.Validate(bytes.NewReader(gzipped(fuzzHeader+"\n"+body+"\n"+`{"end": {"records": 2}}`+"\n")), capture.DefaultLimits)
+		if !errors.Is(err, capture.ErrBadCapture) {
 			t.Errorf("%s: accepted (%v)", name, err)
 		}
 	}
@@ -242,7 +242,7 @@ func TestRestoreFileStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	grew := peakHeap(func() { err = scenario.RestoreFile(ctx, conn, path, scenario.DefaultLimits) })
+	grew := peakHeap(func() { err = capture.RestoreFile(ctx, conn, path, capture.DefaultLimits) })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package scenario_test
+package capture_test
 
 import (
 	"bytes"
@@ -6,59 +6,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
-	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture/capturetest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
-
-// customizeSQL is what owners add to a pgflow 0.16.0 database: their own
-// index, constraint, grants (table, column, function, a revoked PUBLIC
-// execute), a comment, and a second schema whose table references
-// pgflow.flows, with an identity column, a generated column, a view over
-// pgflow.runs, a function, a trigger, a domain, an enum, a sequence and row
-// security.
-const customizeSQL = `
-	create role w19r_capture_reader nologin;
-	create index w19r_runs_by_status on pgflow.runs (status, started_at desc);
-	alter table pgflow.flows add constraint w19r_flows_slug_short check (pg_catalog.length(flow_slug) < 200);
-	grant select on pgflow.runs to w19r_capture_reader;
-	grant select (flow_slug) on pgflow.flows to w19r_capture_reader;
-	grant usage on schema pgflow to w19r_capture_reader;
-	revoke execute on function pgflow.is_valid_slug(text) from public;
-	grant execute on function pgflow.is_valid_slug(text) to w19r_capture_reader;
-	comment on index pgflow.w19r_runs_by_status is 'ours';
-	create schema app;
-	create schema extensions;
-	create extension citext with schema extensions;
-	create type app.priority as enum ('low', 'high');
-	create domain app.positive as integer check (value > 0);
-	create sequence app.ticket_seq start with 100;
-	create table app.jobs (
-		id bigint generated always as identity,
-		flow_slug text not null references pgflow.flows (flow_slug),
-		priority app.priority not null default 'low',
-		weight app.positive,
-		ticket bigint default pg_catalog.nextval('app.ticket_seq'),
-		label text generated always as (flow_slug || '!') stored,
-		tag extensions.citext default 'Mixed',
-		primary key (id));
-	create unique index jobs_ticket on app.jobs (ticket);
-	create view app.open_runs as select run_id, flow_slug from pgflow.runs where status = 'started';
-	create function app.touch() returns trigger language plpgsql set search_path = '' as $$ begin return new; end $$;
-	create trigger jobs_touch before update on app.jobs for each row execute function app.touch();
-	alter table app.jobs enable row level security;
-	create policy jobs_read on app.jobs for select to w19r_capture_reader using (priority = 'high');
-	grant select on app.jobs to w19r_capture_reader;
-	comment on table app.jobs is 'jobs of ours';
-	comment on column app.jobs.weight is 'how heavy';
-	insert into app.jobs (flow_slug, priority, weight) select flow_slug, 'high', 3 from pgflow.flows;
-	select pg_catalog.setval('app.ticket_seq', 500);
-`
 
 // aclSQL lists the grants of the schemas pgflow and app, owners aside.
 const aclSQL = `select pg_catalog.string_agg(x, E'\n' order by x) from (
@@ -82,13 +37,13 @@ func ownerless(s, owner string) string {
 
 func TestCaptureRebuildsExactly(t *testing.T) {
 	ctx := context.Background()
-	dropRole(t, "w19r_capture_reader")
+	capturetest.DropRole(t, "w19r_capture_reader")
 	src := testdb.Empty(t)
-	loadInflight(t, src)
+	capturetest.LoadInflight(t, src)
 	if _, err := scenario.Generate(ctx, src.Pool, 5); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := src.Pool.Exec(ctx, customizeSQL); err != nil {
+	if _, err := src.Pool.Exec(ctx, capturetest.CustomizeSQL); err != nil {
 		t.Fatal(err)
 	}
 	var file bytes.Buffer
@@ -97,10 +52,10 @@ func TestCaptureRebuildsExactly(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	if _, err := scenario.Capture(ctx, conn, &file, scenario.CaptureOptions{IncludeSchemas: []string{"app"}}); err != nil {
+	if _, err := capture.Write(ctx, conn, &file, capture.Options{IncludeSchemas: []string{"app"}}); err != nil {
 		t.Fatal(err)
 	}
-	c, err := scenario.ReadCapture(bytes.NewReader(file.Bytes()))
+	c, err := capture.Read(bytes.NewReader(file.Bytes()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +63,7 @@ func TestCaptureRebuildsExactly(t *testing.T) {
 	if h.Version != 2 || h.PgflowVersion != "0.16.0" || h.PGMQ == "" || len(h.Schemas) != 2 || h.Rows("pgflow.step_tasks") <= 0 || h.Rows("app.jobs") <= 0 {
 		t.Fatalf("header: %+v", h)
 	}
-	if len(h.Extensions) != 1 || h.Extensions[0] != (scenario.Extension{Name: "citext", Schema: "extensions"}) {
+	if len(h.Extensions) != 1 || h.Extensions[0] != (capture.Extension{Name: "citext", Schema: "extensions"}) {
 		t.Fatalf("extensions %+v, want citext in extensions", h.Extensions)
 	}
 	if strings.Join(h.Roles, ",") != "w19r_capture_reader" {
@@ -172,41 +127,6 @@ func TestCaptureRebuildsExactly(t *testing.T) {
 	}
 }
 
-// dropRole drops role now and once the test's databases are gone (the
-// cleanup registered first runs last): a role is the server's.
-func dropRole(t *testing.T, role string) {
-	t.Helper()
-	drop := func() error {
-		conn, err := session.Open(context.Background(), testdb.Server(t).DSNFor("postgres"), session.Admin)
-		if err != nil {
-			return err
-		}
-		defer conn.Close(context.Background())
-		_, err = conn.Exec(context.Background(), "drop role if exists "+pgx.Identifier{role}.Sanitize())
-		return err
-	}
-	if err := drop(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := drop(); err != nil {
-			t.Errorf("dropping role %s: %v", role, err)
-		}
-	})
-}
-
-// loadInflight loads fixtures' inflight state (the real 0.16.0 engine).
-func loadInflight(t *testing.T, db *testdb.DB) {
-	t.Helper()
-	st, err := fixtures.Lookup("inflight")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Load(context.Background(), db.Pool); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // A version 1 file (rows only, written before the rehearsal) is still read
 // and restored into the project's own 0.16.0 baseline.
 func TestCaptureVersion1StillRestores(t *testing.T) {
@@ -217,7 +137,7 @@ func TestCaptureVersion1StillRestores(t *testing.T) {
 {"table": "pgmq.q", "queue": "old_file", "row": {"msg_id": 7, "read_ct": 0, "enqueued_at": "2026-12-01T00:00:00Z", "vt": "2026-12-01T00:00:00Z", "message": {"k": 1}, "headers": null}}
 {"end": {"records": 3}}
 `)
-	c, err := scenario.ReadCapture(bytes.NewReader(file))
+	c, err := capture.Read(bytes.NewReader(file))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,11 +163,11 @@ func TestCaptureRefusesPartitionedTables(t *testing.T) {
 	}
 	defer conn.Close(ctx)
 	var file bytes.Buffer
-	_, err = scenario.Capture(ctx, conn, &file, scenario.CaptureOptions{IncludeSchemas: []string{"app"}})
+	_, err = capture.Write(ctx, conn, &file, capture.Options{IncludeSchemas: []string{"app"}})
 	if err == nil || !strings.Contains(err.Error(), "app.p") {
 		t.Fatalf("capture of a partitioned table: %v", err)
 	}
-	if _, err := scenario.Capture(ctx, conn, &file, scenario.CaptureOptions{IncludeSchemas: []string{"pgmq"}}); err == nil {
+	if _, err := capture.Write(ctx, conn, &file, capture.Options{IncludeSchemas: []string{"pgmq"}}); err == nil {
 		t.Fatal("--include-schema pgmq accepted")
 	}
 }

@@ -1,4 +1,4 @@
-package scenario
+package capture
 
 import (
 	"bufio"
@@ -28,11 +28,11 @@ import (
 // grants, comments). Version 1 files (rows only, restored into the
 // project's own 0.16.0 baseline) are still read.
 
-// CaptureFormat and CaptureVersion identify the file; CaptureVersion is the
-// version Capture writes.
+// Format and Version identify the file; Version is the
+// version Write writes.
 const (
-	CaptureFormat  = "pgflow-upgrade-capture"
-	CaptureVersion = 2
+	Format  = "pgflow-upgrade-capture"
+	Version = 2
 )
 
 // Header is the first line of a capture file.
@@ -128,8 +128,8 @@ var captureTables = []string{"flows", "steps", "deps", "workers", "worker_functi
 // ErrBadCapture is wrapped by every error about a damaged or foreign file.
 var ErrBadCapture = errors.New("not a usable pgflow-upgrade capture file")
 
-// CaptureOptions configure Capture.
-type CaptureOptions struct {
+// Options configure Write.
+type Options struct {
 	// Redact replaces runs.input and the outputs of step_states and
 	// step_tasks (and runs.output) with placeholders that keep their shape
 	// where the engine depends on it: an array keeps its length (a map step
@@ -148,12 +148,12 @@ const Redacted = "<redacted>"
 // reservedSchemas cannot be included: pgmq is rebuilt by pgmq itself.
 var reservedSchemas = map[string]bool{"pgflow": true, "pgmq": true, "pg_catalog": true, "information_schema": true, "pg_toast": true}
 
-// Capture writes the database of conn, in one REPEATABLE READ, READ ONLY
+// Write writes the database of conn, in one REPEATABLE READ, READ ONLY
 // snapshot: the DDL of schema pgflow (and of opts.IncludeSchemas), their
 // rows, pgmq's queues with their live and archived messages and sequence
 // positions. It streams: memory holds one row at a time. It returns the
 // number of records.
-func Capture(ctx context.Context, conn *pgx.Conn, w io.Writer, opts CaptureOptions) (int, error) {
+func Write(ctx context.Context, conn *pgx.Conn, w io.Writer, opts Options) (int, error) {
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return 0, fmt.Errorf("capture: opening a read-only snapshot: %w", err)
@@ -170,12 +170,12 @@ func Capture(ctx context.Context, conn *pgx.Conn, w io.Writer, opts CaptureOptio
 	if !info.HasTables {
 		return 0, fmt.Errorf("capture: the database has no pgflow tables (state %s)", info.State)
 	}
-	h := Header{Format: CaptureFormat, Version: CaptureVersion, PgflowState: string(info.State),
+	h := Header{Format: Format, Version: Version, PgflowState: string(info.State),
 		CreatedAt: time.Now().UTC().Truncate(time.Second), Redacted: opts.Redact, Source: opts.Source}
 	if err := describe(ctx, tx, &h, opts.IncludeSchemas); err != nil {
 		return 0, err
 	}
-	queues, err := queueNames(ctx, tx)
+	queues, err := QueueNames(ctx, tx)
 	if err != nil {
 		return 0, err
 	}
@@ -273,7 +273,7 @@ func Capture(ctx context.Context, conn *pgx.Conn, w io.Writer, opts CaptureOptio
 	return n, nil
 }
 
-// ErrNotUTF8 is returned by Capture for a database whose text is not UTF-8
+// ErrNotUTF8 is returned by Write for a database whose text is not UTF-8
 // (a SQL_ASCII database keeps any bytes): JSON would carry U+FFFD in their
 // place, and a replay would rehearse on other data than the database's.
 var ErrNotUTF8 = errors.New("the database holds text that is not valid UTF-8")
@@ -304,4 +304,20 @@ func validText(r Record, row int) error {
 	}
 	return fmt.Errorf("%w: %s (the database's encoding is not UTF8, e.g. SQL_ASCII, which keeps any bytes); "+
 		"a capture would not hold the same text: correct that text, or capture a copy converted to UTF8", ErrNotUTF8, what)
+}
+
+// QueueNames lists pgmq's queues (the scenarios' census and the
+// rehearsal's digest list them the same way).
+func QueueNames(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}) ([]string, error) {
+	rows, err := q.Query(ctx, `select queue_name::text from pgmq.list_queues() order by 1`)
+	if err != nil {
+		return nil, fmt.Errorf("listing pgmq queues: %w", err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("listing pgmq queues: %w", err)
+	}
+	return names, nil
 }
