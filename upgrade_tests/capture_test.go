@@ -9,6 +9,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/rehearsal"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -46,7 +47,7 @@ func TestCaptureReplay(t *testing.T) {
 	r := &scenario.Runner{Server: testdb.Server(t), Upgrade: upgradeFunc(),
 		Baseline: func(ctx context.Context, conn *pgx.Conn) error { return c.Restore(ctx, conn) }}
 	t.Cleanup(func() { _ = r.Close() })
-	for _, res := range r.Run(ctx, scenario.CaptureScenarios()) {
+	for _, res := range r.Run(ctx, rehearsal.CaptureScenarios()) {
 		for _, n := range res.Notes {
 			t.Logf("%s: %s", res.Name, n)
 		}

@@ -3,7 +3,7 @@
 // and messages, sequence positions, optionally redacted) as gzip-compressed
 // JSON lines; Validate and Read check a file against Limits before anything
 // is restored; Captured.Restore and RestoreFile rebuild it in an empty
-// database. `pgflow-upgrade fixtures capture` writes it, `fixtures replay
-// --from` and the rehearsal read and restore it (internal/cli,
-// internal/scenario, upgrade_tests).
+// database. internal/cli (`fixtures capture`, `fixtures replay --from`) and
+// upgrade_tests use it; internal/scenario's census and internal/rehearsal's
+// digest list pgmq's queues with its QueueNames.
 package capture

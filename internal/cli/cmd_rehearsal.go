@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/forecast"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/rehearsal"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
 )
 
@@ -29,7 +30,7 @@ type rehearsalReport struct {
 
 func msOf(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
 
-func newRehearsalReport(r *scenario.Rehearsal) *rehearsalReport {
+func newRehearsalReport(r *rehearsal.Rehearsal) *rehearsalReport {
 	m := r.Measured()
 	return &rehearsalReport{
 		StepTasks:             m.StepTasks,
@@ -95,7 +96,7 @@ func junitNames(results []scenario.Result, from string) []scenario.Result {
 }
 
 // writeCalibration writes what the rehearsal measured for the forecast.
-func writeCalibration(path, from string, m scenario.Measurements) error {
+func writeCalibration(path, from string, m rehearsal.Measurements) error {
 	if m.LockWindow <= 0 && m.StepTasks == 0 {
 		return fmt.Errorf("--calibration-out %s: the rehearsal measured nothing to calibrate with (run capture-upgrade-survives, and capture-online-survives for the online figures)", path)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/rehearsal"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
@@ -137,18 +138,18 @@ func (a *App) fixturesReplay(c *ucli.Context) error {
 // replayPlan is what `fixtures replay` was asked to run, checked from its
 // flags and arguments before any database is made.
 type replayPlan struct {
-	from      string              // --from, the capture file; "" for the built-in scenarios
-	captured  *capture.Info       // the validated capture; nil without --from
-	rehearsal *scenario.Rehearsal // the budgets, and what the rehearsal measures
-	selected  []scenario.Scenario // the scenarios to run
-	parallel  int                 // scenarios run at once
-	junitPath string              // --junit
+	from      string               // --from, the capture file; "" for the built-in scenarios
+	captured  *capture.Info        // the validated capture; nil without --from
+	rehearsal *rehearsal.Rehearsal // the budgets, and what the rehearsal measures
+	selected  []scenario.Scenario  // the scenarios to run
+	parallel  int                  // scenarios run at once
+	junitPath string               // --junit
 }
 
 func newReplayPlan(c *ucli.Context) (*replayPlan, error) {
 	p := &replayPlan{
 		from:      c.String("from"),
-		rehearsal: &scenario.Rehearsal{MaxLockWindow: c.Duration("max-lock-window"), MaxWait: c.Duration("max-wait")},
+		rehearsal: &rehearsal.Rehearsal{MaxLockWindow: c.Duration("max-lock-window"), MaxWait: c.Duration("max-wait")},
 	}
 	if p.rehearsal.MaxLockWindow < 0 || p.rehearsal.MaxWait < 0 {
 		return nil, usageErrorf("--max-lock-window and --max-wait must be positive durations (e.g. 2s, 500ms)")
@@ -160,7 +161,7 @@ func newReplayPlan(c *ucli.Context) (*replayPlan, error) {
 			return nil, err
 		}
 		p.captured = captured
-		all = scenario.RehearsalScenarios(p.rehearsal)
+		all = rehearsal.Scenarios(p.rehearsal)
 	} else {
 		for _, f := range []string{"max-lock-window", "max-wait", "calibration-out"} {
 			if c.IsSet(f) {

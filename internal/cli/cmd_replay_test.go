@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/rehearsal"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
@@ -100,8 +101,8 @@ func TestCaptureThenReplay(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
 		t.Fatalf("replay JSON: %v\n%s\n%s", err, r.stdout, r.stderr)
 	}
-	if len(rep.Scenarios) != len(scenario.CaptureScenarios()) {
-		t.Fatalf("replayed %d scenarios, want %d", len(rep.Scenarios), len(scenario.CaptureScenarios()))
+	if len(rep.Scenarios) != len(rehearsal.CaptureScenarios()) {
+		t.Fatalf("replayed %d scenarios, want %d", len(rep.Scenarios), len(rehearsal.CaptureScenarios()))
 	}
 	if r.code != 0 || rep.Failed != 0 {
 		t.Fatalf("replay of a clean capture: exit %d, %d failed:\n%s", r.code, rep.Failed, r.stderr)

@@ -18,8 +18,8 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/worker"
 )
 
-// undefinedFunction is SQLSTATE 42883: what a 0.16.0 claim gets after the upgrade.
-const undefinedFunction = "42883"
+// UndefinedFunction is SQLSTATE 42883: what a 0.16.0 claim gets after the upgrade.
+const UndefinedFunction = "42883"
 
 // Builtin returns the built-in scenarios in the order they are reported.
 func Builtin() []Scenario {
@@ -98,8 +98,9 @@ func loadInflight(ctx context.Context, env *Env) (*DB, error) {
 	return db, nil
 }
 
-// verifyUpgraded runs `verify` and the new worker's startup protocol check.
-func verifyUpgraded(ctx context.Context, db *DB) error {
+// VerifyUpgraded runs `verify` on db and the new worker's startup protocol
+// check: an error says which check refused the upgraded database.
+func VerifyUpgraded(ctx context.Context, db *DB) error {
 	conn, err := session.Open(ctx, db.DSN, session.Rehearsal) // as the CLI's verify
 	if err != nil {
 		return err
@@ -138,14 +139,15 @@ func cleanUpgrade(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
-	if err := verifyUpgraded(ctx, db); err != nil {
+	if err := VerifyUpgraded(ctx, db); err != nil {
 		return err
 	}
 	env.Notef("%d rows and messages identical", before.RowCount())
 	return nil
 }
 
-func pgCode(err error) string {
+// SQLState is the SQLSTATE of a Postgres error in err's chain, "" without one.
+func SQLState(err error) string {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
 		return pe.Code
@@ -153,7 +155,8 @@ func pgCode(err error) string {
 	return ""
 }
 
-func countRows(ctx context.Context, db *DB, sql string, args ...any) (int, error) {
+// CountRows runs a one-number query (a count) on db.
+func CountRows(ctx context.Context, db *DB, sql string, args ...any) (int, error) {
 	var n int
 	if err := db.Pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
 		return 0, fmt.Errorf("%s: %w", strings.TrimSpace(sql), err)
@@ -213,11 +216,11 @@ func newWorkerDrains(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
-	open, err := countRows(ctx, db, `select count(*) from pgflow.runs where status = 'started'`)
+	open, err := CountRows(ctx, db, `select count(*) from pgflow.runs where status = 'started'`)
 	if err != nil {
 		return err
 	}
-	finished, err := countRows(ctx, db, `select count(*) from pgflow.runs where status <> 'started'`)
+	finished, err := CountRows(ctx, db, `select count(*) from pgflow.runs where status <> 'started'`)
 	if err != nil {
 		return err
 	}
@@ -228,11 +231,11 @@ func newWorkerDrains(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
-	completed, err := countRows(ctx, db, `select count(*) from pgflow.runs where status = 'completed'`)
+	completed, err := CountRows(ctx, db, `select count(*) from pgflow.runs where status = 'completed'`)
 	if err != nil {
 		return err
 	}
-	stillOpen, err := countRows(ctx, db, `select count(*) from pgflow.runs where status = 'started'`)
+	stillOpen, err := CountRows(ctx, db, `select count(*) from pgflow.runs where status = 'started'`)
 	if err != nil {
 		return err
 	}

@@ -63,7 +63,7 @@ func oldWorkerAfterUpgrade(ctx context.Context, env *Env) error {
 		return err
 	}
 	queued := `select count(*) from pgflow.step_tasks where flow_slug = $1 and status = 'queued' and attempts_count = 0`
-	queuedBefore, err := countRows(ctx, db, queued, oldFlow.Slug)
+	queuedBefore, err := CountRows(ctx, db, queued, oldFlow.Slug)
 	if err != nil {
 		return err
 	}
@@ -76,7 +76,7 @@ func oldWorkerAfterUpgrade(ctx context.Context, env *Env) error {
 		return fmt.Errorf("a 0.16.0 worker must still start on 0.17.0 (its compile resolves through the defaults): %w", err)
 	}
 	defer w.Stop(context.WithoutCancel(ctx))
-	registered, err := countRows(ctx, db, `select count(*) from pgflow.workers where worker_id = $1::uuid`, w.ID())
+	registered, err := CountRows(ctx, db, `select count(*) from pgflow.workers where worker_id = $1::uuid`, w.ID())
 	if err != nil {
 		return err
 	}
@@ -84,17 +84,17 @@ func oldWorkerAfterUpgrade(ctx context.Context, env *Env) error {
 		return errorf("the 0.16.0 worker did not register (%d rows): 0.17.0 lets it register before its claim fails", registered)
 	}
 	_, claimErr := w.PollOnce(ctx)
-	if code := pgCode(claimErr); code != undefinedFunction || !strings.Contains(claimErr.Error(), "start_tasks") {
-		return fmt.Errorf("the 0.16.0 worker's first claim: SQLSTATE %q, want %s at start_tasks: %w", code, undefinedFunction, claimErr)
+	if code := SQLState(claimErr); code != UndefinedFunction || !strings.Contains(claimErr.Error(), "start_tasks") {
+		return fmt.Errorf("the 0.16.0 worker's first claim: SQLSTATE %q, want %s at start_tasks: %w", code, UndefinedFunction, claimErr)
 	}
-	queuedAfter, err := countRows(ctx, db, queued, oldFlow.Slug)
+	queuedAfter, err := CountRows(ctx, db, queued, oldFlow.Slug)
 	if err != nil {
 		return err
 	}
 	if queuedAfter != queuedBefore || queuedAfter == 0 {
 		return errorf("the failed claim changed tasks: %d queued and never attempted before, %d after", queuedBefore, queuedAfter)
 	}
-	claimedBy, err := countRows(ctx, db, `select count(*) from pgflow.step_tasks where last_worker_id = $1::uuid or status = 'started'`, w.ID())
+	claimedBy, err := CountRows(ctx, db, `select count(*) from pgflow.step_tasks where last_worker_id = $1::uuid or status = 'started'`, w.ID())
 	if err != nil {
 		return err
 	}
@@ -108,7 +108,7 @@ func oldWorkerAfterUpgrade(ctx context.Context, env *Env) error {
 	if _, err := w.Heartbeat(ctx); err != nil {
 		return fmt.Errorf("the 0.16.0 worker's heartbeat after the upgrade: %w", err)
 	}
-	fresh, err := countRows(ctx, db, `select count(*) from pgflow.workers where worker_id = $1::uuid and last_heartbeat_at > now() - interval '1 minute'`, w.ID())
+	fresh, err := CountRows(ctx, db, `select count(*) from pgflow.workers where worker_id = $1::uuid and last_heartbeat_at > now() - interval '1 minute'`, w.ID())
 	if err != nil {
 		return err
 	}
@@ -117,7 +117,7 @@ func oldWorkerAfterUpgrade(ctx context.Context, env *Env) error {
 	}
 	// The messages its claim read (vt 1 s) become visible again.
 	if err := waitFor(ctx, 15*time.Second, func() (bool, error) {
-		n, err := countRows(ctx, db, `select count(*) from pgmq.q_legacy where vt > clock_timestamp()`)
+		n, err := CountRows(ctx, db, `select count(*) from pgmq.q_legacy where vt > clock_timestamp()`)
 		return n == 0, err
 	}); err != nil {
 		return fmt.Errorf("waiting for the messages read by the rejected claim to become visible: %w", err)
@@ -154,7 +154,7 @@ func oldWorkerDuringUpgrade(ctx context.Context, env *Env) error {
 		first <- err
 	}()
 	if err := waitFor(ctx, 10*time.Second, func() (bool, error) {
-		n, err := countRows(ctx, db, `select count(*) from pgflow.step_tasks where status = 'started'`)
+		n, err := CountRows(ctx, db, `select count(*) from pgflow.step_tasks where status = 'started'`)
 		return n == 2, err
 	}); err != nil {
 		close(release)
@@ -174,12 +174,12 @@ func oldWorkerDuringUpgrade(ctx context.Context, env *Env) error {
 	if err == nil {
 		return errorf("the 0.16.0 worker's claim after the upgrade succeeded (%d tasks)", n)
 	}
-	if code := pgCode(err); code != undefinedFunction || !strings.Contains(err.Error(), "start_tasks") {
-		return fmt.Errorf("the 0.16.0 worker's claim failed with SQLSTATE %q, want %s at start_tasks: %w", code, undefinedFunction, err)
+	if code := SQLState(err); code != UndefinedFunction || !strings.Contains(err.Error(), "start_tasks") {
+		return fmt.Errorf("the 0.16.0 worker's claim failed with SQLSTATE %q, want %s at start_tasks: %w", code, UndefinedFunction, err)
 	}
 	env.Notef("0.16.0 claim: %s", firstLine(err.Error()))
 	// Nothing lost: every unfinished task still has its message in its queue.
-	lost, err := countRows(ctx, db, `select count(*) from pgflow.step_tasks t
+	lost, err := CountRows(ctx, db, `select count(*) from pgflow.step_tasks t
 		where t.status in ('queued', 'started') and not exists (select 1 from pgmq.q_legacy m where m.msg_id = t.message_id)`)
 	if err != nil {
 		return err
@@ -189,7 +189,7 @@ func oldWorkerDuringUpgrade(ctx context.Context, env *Env) error {
 	}
 	// The messages it read become visible again once their 1 s vt passes.
 	if err := waitFor(ctx, 15*time.Second, func() (bool, error) {
-		n, err := countRows(ctx, db, `select count(*) from pgmq.q_legacy where vt > clock_timestamp()`)
+		n, err := CountRows(ctx, db, `select count(*) from pgmq.q_legacy where vt > clock_timestamp()`)
 		return n == 0, err
 	}); err != nil {
 		return fmt.Errorf("waiting for the messages read by the rejected 0.16.0 claim to become visible: %w", err)
@@ -198,7 +198,7 @@ func oldWorkerDuringUpgrade(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
-	done, err := countRows(ctx, db, `select count(*) from pgflow.runs where status = 'completed'`)
+	done, err := CountRows(ctx, db, `select count(*) from pgflow.runs where status = 'completed'`)
 	if err != nil {
 		return err
 	}

@@ -69,7 +69,7 @@ func stepRouteWithoutWorker(ctx context.Context, env *Env) error {
 	}
 	// fetch completes; resize's message goes to its own queue and waits.
 	if err := waitFor(ctx, 30*time.Second, func() (bool, error) {
-		n, err := countRows(ctx, db, `select count(*) from pgmq.q_stepflow__resize`)
+		n, err := CountRows(ctx, db, `select count(*) from pgmq.q_stepflow__resize`)
 		return n == 1, err
 	}); err != nil {
 		return fmt.Errorf("waiting for resize's message: %w", err)
@@ -95,7 +95,7 @@ func stepRouteWithoutWorker(ctx context.Context, env *Env) error {
 	}
 	defer resize.Stop(context.WithoutCancel(ctx))
 	if err := waitFor(ctx, 30*time.Second, func() (bool, error) {
-		n, err := countRows(ctx, db, `select count(*) from pgflow.runs where flow_slug = $1 and status = 'completed'`, stepFlow.Slug)
+		n, err := CountRows(ctx, db, `select count(*) from pgflow.runs where flow_slug = $1 and status = 'completed'`, stepFlow.Slug)
 		return n == 1, err
 	}); err != nil {
 		return fmt.Errorf("waiting for the run to complete once resize's worker runs: %w", err)

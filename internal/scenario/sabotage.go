@@ -58,7 +58,7 @@ func malformed(s sabotage) func(context.Context, *Env) error {
 		}
 		// Refused for this reason: the preflight (or the migration's own
 		// guard, a RAISE), not integrity, state detection or a lock.
-		if !errors.Is(err, upgrade.ErrPreflight) && pgCode(err) != "P0001" {
+		if !errors.Is(err, upgrade.ErrPreflight) && SQLState(err) != "P0001" {
 			return fmt.Errorf("apply refused a database with a defect (%s), but for another reason: %w", s.what, err)
 		}
 		after, ferr := fingerprint.Take(ctx, db.Pool)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/rehearsal"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
@@ -70,7 +71,7 @@ func TestSelect(t *testing.T) {
 		t.Fatalf("unknown name: %v", err)
 	}
 	seen := map[string]bool{}
-	for _, s := range append(all, scenario.CaptureScenarios()...) {
+	for _, s := range append(all, rehearsal.CaptureScenarios()...) {
 		if s.Name == "" || s.Proves == "" || s.Run == nil || seen[s.Name] {
 			t.Errorf("scenario %q: incomplete or duplicate", s.Name)
 		}

@@ -112,7 +112,7 @@ func (t *traffic) session(ctx context.Context, id int) {
 		if took > t.maxWait {
 			t.maxWait = took
 		}
-		switch code := pgCode(err); {
+		switch code := SQLState(err); {
 		case err == nil && run != "":
 			t.completed = append(t.completed, run)
 		case err == nil:
@@ -324,7 +324,7 @@ func commitHolderBehindApply(ctx context.Context, db *DB, holder pgx.Tx, ap *app
 		if ap.finished.Load() {
 			return true, nil
 		}
-		n, err := countRows(ctx, db, `select count(*) from pg_catalog.pg_locks l
+		n, err := CountRows(ctx, db, `select count(*) from pg_catalog.pg_locks l
 			where not l.granted and l.locktype = 'relation' and l.database = (select oid from pg_catalog.pg_database where datname = current_database())`)
 		return n > 0, err
 	})
@@ -343,7 +343,7 @@ func checkTrafficWrites(ctx context.Context, db *DB, tr *traffic, preRuns int) e
 		}
 		return fmt.Errorf("new columns wrong after apply under traffic:\n%s", fingerprint.Format(d, 20))
 	}
-	started, err := countRows(ctx, db, `select count(*) from pgflow.runs`)
+	started, err := CountRows(ctx, db, `select count(*) from pgflow.runs`)
 	if err != nil {
 		return err
 	}
@@ -351,7 +351,7 @@ func checkTrafficWrites(ctx context.Context, db *DB, tr *traffic, preRuns int) e
 		return errorf("%d runs after apply, want %d (%d before, 1 holder, %d started by the traffic)", started, want, preRuns, tr.startedRuns())
 	}
 	for _, run := range tr.completedTasks() {
-		n, err := countRows(ctx, db, `select count(*) from pgflow.step_tasks where run_id = $1::uuid and step_slug = 'a' and status = 'completed'`, run)
+		n, err := CountRows(ctx, db, `select count(*) from pgflow.step_tasks where run_id = $1::uuid and step_slug = 'a' and status = 'completed'`, run)
 		if err != nil {
 			return err
 		}

@@ -53,7 +53,7 @@ func unownedQueue(ctx context.Context, env *Env) error {
 	if d := fingerprint.Compare(before, after); len(d) > 0 {
 		return fmt.Errorf("%d differences in pre-existing state after the upgrade:\n%s", len(d), fingerprint.Format(d, 20))
 	}
-	left, err := countRows(ctx, db, `select count(*) from pgmq.q_orphan`)
+	left, err := CountRows(ctx, db, `select count(*) from pgmq.q_orphan`)
 	if err != nil {
 		return err
 	}
@@ -61,10 +61,10 @@ func unownedQueue(ctx context.Context, env *Env) error {
 		return errorf("the queue no flow owns holds %d messages after the upgrade, want its 1", left)
 	}
 	_, cerr := db.Pool.Exec(ctx, `select pgflow.create_flow('orphan')`)
-	if code := pgCode(cerr); code != "23505" {
+	if code := SQLState(cerr); code != "23505" {
 		return fmt.Errorf("create_flow('orphan') after the upgrade: SQLSTATE %q, want 23505 (0.17.0 refuses a flow whose queue name is taken): %v", code, cerr)
 	}
-	flows, err := countRows(ctx, db, `select count(*) from pgflow.flows where lower(flow_slug) = 'orphan'`)
+	flows, err := CountRows(ctx, db, `select count(*) from pgflow.flows where lower(flow_slug) = 'orphan'`)
 	if err != nil {
 		return err
 	}

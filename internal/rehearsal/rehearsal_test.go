@@ -1,4 +1,4 @@
-package scenario_test
+package rehearsal_test
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture/capturetest"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/rehearsal"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -48,8 +49,8 @@ func TestRehearsalOnACustomizedCapture(t *testing.T) {
 		Baseline: func(ctx context.Context, conn *pgx.Conn) error { return c.Restore(ctx, conn) }}
 	defer r.Close()
 
-	generous := &scenario.Rehearsal{MaxLockWindow: time.Hour, MaxWait: time.Hour}
-	results := r.Run(ctx, scenario.RehearsalScenarios(generous))
+	generous := &rehearsal.Rehearsal{MaxLockWindow: time.Hour, MaxWait: time.Hour}
+	results := r.Run(ctx, rehearsal.Scenarios(generous))
 	for _, res := range results {
 		if !res.Passed {
 			t.Errorf("%s failed with generous budgets: %s", res.Name, res.Error)
@@ -69,8 +70,8 @@ func TestRehearsalOnACustomizedCapture(t *testing.T) {
 		}
 	}
 
-	tiny := &scenario.Rehearsal{MaxLockWindow: time.Nanosecond, MaxWait: time.Nanosecond}
-	all := scenario.RehearsalScenarios(tiny)
+	tiny := &rehearsal.Rehearsal{MaxLockWindow: time.Nanosecond, MaxWait: time.Nanosecond}
+	all := rehearsal.Scenarios(tiny)
 	results = r.Run(ctx, all[:2])
 	for _, res := range results {
 		if res.Passed || !strings.Contains(res.Error, "exceeds the budget") {

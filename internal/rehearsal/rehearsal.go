@@ -1,4 +1,12 @@
-package scenario
+// Package rehearsal holds the rehearsal (`fixtures replay --from CAPTURE`):
+// the upgrade and its invariants replayed on a rebuilt copy of a user's
+// database, as scenarios run by internal/scenario's Runner on clones of the
+// restored capture, with the two figures an operator budgets for measured
+// on it: the lock window of the transactional apply and the longest wait a
+// client saw during `apply --online`. A digest compares every pre-existing
+// row and message before and after, in bounded memory. internal/cli
+// (`fixtures replay --from`) and upgrade_tests use it.
+package rehearsal
 
 import (
 	"context"
@@ -9,16 +17,11 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/waitprobe"
 )
-
-// The rehearsal (`fixtures replay --from CAPTURE`): the upgrade and its
-// invariants replayed on a rebuilt copy of a user's database, with the
-// two figures an operator budgets for measured on it: the lock window of
-// the transactional apply and the longest wait a client saw during
-// `apply --online`.
 
 // Rehearsal configures the capture scenarios and collects what they
 // measured. Zero budgets are not checked (the figures are still reported).
@@ -57,13 +60,13 @@ func (r *Rehearsal) record(f func(m *Measurements)) {
 	f(&r.m)
 }
 
-// CaptureScenarios are RehearsalScenarios without budgets.
-func CaptureScenarios() []Scenario { return RehearsalScenarios(&Rehearsal{}) }
+// CaptureScenarios are Scenarios without budgets.
+func CaptureScenarios() []scenario.Scenario { return Scenarios(&Rehearsal{}) }
 
-// RehearsalScenarios replay the upgrade and its invariants on a captured
+// Scenarios replay the upgrade and its invariants on a captured
 // state (every scenario's database is a clone of the restored capture).
-func RehearsalScenarios(r *Rehearsal) []Scenario {
-	return []Scenario{
+func Scenarios(r *Rehearsal) []scenario.Scenario {
+	return []scenario.Scenario{
 		{Name: "capture-upgrade-survives", Run: r.survives,
 			Proves: "the captured database upgrades with the transactional apply: every row, queue and message identical, new columns right, verify passes; its lock window is measured (budget --max-lock-window)"},
 		{Name: "capture-online-survives", Run: r.onlineSurvives,
@@ -76,7 +79,7 @@ func RehearsalScenarios(r *Rehearsal) []Scenario {
 }
 
 // sizes counts the tables the forecast scales by.
-func (r *Rehearsal) sizes(ctx context.Context, db *DB) error {
+func (r *Rehearsal) sizes(ctx context.Context, db *scenario.DB) error {
 	var m Measurements
 	err := db.Pool.QueryRow(ctx, `select pg_catalog.current_setting('server_version'),
 		(select pg_catalog.count(*) from pgflow.step_tasks), (select pg_catalog.count(*) from pgflow.step_states),
@@ -91,7 +94,7 @@ func (r *Rehearsal) sizes(ctx context.Context, db *DB) error {
 	return nil
 }
 
-func (r *Rehearsal) survives(ctx context.Context, env *Env) error {
+func (r *Rehearsal) survives(ctx context.Context, env *scenario.Env) error {
 	db, err := env.NewDB(ctx)
 	if err != nil {
 		return err
@@ -110,7 +113,7 @@ func (r *Rehearsal) survives(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
-	if err := verifyUpgraded(ctx, db); err != nil {
+	if err := scenario.VerifyUpgraded(ctx, db); err != nil {
 		return err
 	}
 	env.Notef("%d rows and messages identical", rows)
@@ -125,7 +128,7 @@ func (r *Rehearsal) survives(ctx context.Context, env *Env) error {
 	return env.Measure("lock_window", window, r.MaxLockWindow)
 }
 
-func (r *Rehearsal) onlineSurvives(ctx context.Context, env *Env) error {
+func (r *Rehearsal) onlineSurvives(ctx context.Context, env *scenario.Env) error {
 	db, err := env.NewDB(ctx)
 	if err != nil {
 		return err
@@ -169,7 +172,7 @@ func (r *Rehearsal) onlineSurvives(ctx context.Context, env *Env) error {
 	if err != nil {
 		return err
 	}
-	if err := verifyUpgraded(ctx, db); err != nil {
+	if err := scenario.VerifyUpgraded(ctx, db); err != nil {
 		return err
 	}
 	probed := p.Result()
@@ -187,7 +190,7 @@ func (r *Rehearsal) onlineSurvives(ctx context.Context, env *Env) error {
 // keeps runs upgrade between two digests of db and checks that every
 // pre-existing row and message is still there, unchanged, and that the
 // new columns hold the right values. It returns the rows compared.
-func keeps(ctx context.Context, db *DB, what string, upgrade func() error) (int64, error) {
+func keeps(ctx context.Context, db *scenario.DB, what string, upgrade func() error) (int64, error) {
 	d, err := takeDigest(ctx, db.Pool)
 	if err != nil {
 		return 0, err
@@ -213,7 +216,7 @@ func keeps(ctx context.Context, db *DB, what string, upgrade func() error) (int6
 	return d.rows, nil
 }
 
-func captureFenced(ctx context.Context, env *Env) error {
+func captureFenced(ctx context.Context, env *scenario.Env) error {
 	db, err := env.NewDB(ctx)
 	if err != nil {
 		return err
@@ -230,40 +233,40 @@ func captureFenced(ctx context.Context, env *Env) error {
 	_, callErr := db.Pool.Exec(ctx, `select * from pgflow.start_tasks(flow_slug => (select min(flow_slug) from pgflow.flows),
 		msg_ids => array(select message_id from pgflow.step_tasks where message_id is not null),
 		worker_id => '00000000-0000-0000-0000-000000000000'::uuid)`)
-	if code := pgCode(callErr); code != undefinedFunction {
-		return fmt.Errorf("a 0.16.0 start_tasks call after the upgrade: SQLSTATE %q, want %s (%v)", code, undefinedFunction, callErr)
+	if code := scenario.SQLState(callErr); code != scenario.UndefinedFunction {
+		return fmt.Errorf("a 0.16.0 start_tasks call after the upgrade: SQLSTATE %q, want %s (%v)", code, scenario.UndefinedFunction, callErr)
 	}
 	if err := db.Pool.QueryRow(ctx, state).Scan(&after); err != nil {
 		return err
 	}
 	if after != before {
-		return errorf("the rejected claim changed tasks (started/attempts %s -> %s)", before, after)
+		return fmt.Errorf("the rejected claim changed tasks (started/attempts %s -> %s)", before, after)
 	}
 	return nil
 }
 
-func captureDrains(ctx context.Context, env *Env) error {
+func captureDrains(ctx context.Context, env *scenario.Env) error {
 	db, err := env.NewDB(ctx)
 	if err != nil {
 		return err
 	}
-	open, err := countRows(ctx, db, `select count(*) from pgflow.runs where status = 'started'`)
+	open, err := scenario.CountRows(ctx, db, `select count(*) from pgflow.runs where status = 'started'`)
 	if err != nil {
 		return err
 	}
 	if _, err := env.Upgrade(ctx, db); err != nil {
 		return fmt.Errorf("the upgrade failed: %w", err)
 	}
-	rep, err := Drain(ctx, db, DrainOptions{FastForward: true, Timeout: 5 * time.Minute})
+	rep, err := scenario.Drain(ctx, db, scenario.DrainOptions{FastForward: true, Timeout: 5 * time.Minute})
 	if err != nil {
 		return err
 	}
-	still, err := countRows(ctx, db, `select count(*) from pgflow.runs where status = 'started'`)
+	still, err := scenario.CountRows(ctx, db, `select count(*) from pgflow.runs where status = 'started'`)
 	if err != nil {
 		return err
 	}
 	if still != len(rep.Stuck) {
-		return errorf("%d runs still started after the drain (%d stuck by design)", still, len(rep.Stuck))
+		return fmt.Errorf("%d runs still started after the drain (%d stuck by design)", still, len(rep.Stuck))
 	}
 	env.Notef("%d in-flight runs, %d tasks completed, %d stuck by design (permanently stalled)", open, rep.Completed, len(rep.Stuck))
 	return nil
