@@ -16,6 +16,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/junit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/rehearsal"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
@@ -347,7 +348,7 @@ func writeJUnitFile(path string, started time.Time, results []scenario.Result) e
 	if err != nil {
 		return fmt.Errorf("--junit: %w", err)
 	}
-	if err := scenario.WriteJUnit(f, "pgflow-upgrade fixtures replay", started, results); err != nil {
+	if err := junit.Write(f, "pgflow-upgrade fixtures replay", started, results); err != nil {
 		f.Close()
 		return err
 	}

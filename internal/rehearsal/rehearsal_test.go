@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture/capturetest"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/junit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/rehearsal"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
@@ -60,13 +61,13 @@ func TestRehearsalOnACustomizedCapture(t *testing.T) {
 	if m.LockWindow <= 0 || m.OnlineTotal <= 0 || m.OnlineLongestWait <= 0 || m.StepTasks <= 0 || m.ServerVersion == "" {
 		t.Errorf("measurements missing: %+v", m)
 	}
-	var junit bytes.Buffer
-	if err := scenario.WriteJUnit(&junit, "replay", time.Now(), results); err != nil {
+	var xmlOut bytes.Buffer
+	if err := junit.Write(&xmlOut, "replay", time.Now(), results); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{`<property name="lock_window_ms"`, `<property name="lock_window_budget_ms" value="3.6e+06">`, `<property name="online_longest_wait_ms"`} {
-		if !strings.Contains(junit.String(), want) {
-			t.Errorf("JUnit lacks %s:\n%s", want, junit.String())
+		if !strings.Contains(xmlOut.String(), want) {
+			t.Errorf("JUnit lacks %s:\n%s", want, xmlOut.String())
 		}
 	}
 

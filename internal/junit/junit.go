@@ -1,4 +1,10 @@
-package scenario
+// Package junit writes scenario results as JUnit XML, the subset CI
+// systems read: one <testsuite> with one <testcase> per scenario; a failed
+// scenario has a <failure> whose message is the first line of its error and
+// whose body is the whole error; a scenario's measured figures (and their
+// budgets) are its <properties>. `pgflow-upgrade fixtures replay --junit`
+// writes it.
+package junit
 
 import (
 	"encoding/xml"
@@ -6,11 +12,9 @@ import (
 	"io"
 	"strings"
 	"time"
-)
 
-// JUnit XML, the subset CI systems read: one <testsuite> with one
-// <testcase> per scenario; a failed scenario has a <failure> whose message
-// is the first line of its error and whose body is the whole error.
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
+)
 
 type junitSuites struct {
 	XMLName  xml.Name     `xml:"testsuites"`
@@ -59,8 +63,8 @@ type junitFailure struct {
 
 func secs(d time.Duration) string { return fmt.Sprintf("%.3f", d.Seconds()) }
 
-// WriteJUnit writes results as JUnit XML.
-func WriteJUnit(w io.Writer, suite string, started time.Time, results []Result) error {
+// Write writes results as JUnit XML: one suite named suite, started then.
+func Write(w io.Writer, suite string, started time.Time, results []scenario.Result) error {
 	var total time.Duration
 	s := junitSuite{Name: suite, Tests: len(results), Timestamp: started.UTC().Format("2006-01-02T15:04:05")}
 	for _, r := range results {
@@ -98,4 +102,10 @@ func WriteJUnit(w io.Writer, suite string, started time.Time, results []Result) 
 	}
 	_, err := io.WriteString(w, "\n")
 	return err
+}
+
+// firstLine is s up to its first newline.
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
 }
