@@ -3,7 +3,7 @@ GO       ?= go
 PKGS     ?= ./...
 # The longest test packages start first, so the two lanes of a 2-core
 # machine end together instead of one long package running alone at the end.
-TEST_FIRST ?= $(if $(filter ./...,$(PKGS)),./internal/cli ./upgrade_tests ./internal/scenario)
+TEST_FIRST ?= $(if $(filter ./...,$(PKGS)),./internal/cli ./upgrade_tests ./internal/capture)
 FUZZTIME ?= 20s
 
 # go-test-tallied FLAGS: go test with FLAGS over the packages, then the tally

@@ -5,7 +5,7 @@ import (
 	"flag"
 	"testing"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
+	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 

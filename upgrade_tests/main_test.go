@@ -1,5 +1,5 @@
 // Package upgrade_tests proves the upgrade end to end: every built-in
-// scenario of internal/scenario (the ones `pgflow-upgrade fixtures replay`
+// scenario of fixtures/scenario (the ones `pgflow-upgrade fixtures replay`
 // runs), and a randomized generator of 0.16.0 states upgraded, checked for
 // survival and drained by the new worker.
 package upgrade_tests

@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
+	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 

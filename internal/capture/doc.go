@@ -4,6 +4,6 @@
 // JSON lines; Validate and Read check a file against Limits before anything
 // is restored; Captured.Restore and RestoreFile rebuild it in an empty
 // database. internal/cli (`fixtures capture`, `fixtures replay --from`) and
-// upgrade_tests use it; internal/scenario's census and internal/rehearsal's
+// upgrade_tests use it; fixtures/scenario's census and internal/rehearsal's
 // digest list pgmq's queues with its QueueNames.
 package capture

@@ -5,9 +5,9 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/forecast"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/rehearsal"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
 )
 
 // The figures of a rehearsal (`fixtures replay --from CAPTURE`): reported

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
+	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
 )
 
 type junitSuites struct {

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/junit"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
 )
 
 func TestJUnitIsValidXML(t *testing.T) {

@@ -1,6 +1,6 @@
 // Package rehearsal holds the rehearsal (`fixtures replay --from CAPTURE`):
 // the upgrade and its invariants replayed on a rebuilt copy of a user's
-// database, as scenarios run by internal/scenario's Runner on clones of the
+// database, as scenarios run by fixtures/scenario's Runner on clones of the
 // restored capture, with the two figures an operator budgets for measured
 // on it: the lock window of the transactional apply and the longest wait a
 // client saw during `apply --online`. A digest compares every pre-existing
@@ -15,9 +15,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/waitprobe"
