@@ -10,7 +10,7 @@ import (
 )
 
 var (
-	seeds = flag.Int("seeds", 50, "how many random 0.16.0 states TestRandom upgrades (seeds 1..N; 5 with -short unless given)")
+	seeds = flag.Int("seeds", 50, "how many random 0.16.0 states TestRandom upgrades (seeds 1..N; 2 with -short unless given)")
 	seed  = flag.Uint64("seed", 0, "run TestRandom on this one seed only (rerun a failure)")
 	// While the migration is being edited atlas.sum lags behind it; this
 	// lets a developer run the scenarios anyway. Never in CI.

@@ -27,7 +27,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 )
 
-var onlineSeeds = flag.Int("online-seeds", 20, "how many seeded interrupted online upgrades TestOnlineInterrupted runs (3 with -short unless given)")
+var onlineSeeds = flag.Int("online-seeds", 20, "how many seeded interrupted online upgrades TestOnlineInterrupted runs (1 with -short unless given)")
 
 // onlineOptions: small batches, so a small state takes many batches (many
 // points to be interrupted at).
@@ -209,7 +209,7 @@ func withoutTraffic(fp *fingerprint.Fingerprint) {
 // identical, every row (old and written by the traffic) has the right
 // queue_name, verify passes, and nothing of the online upgrade is left.
 func TestOnlineInterrupted(t *testing.T) {
-	for s := 1; s <= seedCount("online-seeds", *onlineSeeds, 3); s++ {
+	for s := 1; s <= seedCount("online-seeds", *onlineSeeds, 1); s++ {
 		t.Run(fmt.Sprintf("seed=%d", s), func(t *testing.T) {
 			t.Parallel()
 			if err := interruptedSeed(t, uint64(s)); err != nil {

@@ -16,7 +16,7 @@ import (
 // must hold the right values, and the new worker must drain every run that
 // can finish.
 func TestRandom(t *testing.T) {
-	n := seedCount("seeds", *seeds, 5)
+	n := seedCount("seeds", *seeds, 2)
 	list := make([]uint64, 0, n)
 	if *seed != 0 {
 		list = append(list, *seed)

@@ -273,6 +273,7 @@ func TestPoolerApplyAdvisoryLock(t *testing.T) {
 // separate processes (the built binary): urfave/cli's global flags make
 // in-process runs unsafe to run concurrently.
 func TestPoolerConcurrentApplies(t *testing.T) {
+	testdb.SkipIfShort(t, "two applies at once through PgBouncer: exactly one migrates")
 	b := pooled(t)
 	db := legacyDB(t)
 	procs := make([]*started, 2)
@@ -338,6 +339,7 @@ func TestPoolerApplySingleTransaction(t *testing.T) {
 // that live on one server connection and are missing (or already exist) on
 // the next: the tool should not depend on the user knowing that.
 func TestPoolerConcurrentAudits(t *testing.T) {
+	testdb.SkipIfShort(t, "concurrent audits through PgBouncer with a plain DSN all succeed")
 	b := pooled(t)
 	db := legacyDB(t)
 	audits := func(mode string) []string {
@@ -364,6 +366,7 @@ func TestPoolerConcurrentAudits(t *testing.T) {
 // TestPoolerConcurrentStatusVerify: status and verify, several at once
 // through the pooler with a plain connection string, as audit above.
 func TestPoolerConcurrentStatusVerify(t *testing.T) {
+	testdb.SkipIfShort(t, "concurrent status and verify through PgBouncer with a plain DSN all succeed")
 	b := pooled(t)
 	db := upgradedDB(t)
 	procs := make([]*started, 8)

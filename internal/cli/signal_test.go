@@ -319,6 +319,7 @@ func TestSignalReplayOnServer(t *testing.T) {
 }
 
 func TestSignalReplayEphemeralCluster(t *testing.T) {
+	testdb.SkipIfShort(t, "an interrupted replay on its own ephemeral cluster leaves no cluster behind (starts a cluster: 15 s)")
 	s := start(t, []string{"PGFLOW_UPGRADE_NO_DOCKER=1"}, "fixtures", "replay")
 	var clusterDir string
 	until(t, "the ephemeral cluster and the first scenario", func() bool {
