@@ -50,7 +50,6 @@ func (a *App) applyOnlineAction(c *ucli.Context) error {
 	if err != nil {
 		return err
 	}
-	t.config.DefaultQueryExecMode = pgx.QueryExecModeExec
 	ctx := c.Context
 	conn, err := a.connect(ctx, t)
 	if err != nil {
