@@ -25,6 +25,7 @@ func dagFlow() worker.Flow {
 // Flow mode: four workers on the one queue "dag" serve every step; the root
 // step gets the flow input on its claim, a dependent step reads it lazily.
 func TestFlowModeDAGCompletesWithFourWorkers(t *testing.T) {
+	testdb.SkipIfShort(t, "a flow-mode DAG of many runs completes with four workers at once")
 	t.Parallel()
 	db := upgraded(t)
 	ev := newEvents()

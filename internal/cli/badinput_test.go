@@ -336,6 +336,7 @@ func TestBadInputs(t *testing.T) {
 // shared test server (trust for everything) cannot give: it starts its own
 // ephemeral cluster whose pg_hba.conf asks for scram-sha-256 over TCP.
 func TestBadInputWrongPassword(t *testing.T) {
+	testdb.SkipIfShort(t, "a wrong password is refused without printing it (starts a cluster with password authentication)")
 	if _, err := pgprovider.FindBinDir(); err != nil {
 		t.Skipf("no PostgreSQL binaries to start a cluster with password authentication: %v", err)
 	}

@@ -104,6 +104,7 @@ func routesJSON(t *testing.T, r result) routesDoc {
 // deploy; status shows the route with no live worker and says what to do;
 // once the package worker serves resize, verify --routes exits 0.
 func TestVerifyRoutes(t *testing.T) {
+	testdb.SkipIfShort(t, "verify --routes on both upgrade paths, before and after the second step's worker")
 	for name, upgrade := range map[string]func(*testing.T) *testdb.DB{
 		"upstream migration": func(t *testing.T) *testdb.DB { db := testdb.Baseline(t); testdb.Migrate(t, db.Pool); return db },
 		"apply": func(t *testing.T) *testdb.DB {

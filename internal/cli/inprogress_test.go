@@ -73,6 +73,7 @@ func quiesceRecordOpen(t *testing.T, db *testdb.DB) bool {
 // it with the recorded values and both commands, status's next step is one
 // of them, and apply without them refuses, changing nothing.
 func TestCrashedQuiesceIsAStateEveryCommandSees(t *testing.T) {
+	testdb.SkipIfShort(t, "audit, status, apply and verify all name a crashed apply --quiesce")
 	db := quiesceDB(t)
 	before := recordedValues(t, db)
 	crashQuiesceAt(t, db, quiesce.PointDrained)
@@ -230,6 +231,7 @@ func TestOnlineInProgressNamedByAuditAndApply(t *testing.T) {
 // refusal naming the version and the next step, or "already upgraded"),
 // with no SQL error and nothing paused or recorded.
 func TestApplyQuiesceChecksTheStateFirst(t *testing.T) {
+	testdb.SkipIfShort(t, "apply --quiesce on every state that is not 0.16.0 refuses before recording anything")
 	cases := []struct {
 		name string
 		db   func(t *testing.T) *testdb.DB
