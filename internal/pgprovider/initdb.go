@@ -27,13 +27,11 @@ func initCluster(ctx context.Context, bin, dir, data string, owner *runAs, reuse
 	if reuse {
 		cache = initdbCacheDir(bin)
 		if usableCache(cache, owner) {
-			cp := exec.CommandContext(ctx, "cp", "-a", cache, data)
-			owner.apply(cp, dir)
-			out, err := cp.CombinedOutput()
+			err := copyTree(ctx, cache, data, dir, owner)
 			if err == nil {
 				return nil
 			}
-			logf("pgprovider: copying the initdb cache %s failed (%v: %s); running initdb", cache, err, strings.TrimSpace(string(out)))
+			logf("pgprovider: copying the initdb cache %s failed (%v); running initdb", cache, err)
 			_ = os.RemoveAll(data)
 		}
 	}
@@ -91,13 +89,22 @@ func ownerUID(owner *runAs) uint32 {
 // whole directory or none (the first of two concurrent writers wins).
 func fillCache(ctx context.Context, cache, dir, data string, owner *runAs) {
 	tmp := filepath.Join(dir, "initdb-cache")
-	cp := exec.CommandContext(ctx, "cp", "-a", data, tmp)
-	owner.apply(cp, dir)
-	if err := cp.Run(); err != nil {
+	if err := copyTree(ctx, data, tmp, dir, owner); err != nil {
 		_ = os.RemoveAll(tmp)
 		return
 	}
 	if err := os.Rename(tmp, cache); err != nil {
 		_ = os.RemoveAll(tmp)
 	}
+}
+
+// copyTree copies directory from to to (which must not exist) as the
+// cluster's user, keeping modes: `cp -a`.
+func copyTree(ctx context.Context, from, to, dir string, owner *runAs) error {
+	cp := exec.CommandContext(ctx, "cp", "-a", from, to)
+	owner.apply(cp, dir)
+	if out, err := cp.CombinedOutput(); err != nil {
+		return fmt.Errorf("%w: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
