@@ -8,8 +8,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // initdbArgs make the pristine data directory every ephemeral cluster starts
@@ -22,10 +24,10 @@ var initdbArgs = []string{"-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-
 // binaries left in the cache. initdb bootstraps the whole catalog (over a
 // second of CPU); a copy of its 40 MB result takes a tenth of that, and a
 // test run starts one cluster per test binary.
-func initCluster(ctx context.Context, bin, dir, data string, owner *runAs, reuse bool, logf func(string, ...any)) error {
+func initCluster(ctx context.Context, base, bin, dir, data string, owner *runAs, reuse bool, logf func(string, ...any)) error {
 	cache := ""
 	if reuse {
-		cache = initdbCacheDir(bin)
+		cache = initdbCacheDir(base, bin)
 		if usableCache(cache, owner) {
 			err := copyTree(ctx, cache, data, dir, owner)
 			if err == nil {
@@ -46,10 +48,10 @@ func initCluster(ctx context.Context, bin, dir, data string, owner *runAs, reuse
 	return nil
 }
 
-// initdbCacheDir names the cache of one installation's initdb result: the
-// binaries' directory, their size and modification time, and initdb's
-// arguments, so an upgraded or different PostgreSQL never reuses it.
-func initdbCacheDir(bin string) string {
+// initdbCacheDir names the cache, in base, of one installation's initdb
+// result: the binaries' directory, their size and modification time, and
+// initdb's arguments, so an upgraded or different PostgreSQL never reuses it.
+func initdbCacheDir(base, bin string) string {
 	h := sha256.New()
 	fmt.Fprintln(h, bin, strings.Join(initdbArgs, " "), os.Geteuid())
 	for _, name := range []string{"initdb", "postgres"} {
@@ -57,7 +59,7 @@ func initdbCacheDir(bin string) string {
 			fmt.Fprintln(h, name, fi.Size(), fi.ModTime().UnixNano())
 		}
 	}
-	return filepath.Join(os.TempDir(), "pgflow-upgrade-initdb-"+hex.EncodeToString(h.Sum(nil))[:16])
+	return filepath.Join(base, "pgflow-upgrade-initdb-"+hex.EncodeToString(h.Sum(nil))[:16])
 }
 
 // usableCache says whether cache is a complete data directory that only the
@@ -107,4 +109,61 @@ func copyTree(ctx context.Context, from, to, dir string, owner *runAs) error {
 		return fmt.Errorf("%w: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
+}
+
+// seededPrefix names the seeded caches in the temporary directory.
+const seededPrefix = "pgflow-upgrade-seeded-"
+
+// seedCacheDir names the seeded cache, in base, of one installation, one set of
+// server settings and one seed key. The installed extensions are part of
+// the name (every file of the server's extension and library directories,
+// by name, size and time): a seed that ran CREATE EXTENSION is stale once
+// the extension is upgraded.
+func seedCacheDir(base, bin string, settings map[string]string, key string) string {
+	h := sha256.New()
+	fmt.Fprintln(h, initdbCacheDir(base, bin), key)
+	names := make([]string, 0, len(settings))
+	for k := range settings {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		fmt.Fprintln(h, k, settings[k])
+	}
+	if out, err := exec.Command(filepath.Join(bin, "pg_config"), "--sharedir", "--pkglibdir").Output(); err == nil {
+		dirs := strings.Fields(string(out))
+		if len(dirs) == 2 {
+			dirs[0] = filepath.Join(dirs[0], "extension")
+		}
+		for _, d := range dirs {
+			entries, _ := os.ReadDir(d)
+			for _, e := range entries {
+				if fi, err := e.Info(); err == nil {
+					fmt.Fprintln(h, d, e.Name(), fi.Size(), fi.ModTime().UnixNano())
+				}
+			}
+		}
+	}
+	return filepath.Join(base, seededPrefix+hex.EncodeToString(h.Sum(nil))[:16])
+}
+
+// startFromSeed fills data from the seeded cache when there is a usable one.
+// Seeded caches of other keys that nobody has filled for a day are removed
+// on the way: each holds a data directory.
+func startFromSeed(ctx context.Context, seeded, dir, data string, owner *runAs, logf func(string, ...any)) bool {
+	old, _ := filepath.Glob(filepath.Join(filepath.Dir(seeded), seededPrefix+"*"))
+	for _, o := range old {
+		if fi, err := os.Lstat(o); err == nil && o != seeded && time.Since(fi.ModTime()) > 24*time.Hour && usableCache(o, owner) {
+			_ = os.RemoveAll(o)
+		}
+	}
+	if !usableCache(seeded, owner) {
+		return false
+	}
+	if err := copyTree(ctx, seeded, data, dir, owner); err != nil {
+		logf("pgprovider: copying the seeded cache %s failed (%v); starting a fresh cluster", seeded, err)
+		_ = os.RemoveAll(data)
+		return false
+	}
+	return true
 }

@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -130,8 +131,11 @@ var defaultLocalSettings = map[string]string{
 	"dynamic_shared_memory_type": "posix",
 }
 
-// openLocal initialises and starts an ephemeral cluster.
-func openLocal(ctx context.Context, extra map[string]string, reuseInitdb bool, logf func(string, ...any)) (*Server, error) {
+// openLocal initialises and starts an ephemeral cluster. With a seed, the
+// cluster starts from the seeded cache when there is one; otherwise it is
+// initialised as usual, seeded, stopped, copied into the cache, and started
+// again.
+func openLocal(ctx context.Context, base string, extra map[string]string, reuseInitdb bool, seed *Seed, logf func(string, ...any)) (*Server, error) {
 	bin, err := FindBinDir()
 	if err != nil {
 		return nil, err
@@ -140,7 +144,7 @@ func openLocal(ctx context.Context, extra map[string]string, reuseInitdb bool, l
 	if err != nil {
 		return nil, err
 	}
-	dir, err := os.MkdirTemp("", "pgflow-upgrade-pg-")
+	dir, err := os.MkdirTemp(base, ClusterDirPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("creating the cluster directory: %w", err)
 	}
@@ -151,16 +155,53 @@ func openLocal(ctx context.Context, extra map[string]string, reuseInitdb bool, l
 		return nil, fmt.Errorf("handing %s to the cluster user: %w", dir, err)
 	}
 	data := filepath.Join(dir, "data")
-	if err := initCluster(ctx, bin, dir, data, owner, reuseInitdb, logf); err != nil {
+	seeded := ""
+	if seed != nil {
+		seeded = seedCacheDir(base, bin, extra, seed.Key)
+		if startFromSeed(ctx, seeded, dir, data, owner, logf) {
+			s, err := startOnFreePort(ctx, bin, dir, data, owner, extra, logf)
+			if err != nil {
+				cleanup()
+			}
+			return s, err
+		}
+	}
+	if err := initCluster(ctx, base, bin, dir, data, owner, reuseInitdb, logf); err != nil {
 		cleanup()
 		return nil, err
 	}
+	s, err := startOnFreePort(ctx, bin, dir, data, owner, extra, logf)
+	if err != nil || seed == nil {
+		if err != nil {
+			cleanup()
+		}
+		return s, err
+	}
+	if err := seed.Fill(ctx, s); err != nil {
+		_ = s.Close()
+		return nil, fmt.Errorf("seeding the ephemeral cluster: %w", err)
+	}
+	// A clean shutdown leaves a data directory that starts without
+	// recovery; the copy is taken while nothing runs in it.
+	if err := s.halt(); err != nil {
+		cleanup()
+		return nil, fmt.Errorf("stopping the ephemeral cluster after seeding it: %w", err)
+	}
+	fillCache(ctx, seeded, dir, data, owner)
+	s, err = startOnFreePort(ctx, bin, dir, data, owner, extra, logf)
+	if err != nil {
+		cleanup()
+	}
+	return s, err
+}
 
+// startOnFreePort starts the postmaster on a free loopback port, trying
+// again on another port when the one found was taken before postgres bound it.
+func startOnFreePort(ctx context.Context, bin, dir, data string, owner *runAs, extra map[string]string, logf func(string, ...any)) (*Server, error) {
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
 		port, err := freeLoopbackPort()
 		if err != nil {
-			cleanup()
 			return nil, fmt.Errorf("finding a free loopback port: %w", err)
 		}
 		s, err := startPostmaster(ctx, bin, dir, data, port, owner, extra)
@@ -174,7 +215,6 @@ func openLocal(ctx context.Context, extra map[string]string, reuseInitdb bool, l
 		}
 		lastErr = err // most likely the port was taken between probe and bind
 	}
-	cleanup()
 	return nil, lastErr
 }
 
@@ -237,16 +277,26 @@ func startPostmaster(ctx context.Context, bin, dir, data string, port int, owner
 	u := &url.URL{Scheme: "postgres", User: url.User("postgres"), Host: fmt.Sprintf("127.0.0.1:%d", port),
 		Path: "/postgres", RawQuery: "sslmode=disable"}
 	s := &Server{Kind: KindLocal, adminURL: u, detail: fmt.Sprintf("127.0.0.1:%d", port), dir: dir}
+	var halted error
+	var haltOnce sync.Once
+	s.halt = func() error {
+		haltOnce.Do(func() {
+			// SIGINT is PostgreSQL's "fast" shutdown: roll back, disconnect,
+			// checkpoint, stop.
+			_ = proc.Signal(syscall.SIGINT)
+			select {
+			case <-exited:
+			case <-time.After(15 * time.Second):
+				_ = proc.Kill()
+				<-exited
+				halted = errors.New("postgres did not stop within 15 s of a fast shutdown and was killed")
+			}
+			logFile.Close()
+		})
+		return halted
+	}
 	s.stop = func() error {
-		// SIGINT is PostgreSQL's "fast" shutdown: roll back, disconnect, stop.
-		_ = proc.Signal(syscall.SIGINT)
-		select {
-		case <-exited:
-		case <-time.After(15 * time.Second):
-			_ = proc.Kill()
-			<-exited
-		}
-		logFile.Close()
+		_ = s.halt()
 		return os.RemoveAll(dir)
 	}
 
@@ -264,9 +314,27 @@ func startPostmaster(ctx context.Context, bin, dir, data string, port int, owner
 		default:
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			_ = s.stop()
+			_ = s.halt() // the caller removes the directory
 			return nil, fmt.Errorf("postgres on port %d did not accept connections: %w", port, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// MemoryDirMinFree is the room /dev/shm must have for Options.InMemory to
+// use it: two clusters of the test suite at once, with their WAL.
+const MemoryDirMinFree = 8 << 30
+
+// memoryDir returns /dev/shm when it is a memory filesystem (tmpfs) this
+// process may write with MemoryDirMinFree available.
+func memoryDir() (string, bool) {
+	const dir, tmpfsMagic = "/dev/shm", 0x01021994
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil || st.Type != tmpfsMagic {
+		return "", false
+	}
+	if uint64(st.Bavail)*uint64(st.Bsize) < MemoryDirMinFree || syscall.Access(dir, 2 /* W_OK */) != nil {
+		return "", false
+	}
+	return dir, true
 }

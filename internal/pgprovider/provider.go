@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -68,6 +69,30 @@ type Options struct {
 	// temporary directory (kept there for the next one), instead of running
 	// initdb: the test harness starts a cluster per test binary.
 	ReuseInitdb bool
+	// Seed, with ReuseInitdb, is what a local cluster holds before its
+	// first use (the test harness's template databases), cached like
+	// initdb's result: see Seed.
+	Seed *Seed
+	// InMemory puts a local cluster's directory (and the initdb and seeded
+	// caches) in /dev/shm when that is a memory filesystem with room
+	// (MemoryDirMinFree), else in the temporary directory: the test
+	// harness's clusters are thrown away, and on a disk filesystem their
+	// writes, copies and removal cost CPU in the kernel. The tool's own
+	// ephemeral cluster (`fixtures replay`) keeps the temporary directory: a
+	// user's capture may not fit in memory.
+	InMemory bool
+}
+
+// Seed is built once per machine and key: the first local cluster runs
+// Fill, stops, and leaves a copy of its data directory in the temporary
+// directory; every later cluster of the same binaries, settings, installed
+// extensions and Key starts from a copy of that directory instead.
+type Seed struct {
+	// Key names what Fill builds: a different Key is a different cache.
+	// It must change whenever what Fill would build changes.
+	Key string
+	// Fill builds the contents on a freshly initialised, running cluster.
+	Fill func(ctx context.Context, s *Server) error
 }
 
 // DefaultDockerImage has PostgreSQL 15 with the pgmq extension available.
@@ -82,6 +107,7 @@ type Server struct {
 	// create and drop databases.
 	adminURL *url.URL
 	stop     func() error
+	halt     func() error // a local cluster: stops the postmaster, keeps the directory
 	detail   string
 	dir      string // local cluster directory, removed by Close
 }
@@ -120,7 +146,17 @@ func open(ctx context.Context, opts Options) (*Server, error) {
 	if opts.Cron {
 		settings = withCronPreload(settings, logf)
 	}
-	return openLocal(ctx, settings, opts.ReuseInitdb, logf)
+	var seed *Seed
+	if opts.ReuseInitdb {
+		seed = opts.Seed
+	}
+	base := os.TempDir()
+	if opts.InMemory {
+		if dir, ok := memoryDir(); ok {
+			base = dir
+		}
+	}
+	return openLocal(ctx, base, settings, opts.ReuseInitdb, seed, logf)
 }
 
 func openDSN(ctx context.Context, raw string) (*Server, error) {

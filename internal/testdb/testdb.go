@@ -11,8 +11,14 @@
 // the tool's own, so test SQL that forgets its schema fails (the templates
 // are built by session.Admin ones, which keep the server's path).
 //
-// Each database is dropped when its test ends, and the templates when the
-// binary ends, so a DSN server is left as it was found.
+// On the ephemeral cluster the harness starts, the templates are built once
+// per machine: the cluster starts from a seeded copy of a data directory
+// that already holds them (pgprovider.Seed, keyed by everything they are
+// built from). On a DSN or Docker server each binary builds them on first
+// use.
+//
+// Each database is dropped when its test ends, and the templates a binary
+// built when it ends, so a DSN server is left as it was found.
 package testdb
 
 import (
@@ -20,6 +26,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"sync"
 	"syscall"
 	"testing"
@@ -27,16 +34,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
-)
-
-// Template kinds.
-const (
-	tplEmpty    = "empty"
-	tplPGMQ     = "pgmq"
-	tplBaseline = "baseline"
 )
 
 var (
@@ -45,23 +44,34 @@ var (
 	cron      pgprovider.CronInfo
 
 	templatesMu sync.Mutex
-	templates   = map[string]string{} // kind → database name
-	pgmqKind    string
-	cronKind    string
-	pgmqStandIn bool // PGFLOW_UPGRADE_PGMQ_STANDIN=1: the templates get the stand-in
+	templates   = map[string]templateInfo{} // by kind
+)
+
+// The variables that choose the stand-ins over the real extensions.
+const (
+	envPGMQStandIn = "PGFLOW_UPGRADE_PGMQ_STANDIN"
+	envNoCron      = "PGFLOW_UPGRADE_NO_CRON"
 )
 
 // Main opens the server, runs the tests, and removes everything it made,
 // also when the run is interrupted.
 func Main(m *testing.M) int {
 	ctx := context.Background()
+	if os.Getenv("GOGC") == "" {
+		// A test binary is short-lived and the machine has memory to spare:
+		// collecting a quarter as often saves about a tenth of the CPU of a
+		// race-enabled binary. GOGC set by the caller wins.
+		debug.SetGCPercent(400)
+	}
 	opts := pgprovider.Options{
 		DSN:         os.Getenv("PGFLOW_UPGRADE_TEST_DSN"),
 		DockerImage: os.Getenv("PGFLOW_UPGRADE_DOCKER_IMAGE"),
 		SkipDocker:  os.Getenv("PGFLOW_UPGRADE_NO_DOCKER") == "1",
 		Logf:        func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) },
-		Cron:        os.Getenv("PGFLOW_UPGRADE_NO_CRON") != "1",
+		Cron:        os.Getenv(envNoCron) != "1",
 		ReuseInitdb: true,
+		Seed:        templateSeed(),
+		InMemory:    true,
 	}
 	server, serverErr = pgprovider.Open(ctx, opts)
 	if serverErr != nil {
@@ -100,9 +110,12 @@ func cleanup() {
 	defer cancel()
 	templatesMu.Lock()
 	defer templatesMu.Unlock()
-	for kind, name := range templates {
-		if err := server.DropTemplate(ctx, name); err != nil {
-			fmt.Fprintf(os.Stderr, "testdb: dropping template %s: %v\n", name, err)
+	for kind, info := range templates {
+		if info.seeded {
+			continue // goes with the cluster
+		}
+		if err := server.DropTemplate(ctx, info.name); err != nil {
+			fmt.Fprintf(os.Stderr, "testdb: dropping template %s: %v\n", info.name, err)
 		}
 		delete(templates, kind)
 	}
@@ -120,8 +133,18 @@ func Server(t testing.TB) *pgprovider.Server {
 	return server
 }
 
-// PGMQKindInUse reports which pgmq the templates got ("extension" or "standin").
-func PGMQKindInUse() string { return pgmqKind }
+// PGMQKindInUse reports which pgmq the templates got ("extension" or
+// "standin"; "" before any was built).
+func PGMQKindInUse() string {
+	templatesMu.Lock()
+	defer templatesMu.Unlock()
+	for _, info := range templates {
+		if info.pgmq != "" {
+			return info.pgmq
+		}
+	}
+	return ""
+}
 
 // RequireRealCron skips a test that needs the real pg_cron when Baseline
 // databases get the stand-in, saying why.
@@ -132,80 +155,16 @@ func RequireRealCron(t testing.TB) {
 	}
 }
 
-// template returns the template database of a kind, building it on first use.
-func template(t testing.TB, kind string) string {
-	t.Helper()
-	templatesMu.Lock()
-	defer templatesMu.Unlock()
-	if name, ok := templates[kind]; ok {
-		return name
-	}
-	ctx := context.Background()
-	s := Server(t)
-	name := pgprovider.RandomName("pgflow_upgrade_tpl_" + kind)
-	if kind == tplBaseline && cron.Available {
-		// pg_cron's extension can be created only in cron.database_name:
-		// the template that every Baseline clones is built under that name.
-		name = cron.Database
-	}
-	if err := s.CreateDatabase(ctx, name, ""); err != nil {
-		t.Fatalf("testdb: %v", err)
-	}
-	if err := fill(ctx, s.DSNFor(name), kind); err != nil {
-		_ = s.DropDatabase(ctx, name)
-		t.Fatalf("testdb: building template %s: %v", kind, err)
-	}
-	if err := s.MarkTemplate(ctx, name); err != nil {
-		_ = s.DropDatabase(ctx, name)
-		t.Fatalf("testdb: %v", err)
-	}
-	templates[kind] = name
-	return name
-}
-
-func fill(ctx context.Context, dsn, kind string) error {
-	if kind == tplEmpty {
-		return nil
-	}
-	conn, err := session.Open(ctx, dsn, session.Admin) // builds the template
-	if err != nil {
-		return err
-	}
-	defer conn.Close(ctx)
-	install := fixtures.InstallPGMQ
-	if pgmqStandIn {
-		install = fixtures.InstallPGMQStandIn
-	}
-	got, err := install(ctx, conn)
-	if err != nil {
-		return err
-	}
-	pgmqKind = got
-	if kind != tplBaseline {
-		return nil
-	}
-	if cron.Available && conn.Config().Database == cron.Database {
-		if _, err := conn.Exec(ctx, `create extension if not exists pg_cron`); err != nil {
-			return fmt.Errorf("create extension pg_cron: %w", err)
-		}
-	}
-	if err := fixtures.InstallBaseline(ctx, conn); err != nil {
-		return err
-	}
-	cronKind, err = fixtures.CronKind(ctx, conn)
-	return err
-}
-
 // announceComponents decides and prints, once per test binary, which pgmq
 // and which pg_cron the templates get: the real extensions where the server
 // offers them, else the stand-ins, with the reason.
 func announceComponents(ctx context.Context) error {
 	var err error
-	if cron, err = server.Cron(ctx); err != nil {
+	if cron, err = cronOffered(ctx, server); err != nil {
 		return err
 	}
-	if os.Getenv("PGFLOW_UPGRADE_NO_CRON") == "1" {
-		cron = pgprovider.CronInfo{Why: "PGFLOW_UPGRADE_NO_CRON=1"}
+	if err := adoptSeededTemplates(ctx); err != nil {
+		return err
 	}
 	conn, err := session.Open(ctx, server.AdminDSN(), session.Admin)
 	if err != nil {
@@ -217,10 +176,9 @@ func announceComponents(ctx context.Context) error {
 	                                               where name = 'pgmq'), '')`).Scan(&pgmqVersion); err != nil {
 		return fmt.Errorf("asking the server about pgmq: %w", err)
 	}
-	pgmqStandIn = os.Getenv("PGFLOW_UPGRADE_PGMQ_STANDIN") == "1"
 	var pgmqLine, cronLine string
 	switch {
-	case pgmqStandIn:
+	case os.Getenv(envPGMQStandIn) == "1":
 		pgmqLine = "pgmq: the project's stand-in (PGFLOW_UPGRADE_PGMQ_STANDIN=1)"
 	case pgmqVersion != "":
 		pgmqLine = "pgmq: real extension " + pgmqVersion
@@ -264,7 +222,7 @@ func fresh(t testing.TB, kind string) *DB {
 	s := Server(t)
 	ctx := context.Background()
 	name := pgprovider.RandomName("pgflow_upgrade_test")
-	if err := s.CreateDatabase(ctx, name, tpl); err != nil {
+	if err := s.CreateDatabase(ctx, name, tpl.name); err != nil {
 		t.Fatalf("testdb: %v", err)
 	}
 	db := &DB{Name: name, DSN: s.DSNFor(name)}
@@ -275,11 +233,11 @@ func fresh(t testing.TB, kind string) *DB {
 	if err != nil {
 		t.Fatalf("testdb: connecting to %s: %v", name, err)
 	}
-	if kind == tplBaseline && cronKind != "" {
+	if kind == tplBaseline && tpl.cron != "" {
 		// The clone stands for the database pg_cron runs in: the jobs the
 		// template recorded name the template, as a job of this database
 		// names this one (real pg_cron and the stand-in alike).
-		if _, err := db.Pool.Exec(ctx, `update cron.job set database = pg_catalog.current_database() where database = $1`, tpl); err != nil {
+		if _, err := db.Pool.Exec(ctx, `update cron.job set database = pg_catalog.current_database() where database = $1`, tpl.name); err != nil {
 			t.Fatalf("testdb: pointing the cloned cron jobs at %s: %v", name, err)
 		}
 	}
