@@ -36,15 +36,17 @@ func TestApplyEnvironmentSettings(t *testing.T) {
 			sqlExec(t, db, "alter role "+pgx.Identifier{role}.Sanitize()+" set default_transaction_read_only = on")
 		}, []string{"default_transaction_read_only is on", "role", "default_transaction_read_only = off"}},
 	}
+	// Enough rows that the migration's statements take longer than 50 ms,
+	// generated once: each case gets a clone of them (the subtests run one
+	// after the other, so nothing is connected to state while it is cloned).
+	state := testdb.Baseline(t)
+	if _, err := datagen.Generate(context.Background(), state.Pool, datagen.Shape{Tasks: 60_000, Flows: 1, LiveRuns: 1, LiveTasksPerRun: 3}); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range cases {
 		for _, mode := range [][]string{{"apply", "--yes"}, {"apply", "--online", "--yes"}} {
 			t.Run(c.name+"/"+strings.Join(mode, " "), func(t *testing.T) {
-				// Enough rows that the migration's statements take longer
-				// than 50 ms.
-				db := testdb.Baseline(t)
-				if _, err := datagen.Generate(context.Background(), db.Pool, datagen.Shape{Tasks: 60_000, Flows: 1, LiveRuns: 1, LiveTasksPerRun: 3}); err != nil {
-					t.Fatal(err)
-				}
+				db := state.Clone(t)
 				// A role of the test's own (dropped with what it made), so
 				// no shared role is changed.
 				role, dsnValue := superuserOn(t, db)
