@@ -280,6 +280,7 @@ func startPostmaster(ctx context.Context, bin, dir, data string, port int, owner
 	var halted error
 	var haltOnce sync.Once
 	s.halt = func() error {
+		s.closeAdmin()
 		haltOnce.Do(func() {
 			// SIGINT is PostgreSQL's "fast" shutdown: roll back, disconnect,
 			// checkpoint, stop.

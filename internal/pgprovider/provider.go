@@ -23,9 +23,11 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
@@ -109,7 +111,12 @@ type Server struct {
 	stop     func() error
 	halt     func() error // a local cluster: stops the postmaster, keeps the directory
 	detail   string
-	dir      string // local cluster directory, removed by Close
+	// adminPool holds the sessions that create and drop databases: a test
+	// run makes and drops one database per test, and a session per
+	// statement cost a backend's start and exit each time.
+	adminMu   sync.Mutex
+	adminPool *pgxpool.Pool
+	dir       string // local cluster directory, removed by Close
 }
 
 // Open returns the first provider that works, in the order of the package doc.
@@ -214,7 +221,11 @@ func (s *Server) Describe() string {
 
 // Close stops the server if the provider started it. Safe to call twice.
 func (s *Server) Close() error {
-	if s == nil || s.stop == nil {
+	if s == nil {
+		return nil
+	}
+	s.closeAdmin()
+	if s.stop == nil {
 		return nil
 	}
 	stop := s.stop
@@ -298,11 +309,15 @@ func (s *Server) DropTemplate(ctx context.Context, name string) error {
 }
 
 func (s *Server) adminExec(ctx context.Context, what, stmt string, args ...any) error {
-	conn, err := session.Open(ctx, s.AdminDSN(), session.Admin)
+	pool, err := s.admin(ctx)
 	if err != nil {
 		return fmt.Errorf("%s: connecting: %s", what, session.RedactText(err.Error(), s.AdminDSN()))
 	}
-	defer conn.Close(context.WithoutCancel(ctx))
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("%s: connecting: %s", what, session.RedactText(err.Error(), s.AdminDSN()))
+	}
+	defer conn.Release()
 	// CREATE DATABASE from a template fails while another clone of the same
 	// template is being made; retry that briefly instead of failing a test.
 	for attempt := 0; ; attempt++ {
@@ -320,4 +335,29 @@ func (s *Server) adminExec(ctx context.Context, what, stmt string, args ...any) 
 		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil
+}
+
+// admin returns the pool of admin sessions, opening it on first use.
+func (s *Server) admin(ctx context.Context) (*pgxpool.Pool, error) {
+	s.adminMu.Lock()
+	defer s.adminMu.Unlock()
+	if s.adminPool == nil {
+		pool, err := session.OpenPool(ctx, s.AdminDSN(), session.Options{Purpose: session.Admin, MaxConns: 4})
+		if err != nil {
+			return nil, err
+		}
+		s.adminPool = pool
+	}
+	return s.adminPool, nil
+}
+
+// closeAdmin closes the admin sessions (before the server stops, or is
+// left to its owner).
+func (s *Server) closeAdmin() {
+	s.adminMu.Lock()
+	defer s.adminMu.Unlock()
+	if s.adminPool != nil {
+		s.adminPool.Close()
+		s.adminPool = nil
+	}
 }
