@@ -15,6 +15,7 @@ import (
 	"io/fs"
 	"regexp"
 	"sort"
+	"sync"
 
 	"ariga.io/atlas/sql/migrate"
 )
@@ -32,6 +33,26 @@ type Migration struct {
 	File    string // file name
 	SQL     string
 }
+
+// Statements splits the migration into its statements as the atlas CLI
+// does. The split of a text is kept for the rest of the process: apply and
+// apply --online split the same embedded file on every run, and a test run
+// applies it hundreds of times.
+func (m Migration) Statements() ([]*migrate.Stmt, error) {
+	if v, ok := splitCache.Load(m.SQL); ok {
+		return v.([]*migrate.Stmt), nil
+	}
+	stmts, err := migrate.Stmts(m.SQL)
+	if err != nil {
+		return nil, err
+	}
+	splitCache.Store(m.SQL, stmts)
+	return stmts, nil
+}
+
+// splitCache maps a migration's text to its statements (read only once
+// stored; callers must not modify them).
+var splitCache sync.Map
 
 // fileName is the strict shape of a migration file name.
 var fileName = regexp.MustCompile(`^([0-9]{14})_([a-z0-9_]+)\.sql$`)

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"strings"
 
-	"ariga.io/atlas/sql/migrate"
-
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 )
@@ -23,7 +21,7 @@ func fileStatement(prefix string) (string, error) {
 		if m.Version != upgrade.Version {
 			continue
 		}
-		stmts, err := migrate.Stmts(m.SQL)
+		stmts, err := m.Statements()
 		if err != nil {
 			return "", fmt.Errorf("online: splitting %s: %w", m.File, err)
 		}

@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"ariga.io/atlas/sql/migrate"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -61,7 +60,7 @@ func deferredFindings(ctx context.Context, tx pgx.Tx, opts Options, code string)
 // fewer under the locks.
 func (s *runner) runMigration(tx pgx.Tx, m migrations.Migration, savepoints bool) error {
 	ctx, opts, r := s.ctx, s.opts, s.r
-	stmts, err := migrate.Stmts(m.SQL)
+	stmts, err := m.Statements()
 	if err != nil {
 		return fmt.Errorf("splitting %s into statements: %w", m.File, err)
 	}
