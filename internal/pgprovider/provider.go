@@ -285,6 +285,12 @@ func (s *Server) DropDatabase(ctx context.Context, name string) error {
 	return s.adminExec(ctx, fmt.Sprintf("dropping database %q", name), stmt)
 }
 
+// RenameDatabase renames database from to to (nobody may be connected to it).
+func (s *Server) RenameDatabase(ctx context.Context, from, to string) error {
+	stmt := "alter database " + pgx.Identifier{from}.Sanitize() + " rename to " + pgx.Identifier{to}.Sanitize()
+	return s.adminExec(ctx, fmt.Sprintf("renaming database %q to %q", from, to), stmt)
+}
+
 // MarkTemplate flags a database as a template so that cloning it is allowed
 // while nobody is connected, and refuses new connections to it.
 func (s *Server) MarkTemplate(ctx context.Context, name string) error {

@@ -62,10 +62,11 @@ func seedTemplates(ctx context.Context, s *pgprovider.Server) error {
 		return err
 	}
 	for _, kind := range templateKinds {
-		if _, err := buildTemplate(ctx, s, kind, templateName(kind, c, "pgflow_upgrade_tpl_"+kind), c); err != nil {
+		if _, err := buildTemplate(ctx, s, kind, "pgflow_upgrade_tpl_"+kind, c); err != nil {
 			return fmt.Errorf("building template %s: %w", kind, err)
 		}
 	}
+	cronHome = "" // part of the seed: it goes with the cluster
 	return nil
 }
 
@@ -82,19 +83,10 @@ func cronOffered(ctx context.Context, s *pgprovider.Server) (pgprovider.CronInfo
 	return c, nil
 }
 
-// templateName is name, except for the Baseline template when the real
-// pg_cron is offered: its extension can be created only in
-// cron.database_name, so that template is built under that name.
-func templateName(kind string, c pgprovider.CronInfo, name string) string {
-	if kind == tplBaseline && c.Available {
-		return c.Database
-	}
-	return name
-}
-
 // adoptSeededTemplates finds the templates a seeded cluster already holds.
-// The Baseline template then is the database pg_cron runs in, which
-// Server.Cron reports as taken: it is ours, so the real pg_cron is in use.
+// Server.Cron then reports cron.database_name as taken: it is the empty
+// database the seed left for pg_cron's launcher, and a Baseline template
+// that holds the real pg_cron says the real one is in use.
 func adoptSeededTemplates(ctx context.Context) error {
 	conn, err := session.Open(ctx, server.AdminDSN(), session.Admin)
 	if err != nil {
@@ -128,7 +120,7 @@ func adoptSeededTemplates(ctx context.Context) error {
 			}
 		}
 		templates[kind] = info
-		if kind == tplBaseline && name == cron.Database && info.cron == fixtures.CronExtension {
+		if kind == tplBaseline && info.cron == fixtures.CronExtension {
 			cron.Available, cron.Why = true, ""
 		}
 	}
@@ -146,7 +138,7 @@ func template(t testing.TB, kind string) templateInfo {
 	}
 	ctx := context.Background()
 	s := Server(t)
-	info, err := buildTemplate(ctx, s, kind, templateName(kind, cron, pgprovider.RandomName("pgflow_upgrade_tpl_"+kind)), cron)
+	info, err := buildTemplate(ctx, s, kind, pgprovider.RandomName("pgflow_upgrade_tpl_"+kind), cron)
 	if err != nil {
 		t.Fatalf("testdb: building template %s: %v", kind, err)
 	}
@@ -156,22 +148,45 @@ func template(t testing.TB, kind string) templateInfo {
 
 // buildTemplate creates database name, fills it with what kind holds, says
 // so in its comment, and marks it a template.
+//
+// With the real pg_cron, the Baseline template is built in
+// cron.database_name (the only database where pg_cron's extension can be
+// created), then renamed, and an empty database takes that name: pg_cron's
+// launcher waits there for an extension that never comes, instead of
+// failing to connect to a template that refuses connections and being
+// restarted every second, a backend start each time.
 func buildTemplate(ctx context.Context, s *pgprovider.Server, kind, name string, c pgprovider.CronInfo) (templateInfo, error) {
 	info := templateInfo{name: name}
-	if err := s.CreateDatabase(ctx, name, ""); err != nil {
+	built := name
+	if kind == tplBaseline && c.Available {
+		built = c.Database
+	}
+	if err := s.CreateDatabase(ctx, built, ""); err != nil {
 		return info, err
 	}
-	err := fill(ctx, s.DSNFor(name), kind, c, &info)
+	err := fill(ctx, s.DSNFor(built), kind, c, name, &info)
 	if err == nil {
-		err = s.MarkTemplate(ctx, name)
+		err = s.MarkTemplate(ctx, built)
+	}
+	if err == nil && built != name {
+		if err = s.RenameDatabase(ctx, built, name); err == nil {
+			if err = s.CreateDatabase(ctx, built, ""); err != nil {
+				_ = s.DropTemplate(ctx, name)
+				return info, err
+			}
+			cronHome = built
+			return info, nil
+		}
 	}
 	if err != nil {
-		_ = s.DropDatabase(ctx, name)
+		_ = s.DropDatabase(ctx, built)
 	}
 	return info, err
 }
 
-func fill(ctx context.Context, dsn, kind string, c pgprovider.CronInfo, info *templateInfo) error {
+// fill builds what kind holds in the database of dsn, which becomes the
+// template called name.
+func fill(ctx context.Context, dsn, kind string, c pgprovider.CronInfo, name string, info *templateInfo) error {
 	conn, err := session.Open(ctx, dsn, session.Admin) // builds the template
 	if err != nil {
 		return err
@@ -197,6 +212,11 @@ func fill(ctx context.Context, dsn, kind string, c pgprovider.CronInfo, info *te
 		}
 		if info.cron, err = fixtures.CronKind(ctx, conn); err != nil {
 			return err
+		}
+		// The jobs name the database they run in: the template's own name
+		// (each clone renames them to its own).
+		if _, err := conn.Exec(ctx, `update cron.job set database = $1 where database = pg_catalog.current_database()`, name); err != nil {
+			return fmt.Errorf("naming the template in its cron jobs: %w", err)
 		}
 	}
 	// COMMENT takes no parameters: the server quotes the name and the text.
