@@ -78,7 +78,29 @@ type setting struct {
 	line                                int
 }
 
+// readSetting reads setting name as conn's session sees it, and its source.
 func readSetting(ctx context.Context, conn *pgx.Conn, name string) (setting, error) {
+	var s setting
+	var err error
+	// Under the statement_timeout being diagnosed, this read can be
+	// cancelled too: on a new session of a database nobody has used yet,
+	// reading pg_settings first loads the session's catalog caches. What a
+	// cancelled try loaded stays, so the next one gets further.
+	for try := 0; try < 3; try++ {
+		if s, err = readSettingOnce(ctx, conn, name); !isQueryCanceled(err) || ctx.Err() != nil {
+			break
+		}
+	}
+	return s, err
+}
+
+// isQueryCanceled says whether err is query_canceled (57014).
+func isQueryCanceled(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "57014"
+}
+
+func readSettingOnce(ctx context.Context, conn *pgx.Conn, name string) (setting, error) {
 	var s setting
 	err := conn.QueryRow(ctx, `
 		select pg_catalog.current_setting($1), s.source, current_user::pg_catalog.text, pg_catalog.current_database()::pg_catalog.text,
