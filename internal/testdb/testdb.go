@@ -226,13 +226,32 @@ type DB struct {
 func fresh(t testing.TB, kind string) *DB {
 	t.Helper()
 	tpl := template(t, kind)
+	// The clone stands for the database pg_cron runs in: the jobs the
+	// template recorded name the template, as a job of this database
+	// names this one (real pg_cron and the stand-in alike).
+	return cloneOf(t, tpl.name, kind == tplBaseline && tpl.cron != "")
+}
+
+// cloneOf creates a database cloned from source, opens its pool, and drops
+// it when t ends. With cronJobs, the jobs source recorded in cron.job are
+// pointed at the clone.
+func cloneOf(t testing.TB, source string, cronJobs bool) *DB {
+	t.Helper()
 	s := Server(t)
 	ctx := context.Background()
 	name := pgprovider.RandomName("pgflow_upgrade_test")
-	if err := s.CreateDatabase(ctx, name, tpl.name); err != nil {
+	if err := s.CreateDatabase(ctx, name, source); err != nil {
 		t.Fatalf("testdb: %v", err)
 	}
 	db := &DB{Name: name, DSN: s.DSNFor(name)}
+	t.Cleanup(func() {
+		if db.Pool != nil {
+			db.Pool.Close()
+		}
+		if err := s.DropDatabase(context.Background(), name); err != nil {
+			t.Errorf("testdb: %v", err)
+		}
+	})
 	// A session.Test pool: search_path pinned as in the tool's own
 	// sessions, so test SQL that forgets its schema fails here too.
 	var err error
@@ -240,20 +259,11 @@ func fresh(t testing.TB, kind string) *DB {
 	if err != nil {
 		t.Fatalf("testdb: connecting to %s: %v", name, err)
 	}
-	if kind == tplBaseline && tpl.cron != "" {
-		// The clone stands for the database pg_cron runs in: the jobs the
-		// template recorded name the template, as a job of this database
-		// names this one (real pg_cron and the stand-in alike).
-		if _, err := db.Pool.Exec(ctx, `update cron.job set database = pg_catalog.current_database() where database = $1`, tpl.name); err != nil {
+	if cronJobs {
+		if _, err := db.Pool.Exec(ctx, `update cron.job set database = pg_catalog.current_database() where database = $1`, source); err != nil {
 			t.Fatalf("testdb: pointing the cloned cron jobs at %s: %v", name, err)
 		}
 	}
-	t.Cleanup(func() {
-		db.Pool.Close()
-		if err := s.DropDatabase(context.Background(), name); err != nil {
-			t.Errorf("testdb: %v", err)
-		}
-	})
 	return db
 }
 
