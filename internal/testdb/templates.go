@@ -35,6 +35,10 @@ type templateInfo struct {
 	name       string
 	pgmq, cron string // the fixtures kinds it holds ("extension", "standin", "")
 	seeded     bool   // part of the cluster's seed: not dropped at the end
+	// cronHome is the empty database left under cron.database_name for
+	// pg_cron's launcher when the template was built there (see
+	// buildTemplate); it goes when the template goes.
+	cronHome string
 }
 
 // templatesSource is this file: how the templates are built is part of the
@@ -66,7 +70,6 @@ func seedTemplates(ctx context.Context, s *pgprovider.Server) error {
 			return fmt.Errorf("building template %s: %w", kind, err)
 		}
 	}
-	cronHome = "" // part of the seed: it goes with the cluster
 	return nil
 }
 
@@ -168,20 +171,23 @@ func buildTemplate(ctx context.Context, s *pgprovider.Server, kind, name string,
 	if err == nil {
 		err = s.MarkTemplate(ctx, built)
 	}
-	if err == nil && built != name {
-		if err = s.RenameDatabase(ctx, built, name); err == nil {
-			if err = s.CreateDatabase(ctx, built, ""); err != nil {
-				_ = s.DropTemplate(ctx, name)
-				return info, err
-			}
-			cronHome = built
-			return info, nil
-		}
-	}
 	if err != nil {
 		_ = s.DropDatabase(ctx, built)
+		return info, err
 	}
-	return info, err
+	if built == name {
+		return info, nil
+	}
+	if err := s.RenameDatabase(ctx, built, name); err != nil {
+		_ = s.DropTemplate(ctx, built)
+		return info, err
+	}
+	if err := s.CreateDatabase(ctx, built, ""); err != nil {
+		_ = s.DropTemplate(ctx, name)
+		return info, err
+	}
+	info.cronHome = built
+	return info, nil
 }
 
 // fill builds what kind holds in the database of dsn, which becomes the

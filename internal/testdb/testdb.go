@@ -45,7 +45,6 @@ var (
 
 	templatesMu sync.Mutex
 	templates   = map[string]templateInfo{} // by kind
-	cronHome    string                      // the empty cron.database_name this binary made, dropped at the end
 )
 
 // The variables that choose the stand-ins over the real extensions.
@@ -118,13 +117,12 @@ func cleanup() {
 		if err := server.DropTemplate(ctx, info.name); err != nil {
 			fmt.Fprintf(os.Stderr, "testdb: dropping template %s: %v\n", info.name, err)
 		}
-		delete(templates, kind)
-	}
-	if cronHome != "" {
-		if err := server.DropDatabase(ctx, cronHome); err != nil {
-			fmt.Fprintf(os.Stderr, "testdb: dropping %s: %v\n", cronHome, err)
+		if info.cronHome != "" {
+			if err := server.DropDatabase(ctx, info.cronHome); err != nil {
+				fmt.Fprintf(os.Stderr, "testdb: dropping %s: %v\n", info.cronHome, err)
+			}
 		}
-		cronHome = ""
+		delete(templates, kind)
 	}
 	if err := server.Close(); err != nil {
 		fmt.Fprintf(os.Stderr, "testdb: stopping the server: %v\n", err)
