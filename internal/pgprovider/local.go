@@ -171,11 +171,12 @@ func openLocal(ctx context.Context, base string, extra map[string]string, reuseI
 		return nil, err
 	}
 	s, err := startOnFreePort(ctx, bin, dir, data, owner, extra, logf)
-	if err != nil || seed == nil {
-		if err != nil {
-			cleanup()
-		}
-		return s, err
+	if err != nil {
+		cleanup()
+		return nil, err
+	}
+	if seed == nil {
+		return s, nil
 	}
 	if err := seed.Fill(ctx, s); err != nil {
 		_ = s.Close()
