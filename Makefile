@@ -41,6 +41,11 @@ test-short: setup ## the inner loop: go vet, then go test -short (long tests and
 	$(GO) vet $(PKGS)
 	$(call go-test-tallied,-vet=off -short -count=1 -timeout 10m)
 
+.PHONY: test-long
+test-long: export PGFLOW_UPGRADE_LONG=1
+test-long: setup ## the long tests (TestLong...: every upstream release, fleets, faults), outside make test's 7-minute clock
+	$(call go-test-tallied,-vet=off -count=1 -timeout 80m -run '^TestLong')
+
 .PHONY: fuzz
 fuzz: setup ## run every Fuzz* target for $(FUZZTIME) each (their seed corpora run in `make test`)
 	@failed=""; for t in $$(grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*' . | sed 's/:func /:/' | sort -u); do \

@@ -2,6 +2,7 @@ package testdb
 
 import (
 	"context"
+	"os"
 	"sync"
 	"testing"
 )
@@ -32,5 +33,18 @@ func SkipIfShort(t testing.TB, proves string) {
 	t.Helper()
 	if testing.Short() {
 		t.Skipf("long test skipped under -short (make test runs it): %s", proves)
+	}
+}
+
+// envLong turns on the tests that take longer than make test's clock allows
+// (real upstream databases at every release, fleets of databases, faults).
+const envLong = "PGFLOW_UPGRADE_LONG"
+
+// SkipUnlessLong skips a TestLong... test unless PGFLOW_UPGRADE_LONG=1
+// (make test-long, which CI runs after make test), saying what it proves.
+func SkipUnlessLong(t testing.TB, proves string) {
+	t.Helper()
+	if os.Getenv(envLong) != "1" {
+		t.Skipf("long test skipped (make test-long runs it, with %s=1): %s", envLong, proves)
 	}
 }
