@@ -6,13 +6,21 @@
 # root (initdb refuses root), and the real pgmq extension from a vendored
 # release folder when one is there. Does nothing that is already in place.
 #
-#   PGMQ_VENDOR_DIR  folder with pgmq.control and pgmq--*.sql (default: the
-#                    checkout's ../shared/vendor/pgmq-1.5.1); when it is absent
-#                    the tests use the project's pgmq stand-in and say so.
+#   PGMQ_VENDOR_DIR   folder with pgmq.control and pgmq--*.sql (default: the
+#                     checkout's ../shared/vendor/pgmq-1.5.1); when it is absent
+#                     the tests use the project's pgmq stand-in and say so.
+#   PGMQ_UPDATES_DIR  folder with pgmq's update scripts pgmq--A--B.sql (default:
+#                     ../shared/vendor/pgmq-updates-1.13.1), installed next to
+#                     the release above: CREATE EXTENSION still gives 1.5.1
+#                     (the control file is the release's), and a test reaches
+#                     a later pgmq with ALTER EXTENSION pgmq UPDATE TO '1.13.1'.
+#                     When it is absent the tests that need a later pgmq fail
+#                     and say to run this script.
 set -euo pipefail
 
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 pgmq_dir="${PGMQ_VENDOR_DIR:-$repo/../shared/vendor/pgmq-1.5.1}"
+pgmq_updates_dir="${PGMQ_UPDATES_DIR:-$repo/../shared/vendor/pgmq-updates-1.13.1}"
 
 need=()
 if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null 2>&1; then
@@ -42,7 +50,26 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 # The real pgmq: pure SQL, installed by copying its control and script files
-# into the server's extension directory.
+# into the server's extension directory; its update scripts go next to it.
+# install_checked DIR FILE...: DIR must match its SHA256SUMS, then each FILE
+# not already there as it is is copied into $ext.
+install_checked() {
+  local dir="$1"; shift
+  if [ -f "$dir/SHA256SUMS" ]; then
+    (cd "$dir" && sha256sum --quiet -c SHA256SUMS) || { echo "setup: $dir does not match its SHA256SUMS" >&2; exit 3; }
+  fi
+  local f
+  for f in "$@"; do
+    if ! cmp -s "$f" "$ext/$(basename "$f")"; then
+      if [ ! -w "$ext" ]; then
+        echo "setup: cannot write $ext; install pgmq as root: cp $* $ext/" >&2
+        exit 3
+      fi
+      cp "$f" "$ext/"
+      chmod 0644 "$ext/$(basename "$f")"
+    fi
+  done
+}
 if [ -f "$pgmq_dir/pgmq.control" ]; then
   pg_config_bin=""
   for c in /usr/lib/postgresql/15/bin/pg_config $(command -v pg_config || true); do
@@ -51,19 +78,14 @@ if [ -f "$pgmq_dir/pgmq.control" ]; then
   if [ -n "$pg_config_bin" ]; then
     ext="$("$pg_config_bin" --sharedir)/extension"
     if [ -d "$ext" ]; then
-      if [ -f "$pgmq_dir/SHA256SUMS" ]; then
-        (cd "$pgmq_dir" && sha256sum --quiet -c SHA256SUMS) || { echo "setup: $pgmq_dir does not match its SHA256SUMS" >&2; exit 3; }
+      install_checked "$pgmq_dir" "$pgmq_dir"/pgmq.control "$pgmq_dir"/pgmq--*.sql
+      # Only the update scripts (pgmq--A--B.sql): never a control file, so
+      # the default version stays the release's.
+      if ls "$pgmq_updates_dir"/pgmq--*--*.sql >/dev/null 2>&1; then
+        install_checked "$pgmq_updates_dir" "$pgmq_updates_dir"/pgmq--*--*.sql
+      else
+        echo "setup: no pgmq update scripts at $pgmq_updates_dir (set PGMQ_UPDATES_DIR); the tests that take pgmq past 1.5.1 will fail" >&2
       fi
-      for f in "$pgmq_dir"/pgmq.control "$pgmq_dir"/pgmq--*.sql; do
-        if ! cmp -s "$f" "$ext/$(basename "$f")"; then
-          if [ ! -w "$ext" ]; then
-            echo "setup: cannot write $ext; install pgmq as root: cp $pgmq_dir/pgmq.control $pgmq_dir/pgmq--*.sql $ext/" >&2
-            exit 3
-          fi
-          cp "$f" "$ext/"
-          chmod 0644 "$ext/$(basename "$f")"
-        fi
-      done
     fi
   fi
 elif ! ls /usr/share/postgresql/*/extension/pgmq.control >/dev/null 2>&1; then

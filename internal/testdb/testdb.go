@@ -181,12 +181,18 @@ func announceComponents(ctx context.Context) error {
 	                                               where name = 'pgmq'), '')`).Scan(&pgmqVersion); err != nil {
 		return fmt.Errorf("asking the server about pgmq: %w", err)
 	}
+	newest, err := pgmqNewestOffered(ctx, conn)
+	if err != nil {
+		return fmt.Errorf("asking the server about pgmq's versions: %w", err)
+	}
 	var pgmqLine, cronLine string
 	switch {
 	case os.Getenv(envPGMQStandIn) == "1":
 		pgmqLine = "pgmq: the project's stand-in (PGFLOW_UPGRADE_PGMQ_STANDIN=1)"
+	case pgmqVersion != "" && newest != pgmqVersion:
+		pgmqLine = "pgmq: real extension " + pgmqVersion + " (update scripts up to " + newest + " installed; a test that updates says so)"
 	case pgmqVersion != "":
-		pgmqLine = "pgmq: real extension " + pgmqVersion
+		pgmqLine = "pgmq: real extension " + pgmqVersion + " (no update scripts installed)"
 	default:
 		pgmqLine = "pgmq: the project's stand-in (the server offers no pgmq extension)"
 	}
