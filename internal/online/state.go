@@ -42,33 +42,33 @@ import (
 	"errors"
 	"slices"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online/shape"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions/onlineshape"
 )
 
-// Names of what the online upgrade adds before the switch (package shape
+// Names of what the online upgrade adds before the switch (package onlineshape
 // reads them from the catalog; the version detection reads the same).
 const (
 	Schema         = versions.ToolSchema
-	ProgressTable  = shape.ProgressTable
-	TriggerName    = shape.TriggerName
-	TriggerFunc    = shape.TriggerFunc
-	OnlineCheck    = shape.OnlineCheck
-	ValidCheck     = shape.ValidCheck
-	onlineCheckDef = shape.OnlineCheckDef
-	validCheckDef  = shape.ValidCheckDef
+	ProgressTable  = onlineshape.ProgressTable
+	TriggerName    = onlineshape.TriggerName
+	TriggerFunc    = onlineshape.TriggerFunc
+	OnlineCheck    = onlineshape.OnlineCheck
+	ValidCheck     = onlineshape.ValidCheck
+	onlineCheckDef = onlineshape.OnlineCheckDef
+	validCheckDef  = onlineshape.ValidCheckDef
 )
 
 // Index is one of 0.17.0's unique indexes, built CONCURRENTLY in contract.
-type Index = shape.Index
+type Index = onlineshape.Index
 
 // Indexes in the order contract builds them.
-var Indexes = shape.Indexes
+var Indexes = onlineshape.Indexes
 
 // Tables gets queue_name in expand, in the documented lock order.
-var Tables = shape.Tables
+var Tables = onlineshape.Tables
 
 // OnlineLockKey is the session-level advisory lock an online run holds for
 // its whole length (a second run, or a rollback, exits cleanly). Each of its
@@ -80,24 +80,24 @@ const OnlineLockKey = upgrade.AdvisoryLockKey + 1
 var ErrBusy = errors.New("another pgflow-upgrade apply --online (or rollback-online) is running on this database")
 
 // Phase of an online upgrade.
-type Phase = shape.Phase
+type Phase = onlineshape.Phase
 
 const (
-	PhaseNone     = shape.PhaseNone     // nothing of the online upgrade is there
-	PhaseExpand   = shape.PhaseExpand   // expanding
-	PhaseBackfill = shape.PhaseBackfill // columns and triggers there; rows being filled
-	PhaseContract = shape.PhaseContract // backfill done; checks, validate, indexes
-	PhaseSwitch   = shape.PhaseSwitch   // prepared: the switch transaction is next
-	PhaseDone     = shape.PhaseDone     // upgraded (flows.queue_mode exists)
+	PhaseNone     = onlineshape.PhaseNone     // nothing of the online upgrade is there
+	PhaseExpand   = onlineshape.PhaseExpand   // expanding
+	PhaseBackfill = onlineshape.PhaseBackfill // columns and triggers there; rows being filled
+	PhaseContract = onlineshape.PhaseContract // backfill done; checks, validate, indexes
+	PhaseSwitch   = onlineshape.PhaseSwitch   // prepared: the switch transaction is next
+	PhaseDone     = onlineshape.PhaseDone     // upgraded (flows.queue_mode exists)
 )
 
 // Querier is a connection or a transaction.
 type Querier = session.Querier
 
 // Shape is what the catalog says about the online upgrade's objects.
-type Shape = shape.Shape
+type Shape = onlineshape.Shape
 
 // Detect reads the Shape from the catalog (no lock on a pgflow table).
-func Detect(ctx context.Context, q Querier) (Shape, error) { return shape.Detect(ctx, q) }
+func Detect(ctx context.Context, q Querier) (Shape, error) { return onlineshape.Read(ctx, q) }
 
 func contains(list []string, s string) bool { return slices.Contains(list, s) }

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online/shape"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions/onlineshape"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions/quiescerecord"
 )
 
 // Detection is which pgflow a database has, and what to do next. Its JSON
@@ -28,7 +28,7 @@ type Detection struct {
 	// (users' own indexes, constraints, functions...): tolerated, listed.
 	Additions []catalog.Difference `json:"additions,omitempty"`
 	// Online: an unfinished `apply --online` of ours (Detect reads its
-	// objects from the catalog, package shape): State is then StateOnline,
+	// objects from the catalog, package onlineshape): State is then StateOnline,
 	// and Found, Closest and Differences stay what the catalog matched.
 	Online *Online `json:"online,omitempty"`
 	// Quiesce: an `apply --quiesce` whose record is still open (it was
@@ -57,7 +57,7 @@ type Online struct {
 	Undo     string `json:"undo,omitempty"`
 }
 
-// Quiesce is an open apply --quiesce record (internal/quiesce): its phase,
+// Quiesce is an open apply --quiesce record (package quiescerecord): its phase,
 // what it recorded, and the commands that finish or undo it.
 type Quiesce struct {
 	Phase     string    `json:"phase"`
@@ -69,8 +69,8 @@ type Quiesce struct {
 }
 
 // NewQuiesce summarises a recorded quiesce.
-func NewQuiesce(s *quiesce.State) *Quiesce {
-	q := &Quiesce{Phase: string(s.Phase), Since: s.StartedAt, Resume: quiesce.ResumeCommand(s.Mode), Undo: quiesce.UndoCommand}
+func NewQuiesce(s *quiescerecord.State) *Quiesce {
+	q := &Quiesce{Phase: string(s.Phase), Since: s.StartedAt, Resume: quiescerecord.ResumeCommand(s.Mode), Undo: quiescerecord.UndoCommand}
 	q.Functions, q.CronJobs = s.Counts()
 	return q
 }
@@ -150,7 +150,7 @@ func Detect(ctx context.Context, q catalog.Querier) (*Detection, error) {
 	if d.State == StateReady || d.State == StateUnknown {
 		// Only these can be one: a 0.17.x schema has queue_name columns of
 		// its own, and the shape alone cannot tell them from a backfill.
-		s, err := shape.Detect(ctx, q)
+		s, err := onlineshape.Read(ctx, q)
 		if err != nil {
 			return nil, fmt.Errorf("detecting the pgflow version: %w", err)
 		}
@@ -158,7 +158,7 @@ func Detect(ctx context.Context, q catalog.Querier) (*Detection, error) {
 			d.SetOnline(string(s.Phase()))
 		}
 	}
-	rec, _, err := quiesce.Find(ctx, q)
+	rec, _, err := quiescerecord.Find(ctx, q)
 	if err != nil {
 		return nil, fmt.Errorf("detecting the pgflow version: %w", err)
 	}

@@ -6,6 +6,14 @@
 // online path and the worker read it here instead of keeping their own
 // copies of pgflow's shape.
 //
+// Detect answers "which pgflow is this, and what is in progress" for every
+// command: the version from the catalog, an unfinished `apply --online`
+// (subpackage onlineshape) and an open `apply --quiesce` record (subpackage
+// quiescerecord). Both subpackages import only internal/session: this
+// package imports no feature package, so internal/online, internal/quiesce,
+// internal/upgrade, audit and the public worker all depend on it, never the
+// other way round.
+//
 // The catalogs of 0.14.1, 0.16.0, 0.17.0 and 0.17.1 are JSON files read from
 // databases of those releases, embedded byte for byte (catalogs/); 0.15.0 and 0.15.1 are derived in code
 // from the 0.16.0 catalog with the changes of migrations 21-23 (derive.go).

@@ -1,11 +1,12 @@
-// Package shape reads, from the catalog alone, how far an `apply --online`
-// of this tool has got: which of its objects exist (the nullable queue_name
-// columns, the fill triggers, pgflow.is_valid_queue_name, the temporary and
-// the 0.17.0 checks, the unique indexes, the progress table) and so its
-// phase. It imports nothing of this module, so the version detection
-// (internal/versions) can name an online upgrade in progress for every
-// command, and internal/online drives its phases from the same reading.
-package shape
+// Package onlineshape reads, from the catalog alone, how far an `apply
+// --online` of this tool has got: which of its objects exist (the nullable
+// queue_name columns, the fill triggers, pgflow.is_valid_queue_name, the
+// temporary and the 0.17.0 checks, the unique indexes, the progress table)
+// and so its phase. It imports only internal/session and lives under
+// internal/versions, so the version detection can name an online upgrade in
+// progress for every command without depending on internal/online, which
+// drives its phases from the same reading.
+package onlineshape
 
 import (
 	"context"
@@ -131,13 +132,13 @@ func (s Shape) InProgress() bool {
 func (s Shape) HasIndex(name string) bool   { return slices.Contains(s.Indexes, name) }
 func (s Shape) IndexValid(name string) bool { return slices.Contains(s.IndexesValid, name) }
 
-// Detect reads the Shape from the catalog: one query on pg_catalog, no lock
+// Read reads the Shape from the catalog: one query on pg_catalog, no lock
 // on a pgflow table, and no privilege on schema pgflow or pgflow_upgrade
 // needed (every object is looked up in pg_class and pg_proc by namespace,
 // not through to_regclass, which needs USAGE on the schema).
 // Definitions are compared as pg_get_constraintdef prints them, without the
 // "pgflow." qualification (which depends on the caller's search_path).
-func Detect(ctx context.Context, q Querier) (Shape, error) {
+func Read(ctx context.Context, q Querier) (Shape, error) {
 	var s Shape
 	names := make([]string, len(Indexes))
 	for i, ix := range Indexes {
