@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
@@ -198,6 +200,26 @@ func fill(ctx context.Context, dsn, kind string, c pgprovider.CronInfo, name str
 		return err
 	}
 	defer conn.Close(ctx)
+	if n, ok := upstreamKind(kind); ok {
+		err = fillUpstream(ctx, conn, n, name, info)
+	} else {
+		err = fillFixture(ctx, conn, kind, c, name, info)
+	}
+	if err != nil {
+		return err
+	}
+	// COMMENT takes no parameters: the server quotes the name and the text.
+	var stmt string
+	if err := conn.QueryRow(ctx, `select pg_catalog.format('comment on database %I is %L', pg_catalog.current_database(), $1::text)`,
+		fmt.Sprintf("%s kind=%s pgmq=%s cron=%s", templateComment, kind, info.pgmq, info.cron)).Scan(&stmt); err != nil {
+		return err
+	}
+	_, err = conn.Exec(ctx, stmt)
+	return err
+}
+
+// fillFixture builds the fixtures' kinds: empty, pgmq, baseline.
+func fillFixture(ctx context.Context, conn *pgx.Conn, kind string, c pgprovider.CronInfo, name string, info *templateInfo) (err error) {
 	if kind != tplEmpty {
 		install := fixtures.InstallPGMQ
 		if os.Getenv(envPGMQStandIn) == "1" {
@@ -225,12 +247,5 @@ func fill(ctx context.Context, dsn, kind string, c pgprovider.CronInfo, name str
 			return fmt.Errorf("naming the template in its cron jobs: %w", err)
 		}
 	}
-	// COMMENT takes no parameters: the server quotes the name and the text.
-	var stmt string
-	if err := conn.QueryRow(ctx, `select pg_catalog.format('comment on database %I is %L', pg_catalog.current_database(), $1::text)`,
-		fmt.Sprintf("%s kind=%s pgmq=%s cron=%s", templateComment, kind, info.pgmq, info.cron)).Scan(&stmt); err != nil {
-		return err
-	}
-	_, err = conn.Exec(ctx, stmt)
-	return err
+	return nil
 }
