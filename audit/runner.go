@@ -126,9 +126,6 @@ const (
 	defaultCheckTimeout = 60 * time.Second
 	defaultTotalTimeout = 180 * time.Second
 	defaultLockTimeout  = time.Second
-	// idle_in_transaction_session_timeout: the runner never idles in a
-	// transaction; this only bounds a client that hangs between statements.
-	idleTimeout = 30 * time.Second
 )
 
 func (o Options) withDefaults() Options {
@@ -190,26 +187,6 @@ func selection(opts Options, preflightOnly bool) ([]Check, error) {
 	return append(out, opts.Extra...), nil
 }
 
-// BeginReadOnly opens one of the audit's transactions on conn: READ ONLY,
-// REPEATABLE READ (one snapshot per check), with statement_timeout,
-// lock_timeout, idle_in_transaction_session_timeout and application_name set
-// LOCAL, so they hold through a transaction-mode pooler and vanish with the
-// transaction.
-func BeginReadOnly(ctx context.Context, conn *pgx.Conn, statementTimeout, lockTimeout time.Duration, appName string) (pgx.Tx, error) {
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly, IsoLevel: pgx.RepeatableRead})
-	if err != nil {
-		return nil, fmt.Errorf("beginning a read-only transaction: %w", err)
-	}
-	// Each limit is set, one under 1ms (zero included) as 1ms.
-	err = session.Limits{Statement: max(statementTimeout, time.Millisecond), Lock: max(lockTimeout, time.Millisecond),
-		IdleInTransaction: idleTimeout, ApplicationName: appName}.Set(ctx, tx)
-	if err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("setting the audit's timeouts: %w", err)
-	}
-	return tx, nil
-}
-
 // Run audits the database behind conn: each selected check in its own READ
 // ONLY transaction with its own budget, within a total budget. The error is
 // for what stops the whole audit (a bad check ID, a broken connection before
@@ -229,7 +206,7 @@ func Run(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, error) {
 	env := Env{Mode: ModeAudit, Sample: opts.Sample, Bound: opts.Bound,
 		LongTransaction: opts.LongTransaction, IdleInTransaction: opts.IdleInTransaction, LiveWorker: opts.LiveWorker}
 	if err := func() error {
-		tx, err := BeginReadOnly(ctx, conn, opts.CheckTimeout, opts.LockTimeout, opts.ApplicationName)
+		tx, err := session.BeginReadOnly(ctx, conn, opts.CheckTimeout, opts.LockTimeout, opts.ApplicationName)
 		if err != nil {
 			return err
 		}
@@ -283,7 +260,7 @@ func runAudit(ctx context.Context, conn *pgx.Conn, c Check, env Env, budget time
 	start := time.Now()
 	env.Deadline = start.Add(budget)
 	// Lock waits never exceed the budget either.
-	tx, err := BeginReadOnly(ctx, conn, budget, min(opts.LockTimeout, budget), opts.ApplicationName)
+	tx, err := session.BeginReadOnly(ctx, conn, budget, min(opts.LockTimeout, budget), opts.ApplicationName)
 	if err == nil {
 		var findings []Finding
 		findings, err = c.Run(ctx, tx, env)

@@ -180,7 +180,7 @@ func writeOnlineTable(w io.Writer, where string, res *upgrade.Result[*online.Rep
 // onlineStatus reads the online upgrade's state for `status` in a READ
 // ONLY transaction with timeouts (catalog and one one-row table).
 func onlineStatus(ctx context.Context, conn *pgx.Conn) (*online.StatusInfo, error) {
-	tx, err := audit.BeginReadOnly(ctx, conn, 10*time.Second, time.Second, "pgflow-upgrade status")
+	tx, err := session.BeginReadOnly(ctx, conn, 10*time.Second, time.Second, "pgflow-upgrade status")
 	if err != nil {
 		return nil, err
 	}

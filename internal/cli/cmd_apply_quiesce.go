@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	ucli "github.com/urfave/cli/v2"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
@@ -133,7 +132,7 @@ func writeQuiesceItems(w io.Writer, r *quiesce.Report) {
 
 // quiesceStatus reads a quiesce in progress for `status` (nil: none).
 func quiesceStatus(ctx context.Context, conn *pgx.Conn) (*quiesce.StatusInfo, error) {
-	tx, err := audit.BeginReadOnly(ctx, conn, 10*time.Second, time.Second, "pgflow-upgrade status")
+	tx, err := session.BeginReadOnly(ctx, conn, 10*time.Second, time.Second, "pgflow-upgrade status")
 	if err != nil {
 		return nil, err
 	}

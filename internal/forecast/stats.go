@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // Stats are the row counts the forecast uses, from the planner's
@@ -50,7 +50,7 @@ where n.nspname = 'pgflow' and c.relname = any($1::text[]) and c.relkind in ('r'
 // no pgflow.step_tasks.
 func ReadStats(ctx context.Context, conn *pgx.Conn, budget, lockTimeout time.Duration) (Stats, error) {
 	var st Stats
-	tx, err := audit.BeginReadOnly(ctx, conn, budget, lockTimeout, "pgflow-upgrade audit (forecast)")
+	tx, err := session.BeginReadOnly(ctx, conn, budget, lockTimeout, "pgflow-upgrade audit (forecast)")
 	if err != nil {
 		return st, fmt.Errorf("reading row counts from the statistics: %w", err)
 	}

@@ -12,7 +12,7 @@
 // (flows.queue_mode, steps.queue_name), the queue tables and pgflow.workers.
 //
 // Everything is read in one READ ONLY, REPEATABLE READ transaction with
-// statement and lock timeouts set LOCAL (audit.BeginReadOnly): only SELECTs,
+// statement and lock timeouts set LOCAL (session.BeginReadOnly): only SELECTs,
 // one snapshot, safe through a transaction-mode pooler and on a role that can
 // only read.
 package routes
@@ -29,7 +29,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 )
@@ -233,7 +232,7 @@ var ErrNoRoutes = errors.New("schema pgflow has no queue routes (pgflow.flows.qu
 func Read(ctx context.Context, conn *pgx.Conn, opts Options) (_ *Report, err error) {
 	defer func() { err = session.Lost(conn, err) }()
 	opts = opts.withDefaults()
-	tx, err := audit.BeginReadOnly(ctx, conn, opts.StatementTimeout, opts.LockTimeout, opts.ApplicationName)
+	tx, err := session.BeginReadOnly(ctx, conn, opts.StatementTimeout, opts.LockTimeout, opts.ApplicationName)
 	if err != nil {
 		return nil, err
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 )
@@ -72,7 +73,7 @@ func Status(ctx context.Context, conn *pgx.Conn) (*StatusReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	tx, err := audit.BeginReadOnly(ctx, conn, readStatementTimeout, readLockTimeout, "pgflow-upgrade status")
+	tx, err := session.BeginReadOnly(ctx, conn, readStatementTimeout, readLockTimeout, "pgflow-upgrade status")
 	if err != nil {
 		return nil, err
 	}

@@ -6,8 +6,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
@@ -21,7 +21,7 @@ type VerifyReport struct {
 // timeouts: after an upgrade, the new schema is whole and the 0.16.0 worker
 // protocol is fenced. OK is false when any check failed.
 func Verify(ctx context.Context, conn *pgx.Conn) (*VerifyReport, error) {
-	tx, err := audit.BeginReadOnly(ctx, conn, readStatementTimeout, readLockTimeout, "pgflow-upgrade verify")
+	tx, err := session.BeginReadOnly(ctx, conn, readStatementTimeout, readLockTimeout, "pgflow-upgrade verify")
 	if err != nil {
 		return nil, err
 	}
