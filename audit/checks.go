@@ -13,6 +13,7 @@ import (
 func init() {
 	catalog = slices.Concat(
 		installedChecks(),
+		pgmqVersionChecks(),
 		migrationBlockerChecks(),
 		queueAndWorkerChecks(),
 		sessionChecks(),
@@ -185,8 +186,10 @@ func sizeAndBackupChecks() []Check {
 		{
 			ID: "backup.pgdump_pgmq", Title: "backups include the queues", Severity: Warning, Preflight: true,
 			Needs: NeedsPGMQ,
-			Meaning: "pgmq installed as an extension registers its queue tables as extension members without pg_extension_config_dump, so pg_dump leaves pgmq.meta, " +
-				"every q_/a_ table and all their rows out. Unlogged queues are also missing from physical backups and replicas.",
+			Meaning: "Below pgmq 1.6.0 the extension registers its queue tables as extension members without pg_extension_config_dump, so pg_dump leaves pgmq.meta, " +
+				"every q_/a_ table and all their rows out. From 1.6.0 they are detached and pgmq.meta is marked for pg_dump, so pg_dump includes them, " +
+				"except the tables of a queue listed in pgmq.meta under a mixed-case name (the 1.6.0 update detaches pgmq.\"q_<name>\" and misses them). " +
+				"Read from pg_depend and pg_extension, per queue; nothing is reported without queues. Unlogged queues are also missing from physical backups and replicas.",
 			Remedy: "Before apply take a physical backup or provider snapshot (pg_basebackup, PITR), or export the queue tables next to pg_dump " +
 				"(\\copy (select * from pgmq.q_<queue>) to ...), and check that a restore brings the messages back.",
 			Run: checkBackup,

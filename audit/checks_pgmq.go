@@ -199,24 +199,53 @@ func checkQueuePhysical(ctx context.Context, q Querier, env Env) ([]Finding, err
 		fmt.Sprintf("%d flow queue(s) with %d physical problem(s)", len(queues), problems), samples)}, nil
 }
 
+// backupSQL counts the listed queues, the unlogged ones, and those whose
+// q_ or a_ table is a member of the pgmq extension (pg_depend 'e'), which
+// pg_dump leaves out with their rows; and whether pgmq.meta is marked for
+// pg_dump (pg_extension.extconfig, from pgmq 1.6.0).
+const backupSQL = `
+with l as materialized (select l.queue_name::text as queue_name, l.is_unlogged from pgmq.list_queues() l),
+members as materialized (
+  select l.queue_name from l
+  where exists (select 1 from pg_catalog.pg_depend d
+                join pg_catalog.pg_extension e on e.oid = d.refobjid and e.extname = 'pgmq'
+                join pg_catalog.pg_class c on c.oid = d.objid
+                join pg_catalog.pg_namespace n on n.oid = c.relnamespace and n.nspname = 'pgmq'
+                where d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass and d.deptype = 'e'
+                  and c.relname in ('q_' || pg_catalog.lower(l.queue_name), 'a_' || pg_catalog.lower(l.queue_name)))
+)
+select (select pg_catalog.count(*) from l),
+       (select pg_catalog.count(*) from members),
+       exists (select 1 from pg_catalog.pg_extension e
+               where e.extname = 'pgmq' and pg_catalog.to_regclass('pgmq.meta') = any (e.extconfig)),
+       (select pg_catalog.count(*) from l where l.is_unlogged),
+       pg_catalog.to_jsonb(array(select pg_catalog.jsonb_build_object('queue', m.queue_name) from members m order by m.queue_name limit $1)),
+       pg_catalog.to_jsonb(array(select pg_catalog.jsonb_build_object('queue', l.queue_name, 'unlogged', true) from l where l.is_unlogged order by l.queue_name limit $1))`
+
 func checkBackup(ctx context.Context, q Querier, env Env) ([]Finding, error) {
 	c := check("backup.pgdump_pgmq")
-	var queues, unlogged int64
+	var queues, members, unlogged int64
+	var metaDumped bool
 	var samples, unloggedSamples []map[string]any
-	err := q.QueryRow(ctx, `
-		with l as materialized (select l.queue_name::text as queue_name, l.is_unlogged from pgmq.list_queues() l)
-		select (select pg_catalog.count(*) from l),
-		       (select pg_catalog.count(*) from l where l.is_unlogged),
-		       pg_catalog.to_jsonb(array(select pg_catalog.jsonb_build_object('queue', l.queue_name) from l order by l.queue_name limit $1)),
-		       pg_catalog.to_jsonb(array(select pg_catalog.jsonb_build_object('queue', l.queue_name, 'unlogged', true) from l where l.is_unlogged order by l.queue_name limit $1))`,
-		env.Sample).Scan(&queues, &unlogged, &samples, &unloggedSamples)
-	if err != nil {
-		return nil, fmt.Errorf("listing queues with pgmq.list_queues(): %w", err)
+	if err := q.QueryRow(ctx, backupSQL, env.Sample).Scan(&queues, &members, &metaDumped, &unlogged, &samples, &unloggedSamples); err != nil {
+		return nil, fmt.Errorf("listing queues with pgmq.list_queues() and their extension membership from pg_depend: %w", err)
 	}
 	var out []Finding
-	if env.PGMQ.Kind == "extension" {
-		out = append(out, c.finding(queues,
-			fmt.Sprintf("pgmq is an extension: pg_dump leaves out pgmq.meta and the tables and messages of all %d queue(s)", queues), samples))
+	// What pg_dump leaves out is read from the catalog, not assumed from
+	// the version: below 1.6.0 every queue's tables are extension members;
+	// from 1.6.0 only those the 1.6.0 update could not detach (it detaches
+	// pgmq."q_<pgmq.meta name>", which misses a mixed-case name).
+	if env.PGMQ.Kind == "extension" && queues > 0 && (members > 0 || !metaDumped) {
+		var msg string
+		if members > 0 {
+			msg = fmt.Sprintf("pg_dump leaves out the tables and messages of %d of %d queue(s) (pgmq %s: their tables are members of the extension)", members, queues, env.PGMQ.Version)
+			if !metaDumped {
+				msg += ", and pgmq.meta"
+			}
+		} else {
+			msg = fmt.Sprintf("pg_dump leaves out pgmq.meta, the list of all %d queue(s) (pgmq %s does not mark it for pg_dump)", queues, env.PGMQ.Version)
+		}
+		out = append(out, c.finding(members, msg, samples))
 	}
 	if unlogged > 0 {
 		f := c.finding(unlogged, fmt.Sprintf("%d unlogged queue(s): their messages are lost on a crash and absent from physical backups and replicas", unlogged), unloggedSamples)
