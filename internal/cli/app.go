@@ -60,6 +60,11 @@ func (a *App) Run(ctx context.Context, args []string) int {
 	if err == nil {
 		return ExitOK
 	}
+	if !isReported(err) {
+		// A lost server, a full disk, a server timeout: said the same way
+		// for every command (failure.go).
+		err = explainRunFailure(err, strings.Join(line.path, " "))
+	}
 	code := exitCode(err)
 	if code == ExitOK || isReported(err) {
 		return code
@@ -230,6 +235,8 @@ func connectHint(err error) string {
 			return "check the database name"
 		case "53300":
 			return "the server has no connection slots left: retry later or raise max_connections"
+		case "57P03":
+			return "the server is starting up, recovering from a crash or shutting down: wait until it accepts connections (pg_isready), then run the command again"
 		}
 		if param, ok := strings.CutPrefix(pgErr.Message, "unsupported startup parameter: "); ok {
 			return startupParamHint(param)

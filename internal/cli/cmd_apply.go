@@ -14,6 +14,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 const applyDescription = `Upgrades real pgflow 0.16.0 to upstream pgflow's 0.17.0 schema (private step
@@ -140,10 +141,13 @@ func (a *App) applyAction(c *ucli.Context) error {
 	opts.Progress = prog.event
 	res, err := upgrade.Apply(ctx, conn, opts)
 	prog.stop()
-	if env := a.diagnose(ctx, t, err); env != nil {
-		// A setting or a role a rerun runs into again: say which.
+	if env := a.diagnoseDuring(ctx, t, err, lastStep(res.Report) == upgrade.StepMigrate); env != nil {
+		// The environment stopped it (failure.go, envcheck.go): say what
+		// happened, what it left and what to do, and no next step that
+		// would fail the same way.
 		err = env
-		res.Message = env.Error() + "; the transaction was rolled back: nothing was changed"
+		res.Message = env.Error() + "; " + applyLeft(res.Report, env)
+		res.Report.PgflowVersion = withNextStep(res.Report.PgflowVersion, env.nextStep("apply"))
 	}
 	return finishRun(a, c, "apply", where, res, err, func(w io.Writer) error { return writeApplyTable(w, where, res) })
 }
@@ -259,4 +263,35 @@ func writeApplyTable(w io.Writer, where string, res *upgrade.Result[*upgrade.Rep
 	}
 	writeQuiesce(w, rep.Quiesce)
 	return nil
+}
+
+// lastStep is the step apply was in when it stopped ("" before the first).
+func lastStep(rep *upgrade.Report) string {
+	if len(rep.Steps) == 0 {
+		return ""
+	}
+	return rep.Steps[len(rep.Steps)-1].Step
+}
+
+// applyLeft says what an apply the environment stopped left in the
+// database. A session lost during COMMIT may have committed or not: only
+// the server knows, and status reads it.
+func applyLeft(rep *upgrade.Report, env *envError) string {
+	switch {
+	case env.lost && lastStep(rep) == upgrade.StepCommit:
+		return "the session was lost during COMMIT, so whether the upgrade committed is not known here: `pgflow-upgrade status` says (pgflow 0.17.0: it did; 0.16.0: it did not, nothing was changed)"
+	case rep.Quiesce != nil:
+		return "the upgrade's transaction was rolled back (what --quiesce changed and restored is below; `pgflow-upgrade status` shows a quiesce still recorded)"
+	}
+	return "the transaction was rolled back: nothing was changed"
+}
+
+// withNextStep is a copy of d whose next step is step (d nil: nil).
+func withNextStep(d *versions.Detection, step string) *versions.Detection {
+	if d == nil {
+		return nil
+	}
+	c := *d
+	c.NextStep = step
+	return &c
 }

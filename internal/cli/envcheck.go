@@ -32,6 +32,9 @@ type envError struct {
 	rerun string
 	// statementTimeout: the cause is a statement_timeout, reset this way.
 	statementTimeout *timeoutSource
+	// lost: the session ended (the server went away, or ended it): what
+	// its open transaction did was rolled back by the server.
+	lost bool
 }
 
 // timeoutSource says how to undo a statement_timeout where it is set.
@@ -60,6 +63,13 @@ func (e *envError) mayPass() bool { return e.rerun != "" }
 // through, or stop on the same timeout again.
 func (e *envError) forOnline() *envError {
 	var pgErr *pgconn.PgError
+	if e.lost {
+		// Each phase commits as it goes: a rerun continues.
+		e.rerun = "then run apply --online again: it continues from where this one stopped"
+		if errors.As(e.err, &pgErr) && pgErr.Code == "25P03" {
+			e.cause = strings.Replace(e.cause, idleTimeoutOf("apply"), idleTimeoutOf("apply --online"), 1)
+		}
+	}
 	if errors.As(e.err, &pgErr) && pgErr.Code == "57014" && e.statementTimeout != nil {
 		st := e.statementTimeout
 		e.hint = fmt.Sprintf("apply --online bounds its long statements itself (the DDL, each batch, the index builds), but its catalog reads and checks "+
@@ -161,17 +171,33 @@ func writePrecheck(ctx context.Context, conn *pgx.Conn, command string) error {
 	return nil
 }
 
-// diagnose explains a failed command by the environment, when the failure
-// is one a rerun repeats: it opens a new connection with the same settings
-// (the failed one may be gone) and reads where the cause comes from. It
-// returns nil when the failure is something else.
+// diagnose explains a failed command by the environment: first what needs
+// no reading (explainFailure, failure.go: a lost server, a full disk, a
+// server timeout), then, for a setting or a role a rerun runs into again,
+// it opens a new connection with the same settings (the failed one may be
+// gone) and reads where the cause comes from. It returns nil when the
+// failure is something else.
 func (a *App) diagnose(ctx context.Context, t *target, failure error) *envError {
+	return a.diagnoseDuring(ctx, t, failure, false)
+}
+
+// diagnoseDuring is diagnose, told whether the failure came from the
+// migration's own statements (the step_tasks rewrite, the index builds):
+// a statement_timeout elsewhere stopped a catalog read or a check, and is
+// not explained as the migration taking too long.
+func (a *App) diagnoseDuring(ctx context.Context, t *target, failure error, inMigration bool) *envError {
+	if failure == nil || ctx.Err() != nil {
+		return nil
+	}
+	if env := explainFailure(failure, t.command); env != nil { // failure.go: no reading needed
+		return env
+	}
 	var pgErr *pgconn.PgError
-	if failure == nil || ctx.Err() != nil || !errors.As(failure, &pgErr) {
+	if !errors.As(failure, &pgErr) {
 		return nil
 	}
 	switch pgErr.Code {
-	case "57014", "25006", "25P04", "42501":
+	case "57014", "25006", "25P04", "57P05", "42501":
 	default:
 		return nil
 	}
@@ -187,19 +213,26 @@ func (a *App) diagnose(ctx context.Context, t *target, failure error) *envError 
 			return nil
 		}
 		where, reset := st.where("statement_timeout")
-		return &envError{err: failure,
-			cause: fmt.Sprintf("a statement ran into statement_timeout %s, %s", st.value, where),
-			hint: "the migration's statements (the step_tasks rewrite, the index builds) take longer; run apply without it: add options=-cstatement_timeout=0 " +
-				"to the DSN (or PGOPTIONS), or " + reset,
-			statementTimeout: &timeoutSource{reset: reset}}
-	case "25P04": // idle_session_timeout
-		st, err := readSetting(ctx, conn, "idle_session_timeout")
+		env := &envError{err: failure, statementTimeout: &timeoutSource{reset: reset}}
+		if inMigration {
+			env.cause = fmt.Sprintf("a statement of the migration ran into statement_timeout %s, %s", st.value, where)
+			env.hint = "the migration's statements (the step_tasks rewrite, the index builds) take longer; run apply without it: add options=-cstatement_timeout=0 " +
+				"to the DSN (or PGOPTIONS), or " + reset
+		} else {
+			env.cause = fmt.Sprintf("a catalog read or check of %s (not the migration itself) ran into statement_timeout %s, %s", t.command, st.value, where)
+			env.hint = "these reads are short, but a busy server or a new session's first reads can take longer than so small a timeout; run without it: add options=-cstatement_timeout=0 " +
+				"to the DSN (or PGOPTIONS), or " + reset
+		}
+		return env
+	case "57P05", "25P04": // idle_session_timeout; transaction_timeout (PostgreSQL 17)
+		name := map[string]string{"57P05": "idle_session_timeout", "25P04": "transaction_timeout"}[pgErr.Code]
+		st, err := readSetting(ctx, conn, name)
 		if err != nil || st.value == "0" {
 			return nil
 		}
-		where, reset := st.where("idle_session_timeout")
-		return &envError{err: failure, cause: fmt.Sprintf("the session ran into idle_session_timeout %s, %s", st.value, where),
-			hint: "add options=-cidle_session_timeout=0 to the DSN (or PGOPTIONS), or " + reset}
+		where, reset := st.where(name)
+		return &envError{err: failure, lost: true, cause: fmt.Sprintf("the server ended the session: it ran into %s %s, %s", name, st.value, where),
+			hint: fmt.Sprintf("add options=-c%s=0 to the DSN (or PGOPTIONS), or %s", name, reset)}
 	case "25006": // read_only_sql_transaction
 		if e := applyPrecheck(ctx, conn); e != nil {
 			var env *envError
