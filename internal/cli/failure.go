@@ -150,6 +150,10 @@ func explainRunFailure(err error, command string) error {
 // nextStep is what to do before command can succeed: fix the cause, then
 // run it again.
 func (e *envError) nextStep(command string) string {
+	var pgErr *pgconn.PgError
+	if errors.As(e.err, &pgErr) && (pgErr.Code == "25P03" || pgErr.Code == "57P05" || pgErr.Code == "25P04") {
+		return "the server is up: run `pgflow-upgrade " + command + "` again where nothing suspends it"
+	}
 	if e.lost {
 		return "once the server accepts connections again (pg_isready), run `pgflow-upgrade status`, then `pgflow-upgrade " + command + "` again"
 	}

@@ -1,15 +1,18 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
 // TestExplainFailure: each failure the environment causes is said as what
@@ -78,5 +81,36 @@ func TestExplainFailure(t *testing.T) {
 	env := explainFailure(&pgconn.PgError{Code: "25P03"}, "apply").forOnline()
 	if !strings.Contains(env.Error(), "5s, set by pgflow-upgrade on each transaction of the online path") || !strings.Contains(env.Error(), "continues from where this one stopped") {
 		t.Errorf("apply --online, idle in transaction:\n%s", env.Error())
+	}
+}
+
+// TestStatementTimeoutSaysWhichStatement: a database's statement_timeout
+// that cancels one of apply's catalog reads is said as such; before, every
+// 57014 was explained as "the migration's statements (the step_tasks
+// rewrite, the index builds) take longer", which sends the operator after
+// the wrong statement. Only a statement of the migration is said so.
+func TestStatementTimeoutSaysWhichStatement(t *testing.T) {
+	db := testdb.Baseline(t)
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, "alter database "+pgx.Identifier{db.Name}.Sanitize()+" set statement_timeout = '50ms'"); err != nil {
+		t.Fatal(err)
+	}
+	a := &App{Stdout: io.Discard, Stderr: io.Discard, Getenv: func(string) string { return "" }}
+	tg, err := a.resolveWith(db.DSN, "apply", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancelled := fmt.Errorf("detecting the pgflow version: %w", &pgconn.PgError{Code: "57014", Message: "canceling statement due to statement timeout"})
+	read := a.diagnoseDuring(ctx, tg, cancelled, false)
+	if read == nil {
+		t.Fatal("a statement_timeout of the database is not diagnosed")
+	}
+	if msg := read.Error(); !strings.Contains(msg, "a catalog read or check of apply (not the migration itself) ran into statement_timeout 50ms, set on database") ||
+		strings.Contains(msg, "step_tasks rewrite") || !strings.Contains(msg, "options=-cstatement_timeout=0") {
+		t.Errorf("a catalog read cancelled:\n%s", msg)
+	}
+	migration := a.diagnoseDuring(ctx, tg, cancelled, true)
+	if msg := migration.Error(); !strings.Contains(msg, "a statement of the migration ran into statement_timeout 50ms") || !strings.Contains(msg, "step_tasks rewrite") {
+		t.Errorf("a statement of the migration cancelled:\n%s", msg)
 	}
 }

@@ -3,6 +3,7 @@ package cli_test
 import (
 	"context"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -60,6 +61,52 @@ func TestApplySessionEndedUnderIt(t *testing.T) {
 	}
 	release()
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "after the ended session")
+	if r := run(t, nil, "--dsn", db.DSN, "apply", "--yes"); r.code != cli.ExitOK {
+		t.Fatalf("the rerun: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
+
+// TestLongStoppedClientResumedIsExplained: apply is stopped (SIGSTOP) inside its
+// transaction; its statement ends, the session sits idle in the
+// transaction, and the server ends it at apply's own
+// idle_in_transaction_session_timeout (6 s). On SIGCONT apply's next
+// statement meets the closed session. Before, the message was the bare
+// chain ending in "FATAL: terminating connection due to
+// idle-in-transaction timeout (SQLSTATE 25P03)"; now it names the timeout,
+// its value and who set it, that the process was stopped, that nothing
+// changed, and exits 3; the rerun applies.
+func TestLongStoppedClientResumedIsExplained(t *testing.T) {
+	testdb.SkipUnlessLong(t, "a client stopped inside apply's transaction, resumed after the server's idle timeout ended its session (about 10 s)")
+	db := testdb.Baseline(t)
+	before := testdb.State(t, db.Pool)
+	release := db.HoldLock(t, "lock table pgflow.step_tasks in access share mode")
+	s := start(t, []string{"PGFLOW_UPGRADE_DSN=" + db.DSN}, "apply", "--yes", "--lock-retries", "50", "--lock-timeout", "10s")
+	until(t, "apply waiting for its table locks", func() bool { return backends(t, "pgflow-upgrade apply", db.Name, true) > 0 }, s)
+	if err := s.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.cmd.Process.Signal(syscall.SIGCONT) })
+	release() // apply's lock is granted while it is stopped: its session goes idle in its transaction
+	if !eventually(func() bool { return backends(t, "pgflow-upgrade apply", db.Name, false) == 0 }, 30*time.Second) {
+		t.Fatal("the server did not end the stopped apply's session within 30 s")
+	}
+	if err := s.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	code := s.wait(t)
+	out := s.output()
+	t.Logf("exit %d\n%s", code, out)
+	if code != cli.ExitEnvironment {
+		t.Errorf("exit %d, want %d", code, cli.ExitEnvironment)
+	}
+	text := strings.Join(strings.Fields(out), " ")
+	for _, w := range []string{"idle_in_transaction_session_timeout (6s, set by pgflow-upgrade on apply's transaction",
+		"this process was stopped or starved between two statements", "the transaction was rolled back: nothing was changed", "SQLSTATE 25P03", "next step: the server is up: run `pgflow-upgrade apply` again where nothing suspends it"} {
+		if !strings.Contains(text, w) {
+			t.Errorf("the output does not say %q", w)
+		}
+	}
+	testdb.SameState(t, before, testdb.State(t, db.Pool), "after the stopped client")
 	if r := run(t, nil, "--dsn", db.DSN, "apply", "--yes"); r.code != cli.ExitOK {
 		t.Fatalf("the rerun: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
