@@ -63,10 +63,10 @@ func TestCommandsNameThePgflowVersion(t *testing.T) {
 			found: "0.16.0", state: "ready", next: "run `pgflow-upgrade audit`, then `pgflow-upgrade apply`",
 			statusRC: cli.ExitOK, auditRC: cli.ExitOK, applyRC: -1},
 		{name: "0.17.0", db: func(t *testing.T) *testdb.DB { return versiontest.DB(t, versions.MustLookup("0.17.0")) },
-			found: "0.17.0", state: "upgraded", next: "already upgraded (pgflow 0.17.0, by this tool or by pgflow's own migration): nothing to do",
+			found: "0.17.0", state: "upgraded", next: "pgflow 0.17.0; upstream's newest release is 0.17.1-endpoint-fix",
 			statusRC: cli.ExitOK, auditRC: cli.ExitOK, applyRC: cli.ExitOK, applyText: "already upgraded"},
 		{name: "0.17.1+", db: func(t *testing.T) *testdb.DB { return versiontest.DB(t, versions.MustLookup("0.17.1+")) },
-			found: "0.17.1+", state: "upgraded", next: "nothing to do",
+			found: "0.17.1+", state: "upgraded", next: "upstream's newest release is 0.17.1-endpoint-fix",
 			statusRC: cli.ExitOK, auditRC: cli.ExitOK, applyRC: cli.ExitOK, applyText: "already upgraded"},
 		{name: "unknown", db: func(t *testing.T) *testdb.DB {
 			db := versiontest.DB(t, versions.MustLookup("0.16.0"))

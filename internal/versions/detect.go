@@ -42,6 +42,10 @@ type Detection struct {
 	// EXCLUSIVE) past the lock timeout, so constraint, index and trigger
 	// definitions were compared by name only (catalog.ReadShallow).
 	Shallow bool `json:"shallow,omitempty"`
+	// Release: where the database sits on upstream's line of files (the
+	// exact release or prefix, release_detect.go); nil when no known
+	// version was found.
+	Release *ReleaseState `json:"release,omitempty"`
 
 	// Version is the description of Found (nil when none).
 	Version *Version `json:"-"`
@@ -158,6 +162,10 @@ func Detect(ctx context.Context, q catalog.Querier) (*Detection, error) {
 			d.SetOnline(string(s.Phase()))
 		}
 	}
+	if d.Release, err = DetectRelease(ctx, q, d); err != nil {
+		return nil, fmt.Errorf("detecting the pgflow release: %w", err)
+	}
+	d.NextStep = nextStep(d)
 	rec, _, err := quiescerecord.Find(ctx, q)
 	if err != nil {
 		return nil, fmt.Errorf("detecting the pgflow version: %w", err)
@@ -231,6 +239,13 @@ func nextStep(d *Detection) string {
 	case StateReady:
 		return "ready: run `pgflow-upgrade audit`, then `pgflow-upgrade apply`"
 	case StateUpgraded:
+		if r := d.Release; r != nil && !r.AtNewest() {
+			return fmt.Sprintf("pgflow %s; upstream's newest release is %s: run `pgflow-upgrade audit`, then `pgflow-upgrade apply --pgflow-migrations DIR` (DIR: your copy of pgflow's migrations, e.g. supabase/migrations after `npx pgflow install`)",
+				r.Name, r.Newest)
+		}
+		if r := d.Release; r != nil {
+			return fmt.Sprintf("already upgraded: pgflow %s, upstream's newest release: nothing to do", r.Name)
+		}
 		return fmt.Sprintf("already upgraded (pgflow %s, by this tool or by pgflow's own migration): nothing to do", d.Found)
 	case StateOnline:
 		return fmt.Sprintf("an online upgrade of ours is in progress (phase %s): run `%s` to continue it, or `%s` to undo it",

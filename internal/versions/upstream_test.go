@@ -103,3 +103,54 @@ func TestUpstreamFolderIsThere(t *testing.T) {
 		t.Fatalf("vendored migrations %v, the newest atlas.sum lists %v", names, want)
 	}
 }
+
+// Every prefix of upstream's history is detected as itself: releases by
+// name (0.17.1 without the endpoint fix too), the others as where they lie.
+func TestDetectUpstreamPrefixes(t *testing.T) {
+	t.Logf("components: %s", testdb.UpstreamComponents())
+	for _, n := range []int{20, 21, 22, 23, 24, 25, 26, 27} {
+		t.Run(versions.StateName(n), func(t *testing.T) {
+			db := testdb.UpstreamPrefix(t, n)
+			det, err := versions.Detect(context.Background(), db.Pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := det.Release
+			if r == nil || r.Files != n || r.Name != versions.StateName(n) || r.LedgerFiles != n || r.Refusal() != "" {
+				t.Fatalf("detected %s, release %+v", det.Summary(), r)
+			}
+			if n >= 24 {
+				want := "upstream's newest release is " + versions.Newest
+				if n == 27 {
+					want = "nothing to do"
+				}
+				if !strings.Contains(det.NextStep, want) {
+					t.Errorf("next step %q, want %q in it", det.NextStep, want)
+				}
+			}
+		})
+	}
+}
+
+// A ledger that is not a prefix of upstream's history is named and refused.
+func TestDetectLedgerGap(t *testing.T) {
+	db := testdb.Upstream(t, "0.17.0")
+	ctx := context.Background()
+	gone := versions.UpstreamFiles()[21]
+	if _, err := db.Pool.Exec(ctx, `delete from supabase_migrations.schema_migrations where version = $1`, gone.Version()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Pool.Exec(ctx, `insert into supabase_migrations.schema_migrations (version, name) values ('20991231000000', 'pgflow_from_the_future')`); err != nil {
+		t.Fatal(err)
+	}
+	det, err := versions.Detect(ctx, db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := det.Release
+	if r == nil || !slices.Equal(r.LedgerGaps, []string{gone.Name}) || r.LedgerFiles != 21 ||
+		!slices.Equal(r.LedgerUnknown, []string{"20991231000000_pgflow_from_the_future"}) ||
+		!strings.Contains(r.Refusal(), gone.Name) || !strings.Contains(r.Refusal(), "pgflow_from_the_future") {
+		t.Fatalf("release %+v; refusal %q", r, r.Refusal())
+	}
+}
