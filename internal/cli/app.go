@@ -135,6 +135,7 @@ func (a *App) build() *ucli.App {
 			a.applyCommand(),
 			a.statusCommand(),
 			a.verifyCommand(),
+			a.fleetCommand(),
 		},
 	}
 	a.prepareCommands(app.Commands, "pgflow-upgrade") // flags.go

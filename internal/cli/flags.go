@@ -51,8 +51,9 @@ func (a *App) prepareCommands(cmds []*ucli.Command, parent string) {
 		required := takeRequired(cmd.Flags)
 		noArgs := cmd.ArgsUsage == "" && len(cmd.Subcommands) == 0
 		own := cmd.Before
+		markdown := strings.HasPrefix(path, "pgflow-upgrade fleet") // the fleet's reports also print Markdown
 		cmd.Before = func(c *ucli.Context) error {
-			if err := a.checkGlobal(c); err != nil {
+			if err := a.checkFormat(c, markdown); err != nil {
 				return err
 			}
 			for _, name := range required {
@@ -77,13 +78,18 @@ func (a *App) prepareCommands(cmds []*ucli.Command, parent string) {
 
 // checkGlobal validates the global flags as the command sees them and
 // records --dsn so errors can be redacted.
-func (a *App) checkGlobal(c *ucli.Context) error {
+func (a *App) checkGlobal(c *ucli.Context) error { return a.checkFormat(c, false) }
+
+// checkFormat is checkGlobal for a command that may also print Markdown.
+func (a *App) checkFormat(c *ucli.Context, markdown bool) error {
 	if d := c.String("dsn"); d != "" {
 		a.dsnSeen = d
 	}
-	switch f := c.String("format"); f {
-	case "table", "json":
+	switch f := c.String("format"); {
+	case f == "table", f == "json", f == "markdown" && markdown:
 		return nil
+	case markdown:
+		return usageErrorf("--format %q: must be table, json or markdown", f)
 	default:
 		return usageErrorf("--format %q: must be table or json", f)
 	}
