@@ -40,7 +40,10 @@ func (a *App) runSingle(ctx context.Context, r *fleetRun, t fleet.Target, comman
 	var out, errOut bytes.Buffer
 	child := &App{Stdout: &out, Stderr: &errOut, Stdin: strings.NewReader(""), Getenv: a.Getenv, heartbeatEvery: a.heartbeatEvery}
 	code := child.Run(tctx, append([]string{"pgflow-upgrade", command, "--dsn=" + t.DSN, "--format=json"}, args...))
-	s := subRun{code: code, out: out.Bytes(), cause: lastError(session.RedactText(errOut.String(), t.DSN))}
+	cause := lastError(session.RedactText(errOut.String(), t.DSN))
+	// The row names the target already.
+	cause = strings.Replace(cause, "connecting to "+t.Database+" (--dsn): ", "", 1)
+	s := subRun{code: code, out: out.Bytes(), cause: cause}
 	if errors.Is(tctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil && code != ExitOK {
 		s.code = ExitInconclusive
 		s.cause = fmt.Sprintf("did not finish within --target-timeout %s (what it was doing rolled back)", r.timeout)
@@ -48,14 +51,15 @@ func (a *App) runSingle(ctx context.Context, r *fleetRun, t fleet.Target, comman
 	return s
 }
 
-// lastError is the error line a command ends with on stderr
-// ("pgflow-upgrade[ command]: ..."), without that prefix.
+// lastError is the error a command ends with on stderr (from its last
+// line starting "pgflow-upgrade[ command]: " to the end, which may span
+// lines), on one line and without that prefix.
 func lastError(stderr string) string {
 	lines := strings.Split(strings.TrimSpace(stderr), "\n")
 	for i := len(lines) - 1; i >= 0; i-- {
 		if rest, ok := strings.CutPrefix(lines[i], "pgflow-upgrade"); ok {
 			if _, msg, ok := strings.Cut(rest, ": "); ok {
-				return msg
+				return strings.Join(strings.Fields(strings.Join(append([]string{msg}, lines[i+1:]...), " ")), " ")
 			}
 		}
 	}
@@ -177,8 +181,8 @@ func auditEntry(s subRun) fleet.Entry {
 		ms := f.LockWindowMS
 		e.LockWindowMS = &ms
 	}
-	if s.code != ExitOK && doc.PgflowVersion != nil {
-		e.Cause = withoutSelf(auditNextStep(doc.Report, doc.Summary, s.code), "audit")
+	if d := doc.PgflowVersion; d != nil && d.State != versions.StateReady {
+		e.Note = withoutSelf(d.NextStep, "audit") // e.g. older than 0.16.0: what to do first
 	}
 	return e
 }

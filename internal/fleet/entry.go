@@ -107,7 +107,7 @@ func (e *Entry) StateKey() string {
 		return out
 	}
 	return digest(struct {
-		Catalog, Verdict                  string
+		Catalog, Verdict                 string
 		Blockers, Warnings, Inconclusive []string
 	}{e.Catalog, e.Verdict, ids(e.Blockers), ids(e.Warnings), e.Inconclusive})
 }

@@ -34,7 +34,7 @@ func (r *Report) Row(e *Entry) []string {
 }
 
 // UnreachedHeader and UnreachedRow: the targets that gave no answer.
-func UnreachedHeader() []string { return []string{"target", "database", "verdict", "exit", "cause"} }
+func UnreachedHeader() []string { return []string{"target", "verdict", "exit", "cause"} }
 
 // UnreachedRow is e under UnreachedHeader.
 func UnreachedRow(e *Entry) []string {
@@ -42,7 +42,7 @@ func UnreachedRow(e *Entry) []string {
 	if e.Status == StatusNotStarted && e.Verdict != VerdictMissing {
 		code = "-"
 	}
-	return []string{e.Name, e.Database, e.Verdict, code, strings.TrimSpace(e.Cause + " " + e.Note)}
+	return []string{e.Name, e.Verdict, code, strings.TrimSpace(e.Cause + " " + e.Note)}
 }
 
 func countsCell(cs []Count) string {

@@ -71,7 +71,7 @@ type Group struct {
 // Title reads "9 databases in the same state as prod-eu".
 func (g *Group) Title() string {
 	if g.Size == 1 {
-		return "1 database: " + g.Like
+		return g.Like + ", in a state of its own"
 	}
 	return fmt.Sprintf("%d databases in the same state as %s", g.Size, g.Like)
 }

@@ -1,0 +1,175 @@
+package fleet_test
+
+import (
+	"encoding/json"
+	"net/url"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+)
+
+// TestFleetAudit: six databases in mixed states (two clean 0.16.0, one
+// with a blocker, one upgraded, one unreachable, one with a wrong
+// password). fleet audit groups the two clean ones, gives every target the
+// exit code and blockers the single audit gives it, names why the two
+// without an answer have none (no password printed), and exits with the
+// worst code. Two shards merged by fleet report equal the unsharded run.
+func TestFleetAudit(t *testing.T) {
+	t.Logf("components: %s", testdb.PGMQKindInUse())
+	cleanA, cleanB, block, up := legacy(t), legacy(t), blocked(t), upgraded(t)
+	wrong := "postgres://127.0.0.1:1/x" // replaced below unless -short
+	wrongCause := "connect"
+	if testing.Short() {
+		t.Log("-short: the wrong-password target is a second unreachable one (a cluster with password authentication starts only in make test)")
+	} else {
+		u := passwordServer(t)
+		u.User = url.UserPassword("fleet_pw", secretPassword)
+		wrong = u.String()
+		wrongCause = "password authentication failed"
+	}
+	targets := writeTargets(t,
+		"# six databases",
+		"clean-a "+cleanA.DSN,
+		"blocked "+block.DSN,
+		"",
+		"clean-b "+cleanB.DSN,
+		"upgraded "+up.DSN,
+		"gone "+unreachableDSN(t),
+		"wrongpw "+wrong,
+	)
+	dir := t.TempDir()
+	whole := filepath.Join(dir, "whole.json")
+	tr := run(t, nil, "fleet", "audit", "--targets", targets, "--parallel", "3", "--ledger", whole)
+	r := run(t, nil, "fleet", "report", "--format", "json", whole)
+	if strings.Contains(tr.stdout+tr.stderr+r.stdout, secretPassword) {
+		t.Fatalf("the password is printed:\n%s\n%s", r.stdout, r.stderr)
+	}
+	doc := report(t, r)
+	if r.code != cli.ExitEnvironment || doc["exit_code"].(float64) != cli.ExitEnvironment {
+		t.Fatalf("exit %d, want %d (the worst: unreachable targets)\n%s\n%s", r.code, cli.ExitEnvironment, r.stdout, r.stderr)
+	}
+
+	// Every audited target: what the single audit says of it.
+	for name, db := range map[string]*testdb.DB{"clean-a": cleanA, "clean-b": cleanB, "blocked": block, "upgraded": up} {
+		single := run(t, nil, "audit", "--dsn", db.DSN, "--format", "json")
+		var s struct {
+			Summary struct {
+				Blockers int `json:"blockers"`
+				Warnings int `json:"warnings"`
+			} `json:"summary"`
+			PgflowVersion struct {
+				Found string `json:"found"`
+			} `json:"pgflow_version"`
+		}
+		if err := json.Unmarshal([]byte(single.stdout), &s); err != nil {
+			t.Fatal(err)
+		}
+		e := entry(t, doc, name)
+		if int(e["exit_code"].(float64)) != single.code || e["release"] != s.PgflowVersion.Found ||
+			len(e["blockers"].([]any)) > s.Summary.Blockers || (s.Summary.Blockers > 0) != (len(e["blockers"].([]any)) > 0) {
+			t.Errorf("%s: fleet entry %v; the single audit exits %d, release %s, %d blockers", name, e, single.code, s.PgflowVersion.Found, s.Summary.Blockers)
+		}
+	}
+	if e := entry(t, doc, "blocked"); e["verdict"] != "NO-GO" || !strings.Contains(mustJSON(e["blockers"]), "case") {
+		t.Errorf("blocked: %v", e)
+	}
+	if e := entry(t, doc, "upgraded"); e["release"] != "0.17.0" {
+		t.Errorf("upgraded: release %v", e["release"])
+	}
+
+	// Groups: the two clean ones together, the others alone; the two
+	// without an answer listed with their causes.
+	groups := doc["groups"].([]any)
+	if len(groups) != 3 {
+		t.Fatalf("%d groups, want 3: %s", len(groups), mustJSON(groups))
+	}
+	first := groups[0].(map[string]any)
+	if first["like"] != "clean-a" || first["size"].(float64) != 2 || mustJSON(first["targets"]) != `["clean-a","clean-b"]` {
+		t.Errorf("first group: %v", first)
+	}
+	if mustJSON(doc["unreached"]) != `["gone","wrongpw"]` {
+		t.Errorf("unreached: %v", doc["unreached"])
+	}
+	if e := entry(t, doc, "gone"); e["verdict"] != "UNREACHABLE" || e["exit_code"].(float64) != 3 || !strings.Contains(e["cause"].(string), "connect") {
+		t.Errorf("gone: %v", e)
+	}
+	if e := entry(t, doc, "wrongpw"); e["exit_code"].(float64) != 3 || !strings.Contains(e["cause"].(string), wrongCause) {
+		t.Errorf("wrongpw: %v", e)
+	}
+
+	// The table says the same for a person, the verdict first.
+	if !strings.HasPrefix(tr.stdout, "CANNOT TELL: 6 targets") || !strings.Contains(tr.stdout, "2 databases in the same state as clean-a") ||
+		!strings.Contains(tr.stdout, "no answer from 2 targets") || tr.code != cli.ExitEnvironment {
+		t.Errorf("table (exit %d):\n%s\n%s", tr.code, tr.stdout, tr.stderr)
+	}
+	t.Logf("fleet audit:\n%s", tr.stdout)
+
+	t.Run("shards merge into the unsharded report", func(t *testing.T) {
+		one, two := filepath.Join(dir, "1.json"), filepath.Join(dir, "2.json")
+		full := run(t, nil, "fleet", "report", whole)
+		if full.stdout != tr.stdout || full.code != tr.code {
+			t.Errorf("fleet report of the run's ledger (exit %d):\n%s\nthe run (exit %d):\n%s", full.code, full.stdout, tr.code, tr.stdout)
+		}
+		r1 := run(t, nil, "fleet", "audit", "--targets", targets, "--shard", "1/2", "--ledger", one)
+		r2 := run(t, nil, "fleet", "audit", "--targets", targets, "--shard", "2/2", "--ledger", two)
+		if r1.code == cli.ExitUsage || r2.code == cli.ExitUsage {
+			t.Fatalf("shards: %s %s", r1.stderr, r2.stderr)
+		}
+		merged := run(t, nil, "fleet", "report", one, two)
+		if merged.stdout != full.stdout || merged.code != full.code {
+			t.Errorf("merged shards (exit %d):\n%s\nunsharded (exit %d):\n%s", merged.code, merged.stdout, full.code, full.stdout)
+		}
+		mj, fj := run(t, nil, "fleet", "report", "--format", "json", one, two), run(t, nil, "fleet", "report", "--format", "json", whole)
+		if a, b := withoutTimes(t, mj.stdout), withoutTimes(t, fj.stdout); !reflect.DeepEqual(a, b) {
+			t.Errorf("JSON of the merged shards differs from the unsharded run's:\n%s\n%s", mj.stdout, fj.stdout)
+		}
+		// One shard alone: its targets are reported, the others "not run".
+		half := run(t, nil, "fleet", "report", one)
+		if !strings.Contains(half.stderr, "shard 2/2: no ledger given") || !strings.Contains(half.stdout, "NOT RUN") {
+			t.Errorf("one shard of two:\n%s\n%s", half.stdout, half.stderr)
+		}
+	})
+
+	t.Run("markdown and junit", func(t *testing.T) {
+		junit := filepath.Join(t.TempDir(), "fleet.xml")
+		md := run(t, nil, "fleet", "report", "--format", "markdown", "--junit", junit, whole)
+		if !strings.HasPrefix(md.stdout, "## pgflow-upgrade fleet audit: CANNOT TELL") || !strings.Contains(md.stdout, "### 2 databases in the same state as clean-a") ||
+			!strings.Contains(md.stdout, "| clean-b |") {
+			t.Errorf("markdown:\n%s", md.stdout)
+		}
+		x, err := os.ReadFile(junit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := strings.Count(string(x), "<testcase "); n != 6 || strings.Count(string(x), "<failure ") != 3 {
+			t.Errorf("junit: %d test cases, want 6 with 3 failures:\n%s", n, x)
+		}
+	})
+}
+
+func mustJSON(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}
+
+// withoutTimes is a JSON report without its entries' times.
+func withoutTimes(t *testing.T, s string) map[string]any {
+	t.Helper()
+	var doc map[string]any
+	if err := json.Unmarshal([]byte(s), &doc); err != nil {
+		t.Fatalf("%v\n%s", err, s)
+	}
+	for _, e := range doc["entries"].([]any) {
+		delete(e.(map[string]any), "started_at")
+		delete(e.(map[string]any), "finished_at")
+	}
+	return doc
+}
