@@ -136,7 +136,7 @@ func digest(v any) string {
 	return hex.EncodeToString(h[:8])
 }
 
-// Failed says the target counts against --max-failures and the canaries.
-func (e *Entry) Failed() bool {
-	return (e.Status == StatusDone || e.Status == StatusSkipped) && e.ExitCode != 0
-}
+// Failed says the target failed in this run: it counts against
+// --max-failures. (A target a rerun skips because it failed before in the
+// same state does not: it is known, and reported with its old result.)
+func (e *Entry) Failed() bool { return e.Status == StatusDone && e.ExitCode != 0 }

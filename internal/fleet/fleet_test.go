@@ -24,12 +24,21 @@ func TestFleetAudit(t *testing.T) {
 	cleanA, cleanB, block, up := legacy(t), legacy(t), blocked(t), upgraded(t)
 	wrong := "postgres://127.0.0.1:1/x" // replaced below unless -short
 	wrongCause := "connect"
+	pgpass := ""
 	if testing.Short() {
 		t.Log("-short: the wrong-password target is a second unreachable one (a cluster with password authentication starts only in make test)")
 	} else {
 		u := passwordServer(t)
 		u.User = url.UserPassword("fleet_pw", secretPassword)
 		wrong = u.String()
+		// A DSN without a password: the password file, as libpq reads it.
+		u.User = url.User("fleet_pw")
+		pgpass = u.String()
+		passfile := filepath.Join(t.TempDir(), "pgpass")
+		if err := os.WriteFile(passfile, []byte("127.0.0.1:"+u.Port()+":*:fleet_pw:the-right-one\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		t.Setenv("PGPASSFILE", passfile)
 		wrongCause = "password authentication failed"
 	}
 	targets := writeTargets(t,
@@ -42,6 +51,13 @@ func TestFleetAudit(t *testing.T) {
 		"gone "+unreachableDSN(t),
 		"wrongpw "+wrong,
 	)
+	if pgpass != "" {
+		// Reaches the server: the role's postgres database, no pgflow in it.
+		r := run(t, nil, "fleet", "audit", "--targets", writeTargets(t, "pgpass "+pgpass), "--format", "json")
+		if e := entry(t, report(t, r), "pgpass"); e["verdict"] == "UNREACHABLE" || e["schema_state"] != "not_pgflow" {
+			t.Errorf("a DSN without a password and PGPASSFILE: %v\n%s", e, r.stderr)
+		}
+	}
 	dir := t.TempDir()
 	whole := filepath.Join(dir, "whole.json")
 	tr := run(t, nil, "fleet", "audit", "--targets", targets, "--parallel", "3", "--ledger", whole)
@@ -172,4 +188,38 @@ func withoutTimes(t *testing.T, s string) map[string]any {
 		delete(e.(map[string]any), "finished_at")
 	}
 	return doc
+}
+
+// TestFleetUsage: what the fleet refuses before it connects anywhere, and
+// the warning for a targets file others can read.
+func TestFleetUsage(t *testing.T) {
+	bad := writeTargets(t, "ok "+unreachableDSN(t), "x postgres://u:"+secretPassword+"@h:notaport/d")
+	r := run(t, nil, "fleet", "audit", "--targets", bad)
+	if r.code != cli.ExitUsage || !strings.Contains(r.stderr, "line 2") || strings.Contains(r.stderr, secretPassword) {
+		t.Errorf("bad line: exit %d\n%s", r.code, r.stderr)
+	}
+	open := writeTargets(t, "gone postgres://u:"+secretPassword+"@"+strings.TrimPrefix(unreachableDSN(t), "postgres://postgres@"))
+	if err := os.Chmod(open, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r = run(t, nil, "fleet", "status", "--targets", open, "--format", "markdown")
+	if r.code != cli.ExitEnvironment || !strings.Contains(r.stderr, "readable by its group or others") || strings.Contains(r.stdout+r.stderr, secretPassword) ||
+		!strings.Contains(r.stdout, "### No answer (1)") {
+		t.Errorf("open targets file: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"fleet", "apply", "--targets", open}, "pass --yes"},
+		{[]string{"fleet", "audit"}, "missing required flag --targets"},
+		{[]string{"fleet", "audit", "--targets", open, "--shard", "3/2"}, "--shard"},
+		{[]string{"fleet", "audit", "--targets", open, "--parallel", "0"}, "--parallel"},
+		{[]string{"audit", "--format", "markdown"}, "must be table or json"},
+		{[]string{"fleet", "report"}, "ledger"},
+	} {
+		if r := run(t, nil, c.args...); r.code != cli.ExitUsage || !strings.Contains(r.stderr, c.want) {
+			t.Errorf("%v: exit %d, want 2 with %q:\n%s", c.args, r.code, c.want, r.stderr)
+		}
+	}
 }

@@ -35,7 +35,9 @@ func Run(ctx context.Context, todo []Target, plan Plan, do Do, record func(Entry
 		if ctx.Err() != nil {
 			return s.stop(todo[i:], Interrupted)
 		}
-		if e := s.one(ctx, t); e.Failed() || e.Status == StatusInterrupted {
+		// A canary passes only with exit 0 (one skipped as failed before
+		// does not pass).
+		if e := s.one(ctx, t); e.ExitCode != 0 {
 			why := fmt.Sprintf("canary %s failed (exit %d): nothing else was started", t.Name, e.ExitCode)
 			if e.Status == StatusInterrupted {
 				why = Interrupted + " during canary " + t.Name

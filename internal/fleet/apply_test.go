@@ -1,0 +1,189 @@
+package fleet_test
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+)
+
+// verifyCode is the single verify's exit code on db: 0 once upgraded.
+func verifyCode(t *testing.T, db *testdb.DB) int {
+	t.Helper()
+	return run(t, nil, "verify", "--dsn", db.DSN).code
+}
+
+// sameRows fails unless every row and message of before is in after,
+// unchanged (columns the upgrade adds aside).
+func sameRows(t *testing.T, name string, before *fingerprint.Fingerprint, db *testdb.DB) {
+	t.Helper()
+	after := take(t, db)
+	if d := fingerprint.Compare(before, after); len(d) > 0 || after.RowCount() != before.RowCount() {
+		t.Errorf("%s: %d rows and messages before, %d after:\n%s", name, before.RowCount(), after.RowCount(), fingerprint.Format(d, 10))
+	}
+}
+
+// TestFleetApplyStaged: a failing canary starts nothing else; then one
+// canary, and the failure limit stops the run at the blocked target; a
+// rerun with the ledger skips the upgraded canary (verified again) and
+// the blocked target (failed in the same state), upgrades the rest; once
+// the blocker is fixed, the next rerun audits it again and upgrades it.
+func TestFleetApplyStaged(t *testing.T) {
+	c1, block, c2, c3 := legacy(t), blocked(t), legacy(t), legacy(t)
+	fps := map[string]*fingerprint.Fingerprint{"c1": take(t, c1), "blocked": take(t, block), "c2": take(t, c2), "c3": take(t, c3)}
+	dbs := map[string]*testdb.DB{"c1": c1, "blocked": block, "c2": c2, "c3": c3}
+
+	// A canary that fails: nothing else starts.
+	first := writeTargets(t, "blocked "+block.DSN, "c2 "+c2.DSN)
+	r := run(t, nil, "fleet", "apply", "--yes", "--targets", first, "--canary", "1", "--format", "json")
+	doc := report(t, r)
+	if r.code != cli.ExitFindings || entry(t, doc, "c2")["status"] != "not_started" || !strings.Contains(mustJSON(doc["stopped"]), "canary blocked failed") {
+		t.Fatalf("failing canary: exit %d\n%s", r.code, r.stdout)
+	}
+	if verifyCode(t, c2) != cli.ExitFindings {
+		t.Fatal("c2 was upgraded although the canary failed")
+	}
+
+	targets := writeTargets(t, "c1 "+c1.DSN, "blocked "+block.DSN, "c2 "+c2.DSN, "c3 "+c3.DSN)
+	ledger := filepath.Join(t.TempDir(), "ledger.json")
+	args := []string{"fleet", "apply", "--yes", "--targets", targets, "--ledger", ledger, "--canary", "1", "--parallel", "1", "--format", "json"}
+	r = run(t, nil, args...)
+	doc = report(t, r)
+	if r.code != cli.ExitFindings {
+		t.Fatalf("exit %d, want 1\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	for name, want := range map[string]string{"c1": "applied", "blocked": "refused", "c2": "NOT STARTED", "c3": "NOT STARTED"} {
+		if e := entry(t, doc, name); e["verdict"] != want {
+			t.Errorf("%s: verdict %v, want %s: %v", name, e["verdict"], want, e)
+		}
+	}
+	if !strings.Contains(mustJSON(doc["stopped"]), "--max-failures 1") || verifyCode(t, c1) != 0 || verifyCode(t, c2) == 0 {
+		t.Fatalf("stopped %v; c1 verify %d, c2 verify %d", doc["stopped"], verifyCode(t, c1), verifyCode(t, c2))
+	}
+
+	// Rerun: c1 checked and skipped, blocked skipped (same state), c2 and c3 upgraded.
+	r = run(t, nil, args...)
+	doc = report(t, r)
+	if r.code != cli.ExitFindings {
+		t.Fatalf("rerun: exit %d, want 1 (blocked's recorded failure)\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	if e := entry(t, doc, "c1"); e["status"] != "skipped" || !strings.Contains(e["note"].(string), "verify passes again") {
+		t.Errorf("c1 on the rerun: %v", e)
+	}
+	if e := entry(t, doc, "blocked"); e["status"] != "skipped" || !strings.Contains(e["note"].(string), "same state") {
+		t.Errorf("blocked on the rerun: %v", e)
+	}
+	for _, name := range []string{"c2", "c3"} {
+		if e := entry(t, doc, name); e["verdict"] != "applied" || e["exit_code"].(float64) != 0 || verifyCode(t, dbs[name]) != 0 {
+			t.Errorf("%s on the rerun: %v", name, e)
+		}
+	}
+
+	// The blocker fixed: its state changed, so it is audited again and upgraded.
+	sqlExec(t, block, `delete from pgflow.flows where flow_slug = 'Foo'`)
+	fps["blocked"] = take(t, block)
+	r = run(t, nil, args...)
+	doc = report(t, r)
+	if e := entry(t, doc, "blocked"); r.code != cli.ExitOK || e["verdict"] != "applied" || !strings.Contains(e["note"].(string), "state changed") {
+		t.Fatalf("after the fix: exit %d, blocked %v\n%s", r.code, e, r.stderr)
+	}
+	for name, fp := range fps {
+		sameRows(t, name, fp, dbs[name])
+	}
+}
+
+// TestFleetApplyResumeAfterKill: a fleet apply is killed with SIGKILL
+// after two of five targets; the rerun with its ledger skips those two
+// (verified at the destination), finishes the rest, and every target keeps
+// every row and message it had.
+func TestFleetApplyResumeAfterKill(t *testing.T) {
+	const n = 5
+	dbs := make([]*testdb.DB, n)
+	fps := make([]*fingerprint.Fingerprint, n)
+	var lines []string
+	for i := range dbs {
+		dbs[i] = legacy(t)
+		fps[i] = take(t, dbs[i])
+		lines = append(lines, "t"+string(rune('1'+i))+" "+dbs[i].DSN)
+	}
+	targets := writeTargets(t, lines...)
+	ledger := filepath.Join(t.TempDir(), "ledger.json")
+	args := []string{"fleet", "apply", "--yes", "--targets", targets, "--ledger", ledger, "--parallel", "1", "--format", "json"}
+
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc, _ := json.Marshal(args)
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), helperVar+"=1", helperArgs+"="+string(enc))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := 0
+	deadline := time.Now().Add(60 * time.Second)
+	for done < 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+		done = countDone(ledger)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	if done < 2 {
+		t.Fatalf("the fleet run finished %d targets in 60 s", done)
+	}
+	killedAt := countDone(ledger)
+	t.Logf("killed with %d of %d targets recorded done", killedAt, n)
+
+	r := run(t, nil, args...)
+	doc := report(t, r)
+	if r.code != cli.ExitOK {
+		t.Fatalf("rerun: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	skipped := 0
+	for i, db := range dbs {
+		e := entry(t, doc, "t"+string(rune('1'+i)))
+		if e["status"] == "skipped" {
+			skipped++
+		}
+		if verifyCode(t, db) != 0 {
+			t.Errorf("%v: not upgraded after the rerun", e["name"])
+		}
+		sameRows(t, e["name"].(string), fps[i], db)
+	}
+	if skipped != killedAt {
+		t.Errorf("the rerun skipped %d targets, the ledger had %d done:\n%s", skipped, killedAt, r.stdout)
+	}
+}
+
+// countDone is how many targets a ledger records as done.
+func countDone(path string) int {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	var l struct {
+		Entries []struct {
+			Status string `json:"status"`
+		} `json:"entries"`
+	}
+	if json.Unmarshal(data, &l) != nil {
+		return 0
+	}
+	n := 0
+	for _, e := range l.Entries {
+		if e.Status == "done" {
+			n++
+		}
+	}
+	return n
+}
