@@ -113,6 +113,10 @@ func TestReadmeExamples(t *testing.T) {
 		}
 		db, empty := inflight(t), testdb.Empty(t)
 		env := map[string]string{"URL": db.DSN, "DSN": db.DSN, "EMPTY_URL": empty.DSN, "PGFLOW_UPGRADE_DSN": db.DSN}
+		// The fleet examples' targets file: the block's database.
+		if err := os.WriteFile("targets.txt", []byte("app "+db.DSN+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
 		for _, line := range block {
 			args := shellWords(line, env)
 			r := run(t, env, args[1:]...)
@@ -137,7 +141,8 @@ func TestReadmeListsEveryFlag(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, path := range [][]string{{"audit"}, {"apply"}, {"status"}, {"verify"}, {"version"},
-		{"fixtures", "list"}, {"fixtures", "load"}, {"fixtures", "replay"}, {"fixtures", "capture"}} {
+		{"fixtures", "list"}, {"fixtures", "load"}, {"fixtures", "replay"}, {"fixtures", "capture"},
+		{"fleet", "audit"}, {"fleet", "status"}, {"fleet", "verify"}, {"fleet", "apply"}, {"fleet", "report"}} {
 		r := run(t, nil, append(path, "--help")...)
 		_, options, ok := strings.Cut(r.stdout, "OPTIONS:")
 		if !ok {
