@@ -15,6 +15,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/forecast"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
@@ -93,6 +94,18 @@ func (a *App) auditAction(c *ucli.Context) error {
 		return withCode(ExitEnvironment, fmt.Errorf("audit of %s: %w", session.Describe(t.config), err))
 	}
 	code := auditExitCode(rep)
+	var newer []string
+	if tx, err := session.BeginReadOnly(ctx, conn, 10*time.Second, time.Second, "pgflow-upgrade audit"); err == nil {
+		// A revision a newer pgflow-upgrade recorded: apply refuses, so the
+		// verdict and the next step say so (a role that cannot read the
+		// table is told by apply).
+		newer, _ = upgrade.NewerRevisions(ctx, tx)
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+	}
+	if len(newer) > 0 {
+		rep.PgflowVersion = withNextStep(rep.PgflowVersion, upgrade.NewerNextStep(newer))
+		code = ExitFindings // apply refuses, as it does for a blocker
+	}
 	fc := a.runForecast(ctx, conn, rep, plan, c.Duration("check-timeout"), c.Duration("lock-timeout"))
 	if ctx.Err() != nil {
 		return ctx.Err()
@@ -102,7 +115,7 @@ func (a *App) auditAction(c *ucli.Context) error {
 	if jsonOutput(c) {
 		err = writeJSON(&buf, auditJSON{Target: session.Describe(t.config), Report: rep, Summary: summarize(rep, code), Forecast: fc})
 	} else {
-		err = writeAuditTable(&buf, session.Describe(t.config), rep, fc, code, c.Bool("verbose"))
+		err = writeAuditTableOf(&buf, session.Describe(t.config), rep, fc, code, c.Bool("verbose"), newer)
 	}
 	if err != nil {
 		return err
@@ -193,23 +206,36 @@ func countCell(f audit.Finding) string {
 }
 
 // auditVerdict is the audit's answer in a word: GO (no blockers, every
-// check decided), NO-GO (blockers) or CANNOT TELL (a check ran out of time
-// or failed).
-func auditVerdict(code int) string {
-	switch code {
-	case ExitFindings:
+// check decided, and the plain apply its next step names goes through),
+// NO-GO (blockers) or CANNOT TELL (a check ran out of time or failed).
+// With no blockers on a database plain apply does not start from, the
+// first line says what the database is instead of a bare GO, so that it
+// never contradicts the next step below it.
+func auditVerdict(code int, d *versions.Detection, newer []string) string {
+	switch {
+	case len(newer) > 0:
+		return "NO-GO for this pgflow-upgrade (a newer one upgraded this database further)"
+	case code == ExitFindings:
 		return "NO-GO"
-	case ExitInconclusive:
+	case code == ExitInconclusive:
 		return "CANNOT TELL"
+	case d == nil || d.State == versions.StateReady:
+		return "GO"
+	case d.State == versions.StateOnline:
+		return "GO for `apply --online` only (an online upgrade is half done: plain apply refuses)"
+	case d.State == versions.StateUpgraded:
+		return "ALREADY UPGRADED (" + d.Summary() + ")"
 	}
-	return "GO"
+	return "NOT READY (" + d.Summary() + ")"
 }
 
 // auditNextStep is what to do after this audit: from its verdict on a
 // 0.16.0 database, else the detection's next step, never "run audit".
-func auditNextStep(rep *audit.Report, s auditSummary, code int) string {
+func auditNextStep(rep *audit.Report, s auditSummary, code int, newer []string) string {
 	d := rep.PgflowVersion
-	if d != nil && d.State != versions.StateReady {
+	if d != nil && (d.State != versions.StateReady || d.Quiesce != nil || len(newer) > 0) {
+		// What the database is decides: an open quiesce's blocker is
+		// resolved by the resume or undo its next step names.
 		return withoutSelf(d.NextStep, "audit")
 	}
 	switch code {
@@ -233,10 +259,16 @@ func auditNextStep(rep *audit.Report, s auditSummary, code int) string {
 // samples of every finding, the per-check timing table and the forecast's
 // details.
 func writeAuditTable(w *bytes.Buffer, target string, rep *audit.Report, fc *forecast.Forecast, code int, verbose bool) error {
+	return writeAuditTableOf(w, target, rep, fc, code, verbose, nil)
+}
+
+// writeAuditTableOf is writeAuditTable on a database where a newer
+// pgflow-upgrade recorded the revisions newer.
+func writeAuditTableOf(w *bytes.Buffer, target string, rep *audit.Report, fc *forecast.Forecast, code int, verbose bool, newer []string) error {
 	s := summarize(rep, code)
-	fmt.Fprintf(w, "%s: %s, %s, %d cannot tell (exit %d)\n", auditVerdict(code),
+	fmt.Fprintf(w, "%s: %s, %s, %d cannot tell (exit %d)\n", auditVerdict(code, rep.PgflowVersion, newer),
 		plural(s.Blockers, "blocker", "blockers"), plural(s.Warnings, "warning", "warnings"), s.Inconclusive+s.Errors, code)
-	writeBlock(w, "pgflow version: ", versionSummary(rep.PgflowVersion)+"; next step: "+auditNextStep(rep, s, code), 2)
+	writeBlock(w, "pgflow version: ", versionSummary(rep.PgflowVersion)+"; next step: "+auditNextStep(rep, s, code, newer), 2)
 	server := rep.ServerVersion
 	if !verbose {
 		server, _, _ = strings.Cut(server, " ") // "15.18 (Debian 15.18-0+deb12u1)": the number is enough here

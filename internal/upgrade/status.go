@@ -3,6 +3,7 @@ package upgrade
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -55,11 +56,14 @@ type StatusReport struct {
 	Pending       []string            `json:"pending"`
 	Migrations    []MigrationStatus   `json:"migrations"`
 	AtlasSum      SumStatus           `json:"atlas_sum"`
+	// Newer: recorded revisions no embedded migration has: a newer
+	// pgflow-upgrade applied them, and this one refuses to apply.
+	Newer []string `json:"newer_revisions,omitempty"`
 }
 
 // NeedsAttention: a state apply cannot act on, or tampered migrations.
 func (s *StatusReport) NeedsAttention() bool {
-	return !s.AtlasSum.Valid || s.State.State == audit.StatePartial || s.State.State == audit.StateUnknown || s.State.State == audit.StateOlder
+	return !s.AtlasSum.Valid || len(s.Newer) > 0 || s.State.State == audit.StatePartial || s.State.State == audit.StateUnknown || s.State.State == audit.StateOlder
 }
 
 // Status reads the schema state and revisions in one READ ONLY transaction
@@ -100,6 +104,11 @@ func Status(ctx context.Context, conn *pgx.Conn) (*StatusReport, error) {
 	for _, r := range rep.Applied {
 		applied[r.Version] = r
 	}
+	if rep.Newer = newerThan(all, rep.Applied); len(rep.Newer) > 0 && rep.PgflowVersion != nil {
+		d := *rep.PgflowVersion
+		d.NextStep = NewerNextStep(rep.Newer)
+		rep.PgflowVersion = &d
+	}
 	// A 0.17.x database needs nothing, whoever upgraded it.
 	done := rep.State.State == audit.StateUpgraded
 	for _, m := range all {
@@ -124,4 +133,49 @@ func foundVersion(d *versions.Detection) string {
 		return "pgflow 0.17.x"
 	}
 	return "pgflow " + d.Found
+}
+
+// newerThan lists the versions of applied that no migration of all has.
+func newerThan(all []migrations.Migration, applied []Revision) []string {
+	known := map[string]bool{}
+	for _, m := range all {
+		known[m.Version] = true
+	}
+	var out []string
+	for _, r := range applied {
+		if !known[r.Version] {
+			out = append(out, r.Version)
+		}
+	}
+	return out
+}
+
+// NewerNextStep is the next step on a database a newer pgflow-upgrade
+// upgraded further: this one refuses to apply there.
+func NewerNextStep(newer []string) string {
+	return fmt.Sprintf("a newer pgflow-upgrade recorded revision %s in %s, which this one does not know (and refuses to apply over): use that newer pgflow-upgrade",
+		strings.Join(newer, ", "), RevisionsTable)
+}
+
+// NewerRevisions reads the revisions recorded in
+// pgflow_upgrade.schema_revisions that no embedded migration has (none when
+// the table does not exist), in q (a read-only transaction will do).
+func NewerRevisions(ctx context.Context, q session.Querier) ([]string, error) {
+	all, err := migrations.All()
+	if err != nil {
+		return nil, err
+	}
+	var exists bool
+	if err := q.QueryRow(ctx, `select pg_catalog.to_regclass('pgflow_upgrade.schema_revisions') is not null`).Scan(&exists); err != nil || !exists {
+		return nil, err
+	}
+	rows, err := q.Query(ctx, `select version, name, applied_at from pgflow_upgrade.schema_revisions order by version`)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", RevisionsTable, err)
+	}
+	applied, err := pgx.CollectRows(rows, pgx.RowToStructByPos[Revision])
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", RevisionsTable, err)
+	}
+	return newerThan(all, applied), nil
 }
