@@ -167,7 +167,7 @@ func auditEntry(s subRun) fleet.Entry {
 	if len(s.out) == 0 || json.Unmarshal(s.out, &doc) != nil || doc.Report == nil {
 		return unanswered(s)
 	}
-	e := fleet.Entry{ExitCode: s.code, Verdict: auditVerdict(s.code)}
+	e := fleet.Entry{ExitCode: s.code, Verdict: auditVerdict(s.code, doc.PgflowVersion, nil)}
 	describe(&e, doc.PgflowVersion)
 	var all []audit.Finding
 	for _, c := range doc.Checks {
