@@ -277,3 +277,53 @@ func UpstreamComponents() string {
 		"pg_cron and pg_net: the project's stand-ins registered as extensions (pg_cron %s, pg_net %s)",
 		pgmq, standInCronVersion, standInNetVersion)
 }
+
+// PgflowInstalledCopy returns a folder holding upstream's first n files as
+// `npx pgflow install` leaves them in a project's supabase/migrations:
+// renamed <new timestamp>_<original name>, next to an application's own
+// migration. The files are copied from the vendored folder into the
+// test's temporary directory (removed when the test ends).
+func PgflowInstalledCopy(t testing.TB, n int) string {
+	t.Helper()
+	all := UpstreamReleaseFiles(t, NewestRelease)
+	if n < 0 || n > len(all) {
+		t.Fatalf("testdb: installed copy of %d files: upstream has %d", n, len(all))
+	}
+	dir := t.TempDir()
+	for i, f := range all[:n] {
+		b, err := os.ReadFile(f.Path)
+		if err != nil {
+			t.Fatalf("testdb: %v", err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, InstalledName(i, f.Name)), b, 0o600); err != nil {
+			t.Fatalf("testdb: %v", err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "20260101000000_app.sql"), []byte("-- the application's own migration\n"), 0o600); err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	return dir
+}
+
+// InstalledName is the name PgflowInstalledCopy gives upstream's file i
+// (0-based) called name.
+func InstalledName(i int, name string) string { return fmt.Sprintf("2027010100%04d_%s", i, name) }
+
+// PushUpstream runs upstream's files from+1..to on db as `supabase db push`
+// does (each in its own transaction with its ledger row): the reference a
+// test compares an upgrade of a copy of db with.
+func (db *DB) PushUpstream(t testing.TB, from, to int) {
+	t.Helper()
+	ctx := context.Background()
+	all := UpstreamReleaseFiles(t, NewestRelease)
+	conn, err := pgx.Connect(ctx, db.DSN)
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	defer conn.Close(ctx)
+	for _, f := range all[from:to] {
+		if err := pushFile(ctx, conn, f); err != nil {
+			t.Fatalf("testdb: %v", err)
+		}
+	}
+}

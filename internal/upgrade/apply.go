@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgflowfiles"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
@@ -70,6 +71,18 @@ type Options struct {
 	// in the same transaction. Unset: the report says which
 	// `supabase migration repair` command to run.
 	SupabaseDir string
+	// To is the release to end at (versions.Releases, 0.17.0 or later;
+	// "": upstream's newest). "0.17.0" is this tool's own hop alone.
+	To string
+	// PgflowMigrations is the folder holding the user's copy of upstream's
+	// migration files, recognised by content (hops.go); "": SupabaseDir.
+	// Without upstream's files the plan ends where this tool's own hops
+	// end and the report says what the rest needs.
+	PgflowMigrations string
+	// TelemetryOff opts out of pgflow's telemetry job in the same
+	// transaction (upstream's pgflow_telemetry.disable()) when the plan
+	// reaches 0.17.1 or starts there. Unset: upstream's default.
+	TelemetryOff bool
 	// Verify checks the migrations' integrity (default migrations.Verify);
 	// Migrations lists them (default migrations.All). Tests substitute them.
 	Verify     func() error
@@ -185,15 +198,21 @@ type Report struct {
 	// of commit (or rollback): how long the application was locked out.
 	LockWindowMS int64 `json:"lock_window_ms"`
 	// LockWaitMS: time spent in failed lock attempts (each bounded by the lock timeout).
-	LockWaitMS       int64               `json:"lock_wait_ms"`
-	Preflight        []audit.CheckResult `json:"preflight"`
-	Blockers         []audit.Finding     `json:"blockers"`
-	PostConditions   []CheckOutcome      `json:"post_conditions"`
-	SupabaseRecorded bool                `json:"supabase_recorded"`
-	Supabase         string              `json:"supabase,omitempty"`
-	Quiesce          *QuiesceReport      `json:"quiesce,omitempty"`
-	TotalMS          int64               `json:"total_ms"`
-	BackendPID       uint32              `json:"-"`
+	LockWaitMS     int64               `json:"lock_wait_ms"`
+	Preflight      []audit.CheckResult `json:"preflight"`
+	Blockers       []audit.Finding     `json:"blockers"`
+	PostConditions []CheckOutcome      `json:"post_conditions"`
+	// Plan: the hops from the release found to the one asked for.
+	Plan *Plan `json:"plan,omitempty"`
+	// HopsApplied: the upstream files run (HopUpstream hops), in order.
+	HopsApplied []string `json:"hops_applied,omitempty"`
+	// Telemetry: what this apply did about pgflow's telemetry job.
+	Telemetry        string         `json:"telemetry,omitempty"`
+	SupabaseRecorded bool           `json:"supabase_recorded"`
+	Supabase         string         `json:"supabase,omitempty"`
+	Quiesce          *QuiesceReport `json:"quiesce,omitempty"`
+	TotalMS          int64          `json:"total_ms"`
+	BackendPID       uint32         `json:"-"`
 
 	// AutovacuumCancelled counts the autovacuum workers on pgflow tables
 	// cancelled before the lock attempts (CancelAutovacuum).
@@ -304,14 +323,19 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, res *Result[*Repor
 // to the next ones.
 type applyRun struct {
 	*runner
-	conn      *pgx.Conn
-	all       []migrations.Migration // the embedded migrations
-	ledger    *supabaseFile          // the user's copy of upstream's migration, if asked
-	tx        pgx.Tx
-	accepted  bool      // admit accepted a state AcceptState vouched for
-	done      bool      // admit found nothing to do: already upgraded
-	lockHeld  time.Time // when the table locks were granted
-	committed bool      // committed, or rolled back on purpose (dry run)
+	conn         *pgx.Conn
+	all          []migrations.Migration // the embedded migrations
+	ledger       *supabaseFile          // the user's copy of upstream's migration, if asked
+	target       versions.Release       // where the plan goes (Options.To)
+	copy         *pgflowfiles.Copy      // the user's copy of upstream's files, if found
+	copyErr      error                  // why the copy given cannot serve (a file missing or altered)
+	plan         *Plan                  // the hops, made by admit
+	preflightRan bool                   // the shared check catalog ran (before the own hop)
+	tx           pgx.Tx
+	accepted     bool      // admit accepted a state AcceptState vouched for
+	done         bool      // admit found nothing to do: already upgraded
+	lockHeld     time.Time // when the table locks were granted
+	committed    bool      // committed, or rolled back on purpose (dry run)
 }
 
 // integrity checks the embedded migrations against atlas.sum and finds the
@@ -325,9 +349,16 @@ func (a *applyRun) integrity() error {
 	if a.all, err = opts.Migrations(); err != nil {
 		return err
 	}
-	// The user's copy of upstream's migration, found before anything is
-	// locked: a wrong folder is a refusal that changes nothing.
-	if opts.SupabaseDir != "" {
+	if a.target, err = resolveTarget(opts.To); err != nil {
+		return a.fail(OutcomeRefused, err)
+	}
+	// The user's copy of upstream's files and of upstream's migration,
+	// found before anything is locked: a wrong folder is a refusal that
+	// changes nothing.
+	a.findCopy()
+	if a.copy != nil && a.copyErr == nil && len(a.copy.Files) >= ownHopFile {
+		// Found by content: recordOwnInLedger names it as push would.
+	} else if opts.SupabaseDir != "" {
 		if a.ledger, err = findSupabaseMigration(opts.SupabaseDir); err != nil {
 			return a.fail(OutcomeRefused, err)
 		}
@@ -415,6 +446,7 @@ func (a *applyRun) tableLocks() error {
 // runPreflight runs the shared check catalog, exact, under the locks.
 func (a *applyRun) runPreflight() error {
 	opts, r := a.opts, a.r
+	a.preflightRan = true
 	popts := opts.Preflight
 	if len(popts.Checks) == 0 {
 		popts.Checks = preflightChecks()
@@ -455,6 +487,12 @@ func (a *applyRun) migrate() error {
 // postChecks runs the post-conditions (Checks) in the transaction.
 func (a *applyRun) postChecks() error {
 	out, err := RunChecks(a.ctx, a.tx, true)
+	if err == nil && a.plan != nil {
+		var o CheckOutcome
+		if o, err = a.reachedCheck(); err == nil {
+			out = append(out, o)
+		}
+	}
 	a.r.PostConditions = out
 	if err != nil {
 		return err
@@ -488,9 +526,15 @@ func (a *applyRun) record() error {
 			}
 		}
 	}
-	ok, why, err := recordSupabase(ctx, tx, a.ledger)
+	ok, why, err := a.recordOwnInLedger()
 	if err != nil {
 		return err
+	}
+	if !ok && a.plan.Has(HopOwn) {
+		ok, why, err = recordSupabase(ctx, tx, a.ledger)
+		if err != nil {
+			return err
+		}
 	}
 	r.SupabaseRecorded, r.Supabase = ok, why
 	return nil
@@ -527,9 +571,22 @@ func (a *applyRun) finish() error {
 	} else {
 		a.res.Outcome = OutcomeApplied
 		// The post-conditions passed in the committed transaction: the
-		// catalog is 0.17.0's.
-		r.VersionNow, r.NextStep = versions.V0_17_0, AppliedNextStep
-		a.res.Message = fmt.Sprintf("upgraded to pgflow 0.17.0: %s applied; tables were locked for %s", strings.Join(r.Pending, ", "), time.Duration(r.LockWindowMS)*time.Millisecond)
+		// catalog is the reached release's.
+		r.VersionNow, r.NextStep = a.plan.Reached, AppliedNextStep
+		applied := append(append([]string(nil), r.Pending...), r.HopsApplied...)
+		if len(applied) == 0 {
+			applied = []string{"no migration"}
+		}
+		a.res.Message = fmt.Sprintf("upgraded to pgflow %s: %s applied; tables were locked for %s", a.plan.Reached, strings.Join(applied, ", "), time.Duration(r.LockWindowMS)*time.Millisecond)
+		if r.Telemetry != "" {
+			a.res.Message += "; " + r.Telemetry
+		} else if a.plan.Telemetry != "" {
+			a.res.Message += "; " + a.plan.Telemetry
+		}
+		if a.plan.Rest != "" {
+			a.res.Message += "; not at upstream's newest release: " + a.plan.Rest
+			r.NextStep = AppliedNextStep + "; then " + a.plan.Rest
+		}
 	}
 	return nil
 }
@@ -587,24 +644,38 @@ func (a *applyRun) admit() error {
 		}
 		accepted = ok
 	}
+	// The plan: from the release found (the shape an online upgrade
+	// prepared counts as 0.16.0) to the one asked for.
+	from := -1
+	switch v := r.State.Version; {
+	case accepted:
+		from = ownHopFile - 1
+	case v != nil && v.Release != nil && v.Online == nil &&
+		(r.State.State == audit.StateUpgraded || r.State.State == audit.StateBaseline || r.State.State == audit.StateOlder):
+		from = v.Release.Files
+	}
+	if from >= 0 {
+		if err := a.planHops(from); err != nil {
+			return err
+		}
+		if len(a.plan.Hops) == 0 && from >= ownHopFile && !(a.opts.TelemetryOff && from >= 26) {
+			return a.alreadyThere(from)
+		}
+		switch {
+		case a.plan.Has(HopOwn):
+			if len(r.Pending) == 0 {
+				for _, m := range all {
+					r.Pending = append(r.Pending, m.Version+"_"+m.Name)
+				}
+			}
+			a.accepted = accepted
+			return nil
+		case len(a.plan.Hops) > 0 || from >= ownHopFile:
+			r.Pending = nil
+			return nil
+		}
+	}
 	switch {
-	case r.State.State == audit.StateUpgraded:
-		// 0.17.0 is 0.17.0, whoever applied it: this tool (the revision is
-		// recorded) or pgflow's own migration 20260915074120 (it is not).
-		ours := !slices.Contains(r.Pending, Version+"_"+Name)
-		r.Pending = nil
-		a.res.Outcome = OutcomeAlreadyApplied
-		found := "0.17.0"
-		if v := r.State.Version; v != nil && v.Found != "" {
-			found = v.Found // e.g. 0.17.1+, upgraded further by pgflow
-		}
-		if ours {
-			a.res.Message = "already upgraded: pgflow " + found + ", revision " + Version + " (" + Name + ") recorded in pgflow_upgrade.schema_revisions; nothing to do"
-		} else {
-			a.res.Message = "already upgraded: pgflow " + found + " (not applied by this tool: e.g. by pgflow's own migration " + UpstreamVersion + "); nothing to do"
-		}
-		a.done = true
-		return nil
 	case r.State.State == audit.StateBaseline || accepted:
 		// The one state this migration starts from (or one AcceptState vouches for).
 		if len(r.Pending) == 0 {
@@ -623,9 +694,37 @@ func (a *applyRun) admit() error {
 				why += ": " + strings.Join(r.State.Differences, "; ")
 			}
 		}
+		if a.plan != nil && a.plan.Rest != "" {
+			why += "; " + a.plan.Rest
+		}
 		return a.fail(OutcomeRefused, fmt.Errorf("%w: state %s (%s); run `pgflow-upgrade status`", ErrNotBaseline, r.State.State, why))
 	}
 	a.accepted = accepted
+	return nil
+}
+
+// alreadyThere ends a run whose plan has nothing to do: the database is
+// at the release asked for (or at the furthest this apply can take it
+// without upstream's files: the report says what the rest needs).
+// 0.17.0 is 0.17.0, whoever applied it: this tool (the revision is
+// recorded) or pgflow's own migration 20260915074120 (it is not).
+func (a *applyRun) alreadyThere(from int) error {
+	r := a.r
+	ours := !slices.Contains(r.Pending, Version+"_"+Name)
+	r.Pending = nil
+	a.res.Outcome = OutcomeAlreadyApplied
+	found := versions.StateName(from)
+	if ours {
+		a.res.Message = "already upgraded: pgflow " + found + ", revision " + Version + " (" + Name + ") recorded in pgflow_upgrade.schema_revisions; nothing to do"
+	} else {
+		a.res.Message = "already upgraded: pgflow " + found + " (not applied by this tool: e.g. by pgflow's own migration " + UpstreamVersion + "); nothing to do"
+	}
+	if a.plan.Rest != "" {
+		a.res.Message = strings.TrimSuffix(a.res.Message, "; nothing to do") + "; nothing to do without upstream's files: " + a.plan.Rest
+	} else if from > a.target.Files {
+		a.res.Message += " (past --to " + a.target.Name + ")"
+	}
+	a.done = true
 	return nil
 }
 

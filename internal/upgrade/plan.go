@@ -30,8 +30,8 @@ var applyPlan = []applyStep{
 	{"", nil, nil, (*applyRun).admit},
 	{StepPrivileges, fixed("the current role may alter the pgflow schema"), nil, (*applyRun).privileges},
 	{StepTableLocks, func(*applyRun) string { return lockPlanText() }, nil, (*applyRun).tableLocks},
-	{StepPreflight, fixed("the shared check catalog, exact, under the locks"), nil, (*applyRun).runPreflight},
-	{"", nil, nil, (*applyRun).migrate}, // one StepMigrate per pending migration
+	{StepPreflight, fixed("the shared check catalog, exact, under the locks"), (*applyRun).preflightFirst, (*applyRun).runPreflight},
+	{"", nil, nil, (*applyRun).runHops}, // the plan (hops.go): one StepMigrate per pending migration of ours, one StepHop per upstream file
 	{StepPostChecks, fixed("the schema is pgflow 0.17.0 and the 0.16.0 claim is gone"), nil, (*applyRun).postChecks},
 	{"", nil, nil, (*applyRun).beforeCommit},
 	{StepSupabase, fixed("pgflow_upgrade.schema_revisions; supabase_migrations.schema_migrations when asked"), nil, (*applyRun).record},

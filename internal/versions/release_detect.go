@@ -166,26 +166,31 @@ func readLedger(ctx context.Context, q catalog.Querier, r *ReleaseState) error {
 	if err != nil {
 		return fmt.Errorf("reading the Supabase ledger: %w", err)
 	}
+	// A row is upstream's file under upstream's version, or under the
+	// user's copy's version (`pgflow install` renames the files
+	// <new ts>_<original ts>_<name>.sql, and push records the new ts with
+	// name <original ts>_<name>).
 	recorded := map[string]bool{}
 	known := map[string]bool{}
 	for _, f := range UpstreamFiles() {
-		known[f.Version()] = true
+		known[f.Version()], known[f.Version()+"_"+f.Title()] = true, true
 	}
 	for _, x := range recs {
-		recorded[x.version] = true
-		if !known[x.version] && strings.HasPrefix(x.name, "pgflow_") {
+		recorded[x.version], recorded[x.name] = true, true
+		if !known[x.version] && !known[x.name] && isPgflowName(x.name) {
 			r.LedgerUnknown = append(r.LedgerUnknown, x.version+"_"+x.name)
 		}
 	}
+	has := func(f UpstreamFile) bool { return recorded[f.Version()] || recorded[f.Version()+"_"+f.Title()] }
 	last := 0
 	for _, f := range UpstreamFiles() {
-		if recorded[f.Version()] {
+		if has(f) {
 			last = f.Index
 		}
 	}
 	r.LedgerFiles = 0
 	for _, f := range UpstreamFiles()[:last] {
-		if recorded[f.Version()] {
+		if has(f) {
 			if len(r.LedgerGaps) == 0 {
 				r.LedgerFiles = f.Index
 			}
@@ -197,4 +202,14 @@ func readLedger(ctx context.Context, q catalog.Querier, r *ReleaseState) error {
 		r.Evidence = append(r.Evidence, fmt.Sprintf("Supabase ledger: %d of upstream's files", r.LedgerFiles))
 	}
 	return nil
+}
+
+// isPgflowName: a ledger name that is pgflow's, under upstream's name or
+// pgflow install's (<original ts>_pgflow_...).
+func isPgflowName(name string) bool {
+	if strings.HasPrefix(name, "pgflow_") {
+		return true
+	}
+	ts, rest, ok := strings.Cut(name, "_")
+	return ok && len(ts) == 14 && strings.Trim(ts, "0123456789") == "" && strings.HasPrefix(rest, "pgflow_")
 }

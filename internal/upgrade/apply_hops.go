@@ -1,0 +1,250 @@
+package upgrade
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgflowfiles"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
+)
+
+// StepHop is the step of one upstream hop (its file); StepTelemetry the
+// opt-out of --telemetry=off.
+const (
+	StepHop       = "hop"
+	StepTelemetry = "telemetry_off"
+)
+
+// ErrTarget: --to names a release this apply cannot end at.
+var ErrTarget = errors.New("not a release apply can upgrade to")
+
+// resolveTarget reads Options.To (default upstream's newest).
+func resolveTarget(to string) (versions.Release, error) {
+	if to == "" {
+		to = versions.Newest
+	}
+	r, err := versions.LookupRelease(to)
+	if err != nil {
+		return r, fmt.Errorf("%w: %w", ErrTarget, err)
+	}
+	if r.Files < ownHopFile {
+		return r, fmt.Errorf("%w: %s is older than 0.17.0; apply upgrades to 0.17.0 or later (--to 0.17.0, 0.17.1, %s)", ErrTarget, r.Name, versions.Newest)
+	}
+	return r, nil
+}
+
+// findCopy looks for the user's copy of upstream's files, before anything
+// is locked: Options.PgflowMigrations, else the Supabase folder. A folder
+// given as --pgflow-migrations must hold them; the Supabase folder may
+// hold none (then the plan stops where this tool's own hops end).
+func (a *applyRun) findCopy() {
+	dir, explicit := a.opts.PgflowMigrations, true
+	if dir == "" {
+		dir, explicit = a.opts.SupabaseDir, false
+	}
+	if dir == "" {
+		return
+	}
+	a.copy, a.copyErr = pgflowfiles.Find(dir, a.target.Files)
+	if !explicit && errors.Is(a.copyErr, pgflowfiles.ErrNoCopy) {
+		a.copyErr = nil // not at hand: said in the plan's Rest
+	}
+}
+
+// planHops makes the plan from the release detected to the target, and
+// refuses one that cannot start (a ledger that is not a prefix, a copy
+// with a missing or altered file the plan needs).
+func (a *applyRun) planHops(from int) error {
+	r := a.r
+	if rel := r.State.Version; rel != nil && rel.Release != nil {
+		if why := rel.Release.Refusal(); why != "" {
+			return a.fail(OutcomeRefused, fmt.Errorf("%w: %s", ErrNotBaseline, why))
+		}
+	}
+	copy := a.copy
+	if a.copyErr != nil {
+		copy = nil
+	}
+	a.plan = MakePlan(from, a.target, copy, a.opts.TelemetryOff)
+	r.Plan = a.plan
+	if a.copyErr != nil && a.plan.Rest != "" {
+		// The rest needs the files, and the copy given lacks one (or
+		// changed one): name it, change nothing.
+		return a.fail(OutcomeRefused, a.copyErr)
+	}
+	return nil
+}
+
+// runHops runs the plan's hops, each a step, in the transaction.
+func (a *applyRun) runHops() error {
+	for _, h := range a.plan.Hops {
+		var err error
+		switch h.Kind {
+		case HopOwn:
+			err = a.ownHop()
+		case HopUpstream:
+			err = a.step(StepHop, h.File, func() error { return a.upstreamHop(h) })
+		default:
+			err = fmt.Errorf("hop %s -> %s: unknown kind %q", h.From, h.To, h.Kind)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if a.opts.TelemetryOff && a.plan.ReachedFiles >= 26 {
+		return a.step(StepTelemetry, "pgflow_telemetry.disable()", a.telemetryOff)
+	}
+	return nil
+}
+
+// ownHop is this tool's migration: the preflight of the shared check
+// catalog first when the plan started before 0.16.0 (it reads a 0.16.0
+// schema, reached only now), then the pending migrations.
+func (a *applyRun) ownHop() error {
+	if !a.preflightRan {
+		if err := a.step(StepPreflight, "the shared check catalog, exact, under the locks (before the 0.16.0 -> 0.17.0 hop)", a.runPreflight); err != nil {
+			return err
+		}
+	}
+	return a.migrate()
+}
+
+// upstreamHop runs one of upstream's files from the user's copy, statement
+// by statement (timed, reported), after its own checks, and records it in
+// the Supabase ledger as push would, in the same transaction.
+func (a *applyRun) upstreamHop(h Hop) error {
+	if err := a.hopChecks(h); err != nil {
+		return err
+	}
+	sql, err := a.copy.Read(h.Upstream.Index)
+	if err != nil {
+		return a.fail(OutcomeRefused, err)
+	}
+	stmts, err := pgflowfiles.Statements(sql)
+	if err != nil {
+		return fmt.Errorf("%s: %w", h.Path, err)
+	}
+	for i, st := range stmts {
+		if isTxControl(st) {
+			return fmt.Errorf("%s statement %d is transaction control (%q): apply runs the file in its own transaction", h.File, i+1, summary(st))
+		}
+		sum := summary(st)
+		if a.opts.Progress != nil {
+			a.opts.Progress(Event{Step: StepHop, Detail: fmt.Sprintf("%s [%d/%d] %s", h.File, i+1, len(stmts), sum)})
+		}
+		t := time.Now()
+		tag, err := a.tx.Exec(a.ctx, st)
+		if err != nil {
+			return fmt.Errorf("upstream's %s (from %s) statement %d (%s): %w", h.File, h.Path, i+1, sum, err)
+		}
+		took := time.Since(t)
+		a.r.Statements = append(a.r.Statements, StatementReport{Migration: h.Upstream.Version(), Index: i + 1, Summary: sum,
+			DurationMS: took.Milliseconds(), DurationUS: took.Microseconds(), Rows: tag.RowsAffected()})
+	}
+	version, name, ok := ledgerOf(h.Path)
+	if !ok {
+		version, name = h.Upstream.Version(), h.Upstream.Title()
+	}
+	if _, err := pgflowfiles.RecordApplied(a.ctx, a.tx, version, name, sql); err != nil {
+		return err
+	}
+	a.r.HopsApplied = append(a.r.HopsApplied, h.File)
+	return nil
+}
+
+// hopChecks are an upstream hop's own preflight, under the locks: what
+// makes its file fail, found first and refused with counts.
+func (a *applyRun) hopChecks(h Hop) error {
+	var bad int64
+	var what string
+	switch h.Upstream.Index {
+	case 22:
+		// The new valid_status CHECK admits these statuses only.
+		what = "step_tasks rows with a status 0.15.1's valid_status CHECK rejects (allowed: queued, started, completed, failed, skipped, cancelled)"
+		err := a.tx.QueryRow(a.ctx, `select count(*) from pgflow.step_tasks
+			where status <> all (array['queued', 'started', 'completed', 'failed', 'skipped', 'cancelled'])`).Scan(&bad)
+		if err != nil {
+			return fmt.Errorf("checking before %s: %w", h.File, err)
+		}
+	case 26:
+		// The telemetry file schedules its job with pg_cron.
+		var ok bool
+		what = "pg_cron's cron.schedule(text, text, text), which the telemetry file calls (install pg_cron >= 1.5)"
+		if err := a.tx.QueryRow(a.ctx, `select exists (select 1 from pg_catalog.pg_proc p join pg_catalog.pg_namespace n on n.oid = p.pronamespace
+			where n.nspname = 'cron' and p.proname = 'schedule' and p.pronargs = 3)`).Scan(&ok); err != nil {
+			return fmt.Errorf("checking before %s: %w", h.File, err)
+		}
+		if !ok {
+			bad = 1
+		}
+	}
+	if bad > 0 {
+		return a.fail(OutcomeRefused, fmt.Errorf("%w: before upstream's %s: %d missing or failing: %s", ErrPreflight, h.File, bad, what))
+	}
+	return nil
+}
+
+// telemetryOff opts out through upstream's own function, in the
+// transaction: no pgflow_telemetry_report job is left.
+func (a *applyRun) telemetryOff() error {
+	if _, err := a.tx.Exec(a.ctx, `select pgflow_telemetry.disable()`); err != nil {
+		return fmt.Errorf("opting out of pgflow's telemetry (pgflow_telemetry.disable()): %w", err)
+	}
+	a.r.Telemetry = TelemetryNote(26, true)
+	return nil
+}
+
+// recordOwnInLedger records our hop as upstream's file 24 in the Supabase
+// ledger under the user's copy's name, as push would; false when the copy
+// is not at hand (recordSupabase then does what it always did).
+func (a *applyRun) recordOwnInLedger() (bool, string, error) {
+	if a.copy == nil || a.copyErr != nil || len(a.copy.Files) < ownHopFile || !a.plan.Has(HopOwn) {
+		return false, "", nil
+	}
+	f := a.copy.File(ownHopFile)
+	sql, err := a.copy.Read(ownHopFile)
+	if err != nil {
+		return false, "", err
+	}
+	version, name, ok := ledgerOf(f.Path)
+	if !ok {
+		version, name = f.Version(), f.Title()
+	}
+	rec, err := pgflowfiles.RecordApplied(a.ctx, a.tx, version, name, sql)
+	if err != nil {
+		return false, "", err
+	}
+	if !rec {
+		return true, "supabase_migrations.schema_migrations already had " + version, nil
+	}
+	return true, "recorded " + version + "_" + name + " (upstream's " + f.Name + ", replaced by this tool's migration) as applied in supabase_migrations.schema_migrations", nil
+}
+
+// reachedCheck is a post-condition: the database is at the release the
+// plan reached, by the same detection status uses.
+func (a *applyRun) reachedCheck() (CheckOutcome, error) {
+	o := CheckOutcome{ID: "release_reached", Title: "the database is at the release the plan reached: " + a.plan.Reached}
+	d, err := versions.Detect(a.ctx, a.tx)
+	if err != nil {
+		return o, err
+	}
+	switch {
+	case d.Release == nil:
+		o.Detail = "detected " + d.Summary()
+	case d.Release.Files != a.plan.ReachedFiles:
+		o.Detail = "detected " + d.Release.Name + " (" + strings.Join(d.Release.Evidence, "; ") + ")"
+	default:
+		o.OK, o.Detail = true, d.Release.Name
+	}
+	return o, nil
+}
+
+// preflightFirst: the shared check catalog runs right after the locks when
+// the plan starts with this tool's own hop (from 0.16.0, or the shape an
+// online upgrade prepared); a plan from an older release runs it before
+// that hop (ownHop), one without it runs each hop's own checks instead.
+func (a *applyRun) preflightFirst() bool {
+	return len(a.plan.Hops) > 0 && a.plan.Hops[0].Kind == HopOwn
+}

@@ -1,0 +1,258 @@
+package upgrade_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgflowfiles"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
+)
+
+// upstreamInflight is a database built from upstream's files at release,
+// with the fixtures' in-flight runs, tasks and messages.
+func upstreamInflight(t *testing.T, release string) *testdb.DB {
+	t.Helper()
+	t.Logf("components: %s", testdb.UpstreamComponents())
+	db := testdb.Upstream(t, release)
+	if err := fixtures.LoadInflightRuns(context.Background(), db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	return db
+}
+
+// sameCatalogs fails unless db's schemas pgflow and pgflow_telemetry are
+// those of a database built from upstream's own files at release.
+func sameCatalogs(t *testing.T, db *testdb.DB, release string, sources bool) {
+	t.Helper()
+	ctx := context.Background()
+	want := testdb.Upstream(t, release)
+	for _, schema := range []string{"pgflow", "pgflow_telemetry"} {
+		w, err := catalog.Read(ctx, want.Pool, schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := catalog.Read(ctx, db.Pool, schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := catalog.Diff(w, g); len(d) != 0 {
+			t.Fatalf("schema %s differs from upstream's %s:\n%s", schema, release, strings.Join(catalog.Strings(d), "\n"))
+		}
+	}
+	if !sources {
+		return
+	}
+	// Function bodies too, when no hop was this tool's own (whose
+	// functions behave as upstream's without being its text): the catalog
+	// compares attributes, not sources.
+	bodies := func(db *testdb.DB) string {
+		var s string
+		if err := db.Pool.QueryRow(ctx, `select string_agg(p.oid::regprocedure::text || ' ' || md5(p.prosrc), E'\n' order by p.oid::regprocedure::text)
+			from pg_catalog.pg_proc p join pg_catalog.pg_namespace n on n.oid = p.pronamespace
+			where n.nspname in ('pgflow', 'pgflow_telemetry')`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if g, w := bodies(db), bodies(want); g != w {
+		t.Fatalf("function sources differ from upstream's %s:\n got %s\nwant %s", release, g, w)
+	}
+}
+
+// ledgerNames is the Supabase ledger, version_name in order.
+func ledgerNames(t *testing.T, db *testdb.DB) []string {
+	t.Helper()
+	rows, err := db.Pool.Query(context.Background(), `select version || '_' || name from supabase_migrations.schema_migrations order by version, name`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// hopApply upgrades db with upstream's files from an installed copy and
+// checks what every plan must give: the release reached, every row and
+// message as upstream's own files leave them (run in order on a copy of
+// db), the catalog upstream's.
+func hopApply(t *testing.T, db *testdb.DB, opts upgrade.Options, reached string) *upgrade.Report {
+	t.Helper()
+	ctx := testCtx(t)
+	// The reference: the same database taken to the same release by
+	// upstream's own files, run as `supabase db push` runs them.
+	var from int
+	if err := db.Pool.QueryRow(ctx, `select count(*)::int from supabase_migrations.schema_migrations`).Scan(&from); err != nil {
+		t.Fatal(err)
+	}
+	theirs := db.Clone(t)
+	res, err := upgrade.Apply(ctx, connect(t, db), opts)
+	if err != nil || res.Outcome != upgrade.OutcomeApplied {
+		t.Fatalf("apply: %v (%s: %s)", err, res.Outcome, res.Message)
+	}
+	rep := res.Report
+	if rep.VersionNow != reached || rep.Plan == nil || rep.Plan.Reached != reached {
+		t.Fatalf("reached %q (plan %+v), want %s", rep.VersionNow, rep.Plan, reached)
+	}
+	for _, pc := range rep.PostConditions {
+		if !pc.OK {
+			t.Errorf("post-condition %s failed: %s", pc.ID, pc.Detail)
+		}
+	}
+	rel, err := versions.LookupRelease(reached)
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs.PushUpstream(t, from, rel.Files)
+	want, err := fingerprint.Take(ctx, theirs.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := fingerprint.Take(ctx, db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := append(fingerprint.Compare(want, got), fingerprint.Added(want, got)...); len(d) != 0 || got.RowCount() != want.RowCount() {
+		t.Fatalf("rows or messages differ from upstream's own files run in order (%d rows, upstream's %d):\n%s",
+			got.RowCount(), want.RowCount(), fingerprint.Format(d, 20))
+	}
+	sameCatalogs(t, db, reached, !rep.Plan.Has(upgrade.HopOwn))
+	return rep
+}
+
+// From upstream's own 0.17.0 with work in flight to the newest release
+// with upstream's files from a copy `pgflow install` renamed: the newest
+// catalog exactly, every row and message kept, each file in the ledger
+// under the copy's name, the telemetry job scheduled (upstream's default,
+// said in the report).
+func TestApplyHopsFrom0170ToNewest(t *testing.T) {
+	db := upstreamInflight(t, "0.17.0")
+	opts := fastOpts()
+	opts.PgflowMigrations = testdb.PgflowInstalledCopy(t, 27)
+	rep := hopApply(t, db, opts, versions.Newest)
+	if len(rep.Plan.Hops) != 3 || rep.Plan.Hops[0].Kind != upgrade.HopUpstream || len(rep.HopsApplied) != 3 {
+		t.Fatalf("plan %+v, applied %v", rep.Plan.Hops, rep.HopsApplied)
+	}
+	ledger := ledgerNames(t, db)
+	if len(ledger) != 27 {
+		t.Fatalf("ledger has %d rows:\n%s", len(ledger), strings.Join(ledger, "\n"))
+	}
+	for i, f := range versions.UpstreamFiles()[24:] {
+		want := strings.TrimSuffix(testdb.InstalledName(24+i, f.Name), ".sql")
+		if ledger[len(ledger)-3+i] != want {
+			t.Errorf("ledger row %d = %s, want the copy's %s", 25+i, ledger[len(ledger)-3+i], want)
+		}
+	}
+	if n := scalarOf[int](t, db, `select count(*)::int from cron.job where jobname = 'pgflow_telemetry_report'`); n != 1 ||
+		!strings.Contains(rep.Plan.Telemetry, "upstream's default") {
+		t.Fatalf("telemetry job %d, plan says %q", n, rep.Plan.Telemetry)
+	}
+}
+
+// --telemetry=off leaves no telemetry job: upstream's own disable() ran in
+// the transaction.
+func TestApplyHopsTelemetryOff(t *testing.T) {
+	db := testdb.Upstream(t, "0.17.0")
+	opts := fastOpts()
+	opts.PgflowMigrations = testdb.PgflowInstalledCopy(t, 27)
+	opts.TelemetryOff = true
+	res, err := upgrade.Apply(testCtx(t), connect(t, db), opts)
+	if err != nil || res.Outcome != upgrade.OutcomeApplied || !strings.Contains(res.Report.Telemetry, "telemetry off") {
+		t.Fatalf("apply: %v (%s: %s)", err, res.Outcome, res.Message)
+	}
+	if n := scalarOf[int](t, db, `select count(*)::int from cron.job where jobname = 'pgflow_telemetry_report'`); n != 0 {
+		t.Fatalf("%d telemetry jobs left", n)
+	}
+}
+
+// A copy that lacks a file the plan needs, or holds it altered, is refused
+// naming the file and its hash, and nothing changes.
+func TestApplyHopsRefusesMissingOrAlteredFile(t *testing.T) {
+	f := versions.UpstreamFiles()[25]
+	for _, c := range []struct {
+		name  string
+		spoil func(path string) error
+		want  error
+	}{
+		{"missing", os.Remove, pgflowfiles.ErrMissing},
+		{"altered", func(p string) error { return os.WriteFile(p, []byte("select 1;\n"), 0o600) }, pgflowfiles.ErrAltered},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			db := testdb.Upstream(t, "0.17.0")
+			dir := testdb.PgflowInstalledCopy(t, 27)
+			if err := c.spoil(filepath.Join(dir, testdb.InstalledName(25, f.Name))); err != nil {
+				t.Fatal(err)
+			}
+			before := testdb.State(t, db.Pool)
+			opts := fastOpts()
+			opts.PgflowMigrations = dir
+			res, err := upgrade.Apply(testCtx(t), connect(t, db), opts)
+			if !errors.Is(err, c.want) || res.Outcome != upgrade.OutcomeRefused ||
+				!strings.Contains(err.Error(), f.Name) || !strings.Contains(err.Error(), "h1:"+f.Hash) {
+				t.Fatalf("got %v (%s)", err, res.Outcome)
+			}
+			testdb.SameState(t, before, testdb.State(t, db.Pool), "a refused apply")
+		})
+	}
+}
+
+// Without upstream's files the plan ends where this tool's own hop ends,
+// and the report says what the rest needs; --to 0.17.0 is today's apply.
+func TestApplyHopsWithoutFilesAndTo0170(t *testing.T) {
+	t.Run("no files", func(t *testing.T) {
+		db := testdb.Upstream(t, "0.16.0")
+		res, err := upgrade.Apply(testCtx(t), connect(t, db), fastOpts())
+		if err != nil || res.Outcome != upgrade.OutcomeApplied || res.Report.VersionNow != "0.17.0" ||
+			!strings.Contains(res.Message, "needs upstream's files 25-27") || !strings.Contains(res.Message, "--pgflow-migrations") {
+			t.Fatalf("apply: %v (%s: %s)", err, res.Outcome, res.Message)
+		}
+	})
+	t.Run("to 0.17.0", func(t *testing.T) {
+		db := upstreamInflight(t, "0.16.0")
+		opts := fastOpts()
+		opts.PgflowMigrations = testdb.PgflowInstalledCopy(t, 27)
+		opts.To = "0.17.0"
+		rep := hopApply(t, db, opts, "0.17.0")
+		if len(rep.Plan.Hops) != 1 || rep.Plan.Hops[0].Kind != upgrade.HopOwn || rep.Plan.Rest != "" {
+			t.Fatalf("plan %+v", rep.Plan)
+		}
+		ledger := ledgerNames(t, db)
+		if want := strings.TrimSuffix(testdb.InstalledName(23, versions.UpstreamFiles()[23].Name), ".sql"); len(ledger) != 24 || ledger[23] != want {
+			t.Fatalf("ledger (%d rows) ends %q, want the copy's %s", len(ledger), ledger[len(ledger)-1], want)
+		}
+	})
+}
+
+// From every release users sit at, with work in flight, to the newest:
+// the newest catalog exactly, every row and message kept, the ledger
+// holding all 27 files.
+func TestLongApplyHopsFromEveryRelease(t *testing.T) {
+	testdb.SkipUnlessLong(t, "apply from upstream's 0.14.1, 0.16.0, 0.17.0 and 0.17.1 (work in flight) ends at the newest release")
+	for _, from := range []string{"0.14.1", "0.16.0", "0.17.0", "0.17.1"} {
+		t.Run(from, func(t *testing.T) {
+			db := upstreamInflight(t, from)
+			opts := fastOpts()
+			opts.PgflowMigrations = testdb.PgflowInstalledCopy(t, 27)
+			rep := hopApply(t, db, opts, versions.Newest)
+			r, _ := versions.LookupRelease(from)
+			if len(rep.Plan.Hops) != 27-r.Files {
+				t.Fatalf("plan from %s has %d hops", from, len(rep.Plan.Hops))
+			}
+			if ledger := ledgerNames(t, db); len(ledger) != 27 {
+				t.Fatalf("ledger has %d rows:\n%s", len(ledger), strings.Join(ledger, "\n"))
+			}
+		})
+	}
+}
