@@ -8,6 +8,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fleet"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // atDestination: apply outcomes that leave a target upgraded.
@@ -62,6 +63,12 @@ func (a *App) fleetApply(ctx context.Context, r *fleetRun, t fleet.Target) fleet
 		}
 	}
 	e := applyEntry(a.runSingle(ctx, r, t, "apply", append([]string{"--yes"}, r.pass...)...))
+	if !e.Reached() && e.Phases[0].Outcome != "" {
+		// apply --online reports no version: status reads the state the
+		// target is in now (what a rerun compares with).
+		st := statusEntry(a.runSingle(ctx, r, t, "status"))
+		e.Release, e.SchemaState, e.Summary, e.Catalog = st.Release, st.SchemaState, st.Summary, st.Catalog
+	}
 	if e.ExitCode == ExitOK && atDestination[e.Verdict] {
 		v := verifyEntry(a.runSingle(ctx, r, t, "verify"))
 		e.Phases = append(e.Phases, fleet.Phase{Command: "verify", ExitCode: v.ExitCode, Outcome: v.Verdict, Message: v.Cause})
@@ -73,35 +80,48 @@ func (a *App) fleetApply(ctx context.Context, r *fleetRun, t fleet.Target) fleet
 	return e
 }
 
+// applyDoc is what the fleet reads of apply's document, transactional or
+// --online (whose report has no pgflow_version and names its lock window
+// longest_lock_window_ms).
+type applyDoc struct {
+	Outcome       upgrade.Outcome     `json:"outcome"`
+	Message       string              `json:"message"`
+	PgflowVersion *versions.Detection `json:"pgflow_version"`
+	VersionNow    string              `json:"pgflow_version_now"`
+	Preflight     []audit.CheckResult `json:"preflight"`
+	Blockers      []audit.Finding     `json:"blockers"`
+	LockAttempts  int                 `json:"lock_attempts"`
+	LockWindowMS  int64               `json:"lock_window_ms"`
+	LongestLockMS *int64              `json:"longest_lock_window_ms"`
+}
+
 // applyEntry reads apply's document: the outcome, the release found
 // before, blockers and warnings of the preflight, the lock window.
 func applyEntry(s subRun) fleet.Entry {
-	var doc struct {
-		Outcome upgrade.Outcome `json:"outcome"`
-		Message string          `json:"message"`
-		*upgrade.Report
-	}
-	if len(s.out) == 0 || json.Unmarshal(s.out, &doc) != nil || doc.Report == nil {
+	var doc applyDoc
+	if len(s.out) == 0 || json.Unmarshal(s.out, &doc) != nil || doc.Outcome == "" {
 		e := unanswered(s)
 		e.Phases = []fleet.Phase{{Command: "apply", ExitCode: s.code, Message: s.cause}}
 		return e
 	}
-	rep := doc.Report
 	e := fleet.Entry{ExitCode: s.code, Verdict: string(doc.Outcome)}
-	describe(&e, rep.PgflowVersion)
-	if rep.VersionNow != "" {
-		e.Summary += "; now pgflow " + rep.VersionNow
+	describe(&e, doc.PgflowVersion)
+	if doc.VersionNow != "" {
+		e.Summary += "; now pgflow " + doc.VersionNow
 	}
 	var warnings []audit.Finding
-	for _, c := range rep.Preflight {
+	for _, c := range doc.Preflight {
 		warnings = append(warnings, c.Findings...)
 		if c.Status == audit.StatusInconclusive || c.Status == audit.StatusError {
 			e.Inconclusive = append(e.Inconclusive, c.ID)
 		}
 	}
-	e.Blockers, e.Warnings = countFindings(rep.Blockers, audit.Blocker), countFindings(warnings, audit.Warning)
-	if rep.LockAttempts > 0 && doc.Outcome != upgrade.OutcomeLockBusy {
-		ms := rep.LockWindowMS
+	e.Blockers, e.Warnings = countFindings(doc.Blockers, audit.Blocker), countFindings(warnings, audit.Warning)
+	switch {
+	case doc.LongestLockMS != nil:
+		e.LockWindowMS = doc.LongestLockMS
+	case doc.LockAttempts > 0 && doc.Outcome != upgrade.OutcomeLockBusy:
+		ms := doc.LockWindowMS
 		e.LockWindowMS = &ms
 	}
 	if s.code != ExitOK {

@@ -2,6 +2,7 @@ package fleet_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -186,4 +187,78 @@ func countDone(path string) int {
 		}
 	}
 	return n
+}
+
+// TestFleetApplyOnlineAndInterrupt: apply --online is given to every
+// target; a SIGINT to a running fleet starts no new target, the running
+// one commits or rolls back, the ledger says so (exit 130), and the rerun
+// finishes.
+func TestFleetApplyOnlineAndInterrupt(t *testing.T) {
+	dbs := []*testdb.DB{legacy(t), legacy(t), legacy(t), legacy(t)}
+	fps := make([]*fingerprint.Fingerprint, len(dbs))
+	var lines []string
+	for i, db := range dbs {
+		fps[i] = take(t, db)
+		lines = append(lines, "t"+string(rune('1'+i))+" "+db.DSN)
+	}
+	targets := writeTargets(t, lines...)
+	ledger := filepath.Join(t.TempDir(), "ledger.json")
+	args := []string{"fleet", "apply", "--yes", "--online", "--targets", targets, "--ledger", ledger, "--parallel", "1", "--format", "json"}
+
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc, _ := json.Marshal(args)
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), helperVar+"=1", helperArgs+"="+string(enc))
+	var out strings.Builder
+	cmd.Stdout = &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for countDone(ledger) < 1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	err = cmd.Wait()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != cli.ExitInterrupted {
+		t.Fatalf("after SIGINT: %v, want exit 130\n%s", err, out.String())
+	}
+	var doc map[string]any
+	if err := json.Unmarshal([]byte(out.String()), &doc); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if e := entry(t, doc, "t1"); e["verdict"] != "applied" || e["release"] == "" {
+		t.Errorf("t1 (apply --online): %v", e)
+	}
+	if !strings.Contains(mustJSON(doc["stopped"]), "interrupted") || entry(t, doc, "t4")["status"] != "not_started" {
+		t.Errorf("stopped %v, t4 %v", doc["stopped"], entry(t, doc, "t4"))
+	}
+	for i, db := range dbs {
+		// Upgraded, or not: an online upgrade cut short is resumable, and
+		// status names it.
+		e := entry(t, doc, fmt.Sprintf("t%d", i+1))
+		switch e["status"] {
+		case "done", "interrupted", "not_started":
+		default:
+			t.Errorf("t%d after the interrupt: %v", i+1, e)
+		}
+		st := run(t, nil, "status", "--dsn", db.DSN)
+		first, _, _ := strings.Cut(st.stdout, "\n")
+		t.Logf("t%d after the interrupt: %s %s; status: %s", i+1, e["status"], e["verdict"], first)
+	}
+	r := run(t, nil, args...)
+	if r.code != cli.ExitOK {
+		t.Fatalf("rerun: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	for i, db := range dbs {
+		if verifyCode(t, db) != 0 {
+			t.Errorf("t%d not upgraded after the rerun", i+1)
+		}
+		sameRows(t, fmt.Sprintf("t%d", i+1), fps[i], db)
+	}
 }
