@@ -68,6 +68,7 @@ import (
 	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // Severity of a finding.
@@ -113,7 +114,7 @@ type Env struct {
 	Deadline time.Time
 	// Schema is the detected pgflow schema (filled by the runner before the
 	// checks run).
-	Schema SchemaInfo
+	Schema versions.SchemaInfo
 	// PGMQ says which pgmq the database has (filled by the runner).
 	PGMQ PGMQInfo
 	// LongTransaction and IdleInTransaction are the session thresholds of

@@ -4,6 +4,8 @@ import (
 	"context"
 	"slices"
 	"strings"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // The catalog, in output order. IDs are stable: scripts and apply's output
@@ -215,15 +217,15 @@ func checkSchemaState(ctx context.Context, q Querier, env Env) ([]Finding, error
 			samples = append(samples, map[string]any{"difference": d})
 		}
 	}
-	f := c.finding(int64(len(s.Differences)), "schema state "+string(s.State)+": "+s.describe(), samples)
+	f := c.finding(int64(len(s.Differences)), "schema state "+string(s.State)+": "+s.Describe(), samples)
 	switch s.State {
-	case StateBaseline:
+	case versions.SchemaBaseline:
 		f.Severity, f.Remedy, f.Count = Info, "None: this is the shape apply starts from.", 0
-	case StateUpgraded:
+	case versions.SchemaUpgraded:
 		f.Severity, f.Remedy, f.Count = Info, "None: apply will report that there is nothing to do.", 0
-	case StateOlder:
+	case versions.SchemaOlder:
 		f.Count = 1
-	case StatePartial:
+	case versions.SchemaPartial:
 		// Between the two shapes by design while an online upgrade of ours
 		// runs (the version detection names it, with its phase): a state
 		// with a next command, as `status` says, not a damaged schema. With

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // pgmqVersionChecks are what pgmq's version means for pgflow: a version
@@ -85,7 +86,7 @@ func checkUpdatePath(ctx context.Context, q Querier, env Env) ([]Finding, error)
 	}
 	locks := fmt.Sprintf("the update takes ACCESS EXCLUSIVE on pgmq.meta and the %d queue and %d archive table(s) until it commits "+
 		"(it waits behind any open transaction on a queue, and every worker of every queue waits behind it)", queues, queues)
-	if env.Schema.State == StateBaseline {
+	if env.Schema.State == versions.SchemaBaseline {
 		locks += "; the pgflow hop (apply) locks pgflow.flows, steps and step_tasks ACCESS EXCLUSIVE and the other pgflow tables EXCLUSIVE"
 	}
 	if !pgmqver.CrossesLastReadAt(cur, newest) {

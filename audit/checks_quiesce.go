@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // The quiesce inventory is registered here rather than in checks.go so the
@@ -36,7 +37,7 @@ func init() {
 
 func checkQuiesceInventory(ctx context.Context, q Querier, env Env) ([]Finding, error) {
 	c := check("quiesce.inventory")
-	if env.Schema.State != StateBaseline {
+	if env.Schema.State != versions.SchemaBaseline {
 		return nil, nil // only the 0.16.0 baseline is quiesced for the upgrade
 	}
 	if v := env.Schema.Version; v != nil && v.Quiesce != nil {

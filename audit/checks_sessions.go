@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 func checkLongTransactions(ctx context.Context, q Querier, env Env) ([]Finding, error) {
@@ -138,7 +140,7 @@ func checkSizes(ctx context.Context, q Querier, env Env) ([]Finding, error) {
 	out = append(out, f)
 	f = c.finding(int64(len(queueT)), fmt.Sprintf("%d pgmq queue tables, %s in total, about %d messages", len(queueT), humanBytes(queueBytes), queueRows), toSamples(queueT))
 	out = append(out, f)
-	if stepTasks != nil && env.Schema.State != StateUpgraded {
+	if stepTasks != nil && env.Schema.State != versions.SchemaUpgraded {
 		rowsText := fmt.Sprintf("about %d rows", stepTasks.rows)
 		if stepTasks.rows < 0 {
 			rowsText = "row count unknown: never analyzed"

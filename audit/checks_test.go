@@ -9,6 +9,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 )
 
@@ -81,7 +82,7 @@ func TestHealthyDatabasesHaveNoBlockers(t *testing.T) {
 			if rep.Blockers() != 0 || rep.Errors() != 0 || rep.Inconclusive() != 0 {
 				t.Fatalf("blockers %d, errors %d, inconclusive %d: %+v", rep.Blockers(), rep.Errors(), rep.Inconclusive(), rep.Checks)
 			}
-			if rep.Schema.State != audit.StateBaseline {
+			if rep.Schema.State != versions.SchemaBaseline {
 				t.Fatalf("schema state %s (%v), want baseline", rep.Schema.State, rep.Schema.Differences)
 			}
 			for _, id := range blockerChecks {
@@ -113,7 +114,7 @@ func TestSchemaState(t *testing.T) {
 		exec(t, db, `alter table pgflow.steps add column queue_name text`)
 		rep := runAudit(t, db, audit.Options{Checks: []string{"schema.state"}})
 		f := mustFire(t, rep, "schema.state", audit.Blocker)
-		if rep.Schema.State != audit.StatePartial || !strings.Contains(f.Message, "column pgflow.steps.queue_name: extra") {
+		if rep.Schema.State != versions.SchemaPartial || !strings.Contains(f.Message, "column pgflow.steps.queue_name: extra") {
 			t.Fatalf("state %s, message %q", rep.Schema.State, f.Message)
 		}
 	})
@@ -130,7 +131,7 @@ func TestSchemaState(t *testing.T) {
 		db := testdb.PGMQ(t)
 		rep := runAudit(t, db, audit.Options{})
 		mustFire(t, rep, "schema.state", audit.Blocker)
-		if rep.Schema.State != audit.StateNotPgflow {
+		if rep.Schema.State != versions.SchemaNotPgflow {
 			t.Fatalf("state %s", rep.Schema.State)
 		}
 		// The checks that read pgflow tables are skipped, not errors.
@@ -154,7 +155,7 @@ func TestSchemaState(t *testing.T) {
 		exec(t, db, `insert into pgflow.workers (worker_id, queue_name, function_name) values ('00000000-0000-4000-8000-00000000cc01', 'f', 'new')`)
 		rep := runAudit(t, db, audit.Options{})
 		f := mustFire(t, rep, "schema.state", audit.Info)
-		if rep.Schema.State != audit.StateUpgraded {
+		if rep.Schema.State != versions.SchemaUpgraded {
 			t.Fatalf("state %s: %s", rep.Schema.State, f.Message)
 		}
 		if rep.Blockers() != 0 || rep.Errors() != 0 || rep.Inconclusive() != 0 {

@@ -210,7 +210,7 @@ func checkQueueNameLength(ctx context.Context, q Querier, env Env) ([]Finding, e
 // step-mode queues.
 func ownedQueuesSQL(env Env) string {
 	owned := `select pg_catalog.lower(f.flow_slug) as queue from pgflow.flows f`
-	if env.Schema.State == StateUpgraded {
+	if env.Schema.State == versions.SchemaUpgraded {
 		owned += ` union select s.queue_name from pgflow.steps s`
 	}
 	return owned
@@ -284,7 +284,7 @@ func checkQueueCaseSpellings(ctx context.Context, q Querier, env Env) ([]Finding
 
 func checkLegacyWorkers(ctx context.Context, q Querier, env Env) ([]Finding, error) {
 	c := check("workers.legacy_alive")
-	if env.Schema.State == StateUpgraded {
+	if env.Schema.State == versions.SchemaUpgraded {
 		return nil, nil // no 0.16.0 worker can claim here; live ones are 0.17's
 	}
 	live := env.LiveWorker

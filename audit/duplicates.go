@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // tasks.duplicate_message_id answers exactly whether the 0.17.0 unique
@@ -57,7 +58,7 @@ var dupRangeLimit int
 
 func checkDuplicateMessageID(ctx context.Context, q Querier, env Env) ([]Finding, error) {
 	c := check("tasks.duplicate_message_id")
-	if env.Schema.State == StateUpgraded {
+	if env.Schema.State == versions.SchemaUpgraded {
 		return nil, nil // idx_step_tasks_queue_message exists: no pair can repeat
 	}
 	var pairs, tasks int64

@@ -8,6 +8,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // quiesce.recorded blocks on an open apply --quiesce record with the values
@@ -51,7 +52,7 @@ func TestQuiesceRecorded(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := mustFire(t, rep, "quiesce.recorded", audit.Warning)
-	if rep.Blockers() != 0 || !strings.Contains(w.Message, "cannot read") || rep.Schema.State != audit.StateBaseline {
+	if rep.Blockers() != 0 || !strings.Contains(w.Message, "cannot read") || rep.Schema.State != versions.SchemaBaseline {
 		t.Fatalf("as a role without access to pgflow_upgrade: %+v", rep.Checks)
 	}
 }

@@ -43,10 +43,10 @@ type CheckResult struct {
 
 // Report is the result of an audit.
 type Report struct {
-	ServerVersion string     `json:"server_version"`
-	Database      string     `json:"database"`
-	PGMQ          PGMQInfo   `json:"pgmq"`
-	Schema        SchemaInfo `json:"schema"`
+	ServerVersion string              `json:"server_version"`
+	Database      string              `json:"database"`
+	PGMQ          PGMQInfo            `json:"pgmq"`
+	Schema        versions.SchemaInfo `json:"schema"`
 	// PgflowVersion: which pgflow was found and the next step (the same
 	// object status and apply print).
 	PgflowVersion *versions.Detection `json:"pgflow_version"`
@@ -112,7 +112,7 @@ type Options struct {
 	// instead of reading it again (a catalog read of ~10 ms): the caller
 	// detected it in the same transaction (apply --online's switch, whose
 	// prepared shape the migration's guard checks again under the locks).
-	Schema *SchemaInfo
+	Schema *versions.SchemaInfo
 }
 
 const (
@@ -218,7 +218,7 @@ func Run(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, error) {
 		if env.PGMQ, err = DetectPGMQ(ctx, tx); err != nil {
 			return err
 		}
-		if env.Schema, err = DetectSchema(ctx, tx); err != nil {
+		if env.Schema, err = versions.DetectSchema(ctx, tx); err != nil {
 			return err
 		}
 		return nil
@@ -292,7 +292,7 @@ func RunPreflight(ctx context.Context, tx pgx.Tx, opts Options) ([]CheckResult, 
 	}
 	if opts.Schema != nil {
 		env.Schema = *opts.Schema
-	} else if env.Schema, err = DetectSchema(ctx, tx); err != nil {
+	} else if env.Schema, err = versions.DetectSchema(ctx, tx); err != nil {
 		return nil, err
 	}
 	var out []CheckResult

@@ -14,6 +14,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // probe is an extra check that runs sql in the audit's transaction and
@@ -201,7 +202,7 @@ func TestRoleWithOnlyUsageAndSelect(t *testing.T) {
 			t.Errorf("%s as a read-only role: %s %s", r.ID, r.Status, r.Error)
 		}
 	}
-	if rep.Schema.State != audit.StateBaseline {
+	if rep.Schema.State != versions.SchemaBaseline {
 		t.Fatalf("state %s as a read-only role", rep.Schema.State)
 	}
 	hidden := false

@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // The capture file (docs/fixtures.md "Capture file format"): gzip-compressed
@@ -163,7 +163,7 @@ func Write(ctx context.Context, conn *pgx.Conn, w io.Writer, opts Options) (int,
 	if _, err := tx.Exec(ctx, "set local timezone to 'UTC'; set local search_path to ''"); err != nil {
 		return 0, fmt.Errorf("capture: %w", err)
 	}
-	info, err := upgrade.DetectState(ctx, tx)
+	info, err := versions.DetectSchema(ctx, tx)
 	if err != nil {
 		return 0, fmt.Errorf("capture: detecting the pgflow schema: %w", err)
 	}

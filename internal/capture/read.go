@@ -16,8 +16,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // Reading a capture file (`fixtures replay --from`) is streamed: the file is
@@ -561,7 +561,7 @@ func RestoreFile(ctx context.Context, conn *pgx.Conn, path string, lim Limits) e
 // restore inserts the records next yields, in their order (the order
 // Write writes, which the reader enforces), in batches.
 func restore(ctx context.Context, conn *pgx.Conn, h Header, next func() (Record, bool, error)) error {
-	if h.PgflowState != string(audit.StateBaseline) {
+	if h.PgflowState != string(versions.SchemaBaseline) {
 		return fmt.Errorf("%w (state %q): nothing to replay", ErrNotBaseline, h.PgflowState)
 	}
 	if h.Version >= 2 {

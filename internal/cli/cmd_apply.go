@@ -113,7 +113,7 @@ func (a *App) applyAction(c *ucli.Context) error {
 		if err != nil {
 			return withCode(ExitEnvironment, fmt.Errorf("reading the schema state of %s: %w", where, err))
 		}
-		if st.State.State == audit.StateBaseline {
+		if st.State.State == versions.SchemaBaseline {
 			what := "UPGRADE"
 			if dry {
 				what = "DRY-RUN (then roll back) the upgrade of"

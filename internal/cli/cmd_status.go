@@ -10,7 +10,6 @@ import (
 
 	ucli "github.com/urfave/cli/v2"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/routes"
@@ -77,7 +76,7 @@ func (a *App) statusAction(c *ucli.Context) error {
 		return withCode(ExitEnvironment, fmt.Errorf("reading the status of %s: %w", where, err))
 	}
 	var rr *routesResult
-	if st.State.State == audit.StateUpgraded {
+	if st.State.State == versions.SchemaUpgraded {
 		rr = &routesResult{}
 		rr.Report, err = routes.Read(ctx, conn, routes.Options{StatementTimeout: statusRouteTimeout, ApplicationName: "pgflow-upgrade status"})
 		if err != nil {

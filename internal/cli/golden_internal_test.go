@@ -70,7 +70,7 @@ func cleanReport() *audit.Report {
 		return audit.Finding{CheckID: id, Severity: audit.Info, Message: msg, Remedy: "None.", Samples: samples}
 	}
 	rep := &audit.Report{ServerVersion: "15.18 (Debian 15.18-0+deb12u1)", Database: "app",
-		PGMQ: audit.PGMQInfo{Installed: true, Kind: "extension", Version: "1.5.1"}, Schema: audit.SchemaInfo{State: audit.StateBaseline},
+		PGMQ: audit.PGMQInfo{Installed: true, Kind: "extension", Version: "1.5.1"}, Schema: versions.SchemaInfo{State: versions.SchemaBaseline},
 		PgflowVersion: ready(), DurationMS: 228, Started: goldenAt}
 	rep.Checks = append(rep.Checks,
 		audit.CheckResult{ID: "schema.state", Status: audit.StatusFindings, Findings: []audit.Finding{
@@ -181,7 +181,7 @@ func routesReport() *routes.Report {
 func upgradedStatus() *upgrade.StatusReport {
 	d := &versions.Detection{Found: "0.17.0", State: versions.StateUpgraded, Exact: true,
 		NextStep: "already upgraded (pgflow 0.17.0, by this tool or by pgflow's own migration): nothing to do"}
-	return &upgrade.StatusReport{State: audit.SchemaInfo{State: audit.StateUpgraded}, PgflowVersion: d, Pending: []string{},
+	return &upgrade.StatusReport{State: versions.SchemaInfo{State: versions.SchemaUpgraded}, PgflowVersion: d, Pending: []string{},
 		Applied:    []upgrade.Revision{{Version: "20261203100000", Name: "pgflow_private_step_queues", AppliedAt: goldenAt}},
 		Migrations: []upgrade.MigrationStatus{{Version: "20261203100000", Name: "pgflow_private_step_queues", Applied: true, Status: "applied 2026-12-04 09:00:00Z"}},
 		AtlasSum:   upgrade.SumStatus{Valid: true}}
@@ -201,7 +201,7 @@ func TestGoldenStatus(t *testing.T) {
 
 	st := upgradedStatus()
 	st.PgflowVersion = ready()
-	st.State.State = audit.StateBaseline
+	st.State.State = versions.SchemaBaseline
 	st.Applied, st.Pending = nil, []string{"20261203100000_pgflow_private_step_queues"}
 	st.Migrations[0].Applied, st.Migrations[0].Status = false, "pending"
 	b.Reset()

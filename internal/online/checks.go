@@ -28,8 +28,8 @@ func onlineDifference(d catalog.Difference) bool {
 
 // baselineOrOnline: the 0.16.0 baseline, or the baseline plus what an
 // unfinished online upgrade adds, and nothing else.
-func baselineOrOnline(info audit.SchemaInfo) bool {
-	if info.State == audit.StateBaseline {
+func baselineOrOnline(info versions.SchemaInfo) bool {
+	if info.State == versions.SchemaBaseline {
 		return true
 	}
 	d := info.Version

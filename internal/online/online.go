@@ -14,6 +14,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgretry"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 	"github.com/pgflow-upgrade/pgflow-upgrade/preflight"
 )
@@ -354,7 +355,7 @@ func (e *engine) switchOptions() upgrade.Options {
 		po.CheckTimeout = 5 * time.Second
 	}
 	o.Preflight = po
-	o.AcceptState = func(ctx context.Context, tx pgx.Tx, st audit.SchemaInfo) (bool, error) {
+	o.AcceptState = func(ctx context.Context, tx pgx.Tx, st versions.SchemaInfo) (bool, error) {
 		s, err := Detect(ctx, tx)
 		if err != nil {
 			return false, err

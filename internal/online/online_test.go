@@ -16,6 +16,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 )
 
@@ -297,7 +298,7 @@ func TestRollbackOnline(t *testing.T) {
 				t.Fatalf("rollback: %v %+v", err, rr)
 			}
 			sameCatalog(t, "after rollback-online, against the 0.16.0 catalog before", cat016, readCatalog(t, db.Pool))
-			st, err := upgrade.DetectState(ctx, db.Pool)
+			st, err := versions.DetectSchema(ctx, db.Pool)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -12,6 +12,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgretry"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // expand: one short transaction. Our schema first (no pgflow lock), then
@@ -33,7 +34,7 @@ func (e *engine) expand(ctx context.Context) error {
 		return err
 	}
 	return e.ddlTx(ctx, "expand", func(tx pgx.Tx) error {
-		st, err := upgrade.DetectState(ctx, tx)
+		st, err := versions.DetectSchema(ctx, tx)
 		if err != nil {
 			return err
 		}

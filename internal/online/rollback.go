@@ -9,8 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // RollbackOptions of Rollback.
@@ -103,7 +103,7 @@ func (e *engine) undo(ctx context.Context, s Shape) error {
 		}
 	}
 	return e.ddlTx(ctx, "rollback", func(tx pgx.Tx) error {
-		st, err := audit.DetectSchema(ctx, tx)
+		st, err := versions.DetectSchema(ctx, tx)
 		if err != nil {
 			return err
 		}

@@ -13,12 +13,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/oldworker"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 const flow = "qflow"
@@ -192,9 +191,9 @@ func sameValues(t *testing.T, before, after values, when string) {
 	}
 }
 
-func state(t *testing.T, conn *pgx.Conn) audit.SchemaState {
+func state(t *testing.T, conn *pgx.Conn) versions.SchemaState {
 	t.Helper()
-	st, err := upgrade.DetectState(context.Background(), conn)
+	st, err := versions.DetectSchema(context.Background(), conn)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,11 +9,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // apply --quiesce on a live 0.16.0 database: every recorded value is back,
@@ -63,7 +63,7 @@ func TestApplyQuiesce(t *testing.T) {
 	if n := len(rep.Report.Quiesce.Recorded); n != 8 {
 		t.Fatalf("%d values recorded, want 8: %+v", n, rep.Report.Quiesce.Recorded)
 	}
-	if st := state(t, conn); st != audit.StateUpgraded {
+	if st := state(t, conn); st != versions.SchemaUpgraded {
 		t.Fatalf("state %s after apply --quiesce", st)
 	}
 	sameValues(t, before, snapshot(t, s.db), "after apply --quiesce")
@@ -121,9 +121,9 @@ func TestQuiesceInterrupted(t *testing.T) {
 			if recorded(t, conn) != nil {
 				t.Fatal("the quiesce is still recorded after the restore")
 			}
-			want := audit.StateBaseline
+			want := versions.SchemaBaseline
 			if point == quiesce.PointApplied {
-				want = audit.StateUpgraded
+				want = versions.SchemaUpgraded
 			}
 			if st := state(t, conn); st != want {
 				t.Fatalf("state %s after an interrupt at %s, want %s", st, point, want)
@@ -168,7 +168,7 @@ func TestQuiesceCrashResumeUndo(t *testing.T) {
 				if res, err := upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: quiesceOpts()}); !errors.Is(err, quiesce.ErrInProgress) || res.Outcome != upgrade.OutcomeRefused {
 					t.Fatalf("a second apply --quiesce: %v", err)
 				}
-				want := audit.StateUpgraded
+				want := versions.SchemaUpgraded
 				if finish == "resume" {
 					q := quiesceOpts()
 					q.Resume = true
@@ -187,7 +187,7 @@ func TestQuiesceCrashResumeUndo(t *testing.T) {
 						t.Fatalf("--undo-quiesce after a crash at %s: %v %+v", point, err, rep)
 					}
 					if point != quiesce.PointApplied {
-						want = audit.StateBaseline
+						want = versions.SchemaBaseline
 					}
 				}
 				sameValues(t, before, snapshot(t, s.db), "after "+finish+" from "+point)
@@ -223,7 +223,7 @@ func TestQuiesceDrainTimeout(t *testing.T) {
 		t.Fatalf("report: %+v", rep.Report.Quiesce)
 	}
 	sameValues(t, before, snapshot(t, s.db), "after a drain timeout")
-	if st := state(t, conn); st != audit.StateBaseline {
+	if st := state(t, conn); st != versions.SchemaBaseline {
 		t.Fatalf("state %s after a drain timeout", st)
 	}
 	close(s.released)
@@ -269,7 +269,7 @@ func TestQuiesceNothingToPause(t *testing.T) {
 	if err != nil {
 		t.Fatalf("apply --quiesce without pg_cron and functions: %v", err)
 	}
-	if !rep.Report.Quiesce.Restored || len(rep.Report.Quiesce.Recorded) != 0 || state(t, conn) != audit.StateUpgraded {
+	if !rep.Report.Quiesce.Restored || len(rep.Report.Quiesce.Recorded) != 0 || state(t, conn) != versions.SchemaUpgraded {
 		t.Fatalf("report: %s %+v", rep.Outcome, rep.Report.Quiesce)
 	}
 }
@@ -288,7 +288,7 @@ func TestQuiesceNoAlterJob(t *testing.T) {
 		t.Fatalf("without cron.alter_job: %v", err)
 	}
 	sameValues(t, before, snapshot(t, db), "after the refusal")
-	if recorded(t, conn) != nil || state(t, conn) != audit.StateBaseline {
+	if recorded(t, conn) != nil || state(t, conn) != versions.SchemaBaseline {
 		t.Fatal("the refusal changed something")
 	}
 }
@@ -327,7 +327,7 @@ func TestQuiesceInterruptedMidQuery(t *testing.T) {
 	blocker.Rollback(context.Background())
 	sameValues(t, before, snapshot(t, s.db), "after an interrupt mid-query")
 	other := connect(t, s.db)
-	if recorded(t, other) != nil || state(t, other) != audit.StateBaseline {
+	if recorded(t, other) != nil || state(t, other) != versions.SchemaBaseline {
 		t.Fatal("still recorded, or upgraded")
 	}
 }

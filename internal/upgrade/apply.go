@@ -94,7 +94,7 @@ type Options struct {
 	// baseline as the start of the migration: `apply --online`
 	// (internal/online) uses it for its final switch on the shape it
 	// prepared. It runs in the transaction, under the advisory lock.
-	AcceptState func(ctx context.Context, tx pgx.Tx, st audit.SchemaInfo) (bool, error)
+	AcceptState func(ctx context.Context, tx pgx.Tx, st versions.SchemaInfo) (bool, error)
 	// BeforeCommit, if set, runs in the transaction after the post-conditions
 	// (internal/online drops its progress schema there, atomically).
 	BeforeCommit func(ctx context.Context, tx pgx.Tx) error
@@ -178,8 +178,8 @@ type StatementReport struct {
 
 // Report says what apply did (Result.Report), also when it failed.
 type Report struct {
-	DryRun bool             `json:"dry_run"`
-	State  audit.SchemaInfo `json:"state_before"`
+	DryRun bool                `json:"dry_run"`
+	State  versions.SchemaInfo `json:"state_before"`
 	// PgflowVersion: which pgflow apply found before it changed anything,
 	// and the next step (the same object status and audit print).
 	PgflowVersion *versions.Detection `json:"pgflow_version"`
@@ -595,7 +595,7 @@ func (a *applyRun) finish() error {
 // with r.Pending the migrations not recorded.
 func (a *applyRun) readState() error {
 	ctx, r, tx, all := a.ctx, a.r, a.tx, a.all
-	st, err := DetectState(ctx, tx)
+	st, err := versions.DetectSchema(ctx, tx)
 	if err != nil {
 		return err
 	}
@@ -637,7 +637,7 @@ func (a *applyRun) admit() error {
 		return a.fail(OutcomeRefused, fmt.Errorf("%w: pgflow_upgrade.schema_revisions records %s, which this pgflow-upgrade (migrations up to %s) does not know; use the newer pgflow-upgrade that applied it (`pgflow-upgrade status` lists the revisions)",
 			ErrNewerSchema, strings.Join(r.Unknown, ", "), Version))
 	}
-	if a.opts.AcceptState != nil && r.State.State != audit.StateBaseline && r.State.State != audit.StateUpgraded {
+	if a.opts.AcceptState != nil && r.State.State != versions.SchemaBaseline && r.State.State != versions.SchemaUpgraded {
 		ok, err := a.opts.AcceptState(ctx, tx, r.State)
 		if err != nil {
 			return err
@@ -651,7 +651,7 @@ func (a *applyRun) admit() error {
 	case accepted:
 		from = ownHopFile - 1
 	case v != nil && v.Release != nil && v.Online == nil &&
-		(r.State.State == audit.StateUpgraded || r.State.State == audit.StateBaseline || r.State.State == audit.StateOlder):
+		(r.State.State == versions.SchemaUpgraded || r.State.State == versions.SchemaBaseline || r.State.State == versions.SchemaOlder):
 		from = v.Release.Files
 	}
 	if from >= 0 {
@@ -676,7 +676,7 @@ func (a *applyRun) admit() error {
 		}
 	}
 	switch {
-	case r.State.State == audit.StateBaseline || accepted:
+	case r.State.State == versions.SchemaBaseline || accepted:
 		// The one state this migration starts from (or one AcceptState vouches for).
 		if len(r.Pending) == 0 {
 			for _, m := range all {

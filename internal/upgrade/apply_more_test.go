@@ -23,6 +23,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 	"github.com/pgflow-upgrade/pgflow-upgrade/preflight"
 )
@@ -454,7 +455,7 @@ func TestStatusAndVerify(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.State.State != audit.StateBaseline || len(st.Pending) != 1 || len(st.Applied) != 0 {
+	if st.State.State != versions.SchemaBaseline || len(st.Pending) != 1 || len(st.Applied) != 0 {
 		t.Fatalf("baseline status: %+v", st)
 	}
 	vr, err := upgrade.Verify(ctx, conn)
@@ -472,7 +473,7 @@ func TestStatusAndVerify(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.State.State != audit.StateUpgraded || len(st.Pending) != 0 || len(st.Applied) != 1 || st.Applied[0].Version != upgrade.Version {
+	if st.State.State != versions.SchemaUpgraded || len(st.Pending) != 0 || len(st.Applied) != 1 || st.Applied[0].Version != upgrade.Version {
 		t.Fatalf("upgraded status: %+v", st)
 	}
 	if vr, err = upgrade.Verify(ctx, conn); err != nil || !vr.OK {
@@ -500,7 +501,7 @@ func TestStatusAndVerify(t *testing.T) {
 	// status still finds 0.17.0, not exactly: the addition is named; verify
 	// (above) is what fails on it.
 	v := st.State.Version
-	if st.State.State != audit.StateUpgraded || v == nil || v.Exact || !strings.Contains(strings.Join(catalog.Strings(v.Additions), "; "), "start_tasks") {
+	if st.State.State != versions.SchemaUpgraded || v == nil || v.Exact || !strings.Contains(strings.Join(catalog.Strings(v.Additions), "; "), "start_tasks") {
 		t.Fatalf("status with start_tasks back: %+v %+v", st.State, v)
 	}
 }

@@ -26,6 +26,10 @@ const AdvisoryLockKey int64 = 0x7067666c77757067
 // for longer than Options.Wait.
 var ErrUpgradeLocked = errors.New("another pgflow-upgrade apply is running on this database")
 
+// Tables is every pgflow table the upgrade locks, in the documented lock
+// order (docs/design.md "Lock order").
+var Tables = []string{"flows", "steps", "deps", "runs", "step_states", "step_tasks", "workers"}
+
 // TableLock is one explicit lock apply takes, in the documented order.
 type TableLock struct {
 	Table string // in schema pgflow

@@ -7,8 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // QuiesceReport is what apply --quiesce did around the transaction.
@@ -32,7 +32,7 @@ func applyQuiesced(ctx context.Context, conn *pgx.Conn, opts Options) (*Result[*
 		// transaction). Anything else gets Apply's own answer, with nothing
 		// paused: already 0.17.x is a no-op, any other state (or an open
 		// record, on a dry run) its refusal before any table lock.
-		st, err := DetectState(ctx, conn)
+		st, err := versions.DetectSchema(ctx, conn)
 		if err != nil {
 			res := &Result[*Report]{Report: &Report{DryRun: opts.DryRun, BackendPID: conn.PgConn().PID()}}
 			return res, Settle(ctx, conn, res, fmt.Errorf("detecting the schema state before --quiesce: %w", err))
@@ -41,7 +41,7 @@ func applyQuiesced(ctx context.Context, conn *pgx.Conn, opts Options) (*Result[*
 		switch {
 		case open && !opts.DryRun:
 			// quiesce.Run refuses it, naming the commands that close it.
-		case !open && (st.State == audit.StateBaseline || (st.State == audit.StatePartial && opts.AcceptState != nil)):
+		case !open && (st.State == versions.SchemaBaseline || (st.State == versions.SchemaPartial && opts.AcceptState != nil)):
 		default:
 			res, err := Apply(ctx, conn, opts)
 			if err != nil && !open {

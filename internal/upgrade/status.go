@@ -8,7 +8,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
@@ -49,7 +48,7 @@ type SumStatus struct {
 
 // StatusReport is what `status` prints.
 type StatusReport struct {
-	State audit.SchemaInfo `json:"state"`
+	State versions.SchemaInfo `json:"state"`
 	// PgflowVersion: which pgflow was found and the next step.
 	PgflowVersion *versions.Detection `json:"pgflow_version"`
 	Applied       []Revision          `json:"applied"`
@@ -63,7 +62,7 @@ type StatusReport struct {
 
 // NeedsAttention: a state apply cannot act on, or tampered migrations.
 func (s *StatusReport) NeedsAttention() bool {
-	return !s.AtlasSum.Valid || len(s.Newer) > 0 || s.State.State == audit.StatePartial || s.State.State == audit.StateUnknown || s.State.State == audit.StateOlder
+	return !s.AtlasSum.Valid || len(s.Newer) > 0 || s.State.State == versions.SchemaPartial || s.State.State == versions.SchemaUnknown || s.State.State == versions.SchemaOlder
 }
 
 // Status reads the schema state and revisions in one READ ONLY transaction
@@ -83,7 +82,7 @@ func Status(ctx context.Context, conn *pgx.Conn) (*StatusReport, error) {
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
 
-	if rep.State, err = DetectState(ctx, tx); err != nil {
+	if rep.State, err = versions.DetectSchema(ctx, tx); err != nil {
 		return nil, err
 	}
 	rep.PgflowVersion = rep.State.Version
@@ -110,7 +109,7 @@ func Status(ctx context.Context, conn *pgx.Conn) (*StatusReport, error) {
 		rep.PgflowVersion = &d
 	}
 	// A 0.17.x database needs nothing, whoever upgraded it.
-	done := rep.State.State == audit.StateUpgraded
+	done := rep.State.State == versions.SchemaUpgraded
 	for _, m := range all {
 		ms := MigrationStatus{Version: m.Version, Name: m.Name, File: m.File, Status: "pending"}
 		r, ok := applied[m.Version]

@@ -3,37 +3,9 @@ package audit
 import (
 	"context"
 	"fmt"
-	"strings"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
-
-// SchemaState is the coarse state the checks act on, derived from the
-// pgflow version internal/versions detects (SchemaInfo.Version).
-type SchemaState string
-
-const (
-	StateBaseline  SchemaState = "baseline"   // pgflow 0.16.0, not upgraded: what apply starts from
-	StateUpgraded  SchemaState = "upgraded"   // pgflow 0.17.x (by this tool or pgflow's own migration)
-	StateOlder     SchemaState = "older"      // pgflow before 0.16.0: pgflow's own installer first
-	StatePartial   SchemaState = "partial"    // pgflow tables, but no known version exactly
-	StateUnknown   SchemaState = "unknown"    // a pgflow schema without the pgflow tables
-	StateNotPgflow SchemaState = "not_pgflow" // no schema pgflow
-)
-
-// SchemaInfo is what DetectSchema found.
-type SchemaInfo struct {
-	State SchemaState `json:"state"`
-	// HasTables: the tables the data checks read exist (flows, steps, runs,
-	// step_states, step_tasks, workers).
-	HasTables bool `json:"has_tables"`
-	// Differences from the closest known version (empty when one matched).
-	Differences []string `json:"differences"`
-	// Version is the detection itself: which pgflow, and the next step.
-	// Reports carry it as their top-level "pgflow_version".
-	Version *versions.Detection `json:"-"`
-}
 
 // PGMQInfo says which pgmq a database has.
 type PGMQInfo struct {
@@ -100,56 +72,4 @@ func DetectPGMQ(ctx context.Context, q Querier) (PGMQInfo, error) {
 	}
 	info.Installed = info.Kind != "" && listQueues
 	return info, nil
-}
-
-// dataTables are the tables the data checks read.
-var dataTables = []string{"flows", "steps", "runs", "step_states", "step_tasks", "workers"}
-
-// DetectSchema says which pgflow the database has (internal/versions: one
-// catalog query, no locks on pgflow tables, so it works while they are
-// locked) and maps it to the state the checks act on.
-func DetectSchema(ctx context.Context, q Querier) (SchemaInfo, error) {
-	d, err := versions.Detect(ctx, q)
-	if err != nil {
-		return SchemaInfo{Differences: []string{}}, err
-	}
-	return schemaInfo(d), nil
-}
-
-func schemaInfo(d *versions.Detection) SchemaInfo {
-	info := SchemaInfo{Version: d, Differences: d.DifferenceStrings()}
-	if d.Catalog != nil {
-		info.HasTables = true
-		for _, t := range dataTables {
-			info.HasTables = info.HasTables && d.Catalog.Table(t) != nil
-		}
-	}
-	switch d.State {
-	case versions.StateNotPgflow:
-		info.State = StateNotPgflow
-	case versions.StateReady:
-		info.State = StateBaseline
-	case versions.StateUpgraded:
-		info.State = StateUpgraded
-	case versions.StateOlder:
-		info.State = StateOlder
-	default:
-		info.State = StatePartial
-		if !info.HasTables && d.Closest == "" {
-			info.State = StateUnknown
-		}
-	}
-	return info
-}
-
-// describe is a one-line description of the state.
-func (s SchemaInfo) describe() string {
-	if s.Version == nil {
-		return string(s.State)
-	}
-	out := s.Version.Summary()
-	if len(s.Differences) > 0 {
-		out += ": " + strings.Join(s.Differences, "; ")
-	}
-	return out + ". Next: " + s.Version.NextStep
 }
