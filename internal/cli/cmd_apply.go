@@ -70,6 +70,9 @@ func (a *App) applyCommand() *ucli.Command {
 			&ucli.IntFlag{Name: "lock-retries", Value: upgrade.DefaultLockRetries, Usage: "table-lock attempts after the first"},
 			&ucli.IntFlag{Name: "sample", Value: 5, Usage: "sample rows per preflight finding"},
 			&ucli.StringFlag{Name: "supabase-dir", Usage: "the project's supabase/migrations folder: record pgflow's own 0.17.0 migration (*_pgflow_private_step_queues.sql) there as applied in the Supabase ledger"},
+			&ucli.StringFlag{Name: "to", Usage: "the release to end at: 0.17.0 (this tool's own hop only), 0.17.1 or " + versions.Newest + " (default: upstream's newest, " + versions.Newest + ")"},
+			&ucli.StringFlag{Name: "pgflow-migrations", Usage: "the folder holding your copy of pgflow's own migration files (recognised by their atlas.sum hash, whatever their names; default: --supabase-dir); without them the plan ends at 0.17.0 and says what the rest needs"},
+			&ucli.StringFlag{Name: "telemetry", Usage: "off: opt out of pgflow's daily telemetry job (upstream's pgflow_telemetry.disable(), in the same transaction) when the plan reaches 0.17.1; default: upstream's (the job stays scheduled)"},
 			&ucli.DurationFlag{Name: "check-timeout", Value: 30 * time.Second, Usage: "statement_timeout of each preflight check (they run exact, under the locks; a check that runs out: exit 4, nothing changed)"},
 		}, append(onlineFlags(), quiesceFlags()...)...),
 		Action: a.applyAction,
@@ -91,6 +94,10 @@ func (a *App) applyAction(c *ucli.Context) error {
 	}
 	if c.Duration("lock-timeout") <= 0 || c.Duration("check-timeout") <= 0 || c.Int("lock-retries") < 0 || c.Duration("wait") < 0 {
 		return usageErrorf("--lock-timeout and --check-timeout must be positive, --lock-retries and --wait not negative")
+	}
+	telemetryOff, err := telemetryFlag(c)
+	if err != nil {
+		return err
 	}
 	yes, dry := c.Bool("yes"), c.Bool("dry-run")
 	if !yes && !a.Interactive {
@@ -136,6 +143,10 @@ func (a *App) applyAction(c *ucli.Context) error {
 		Preflight:   audit.Options{Sample: c.Int("sample"), CheckTimeout: c.Duration("check-timeout")},
 		SupabaseDir: c.String("supabase-dir"),
 		Quiesce:     a.quiesceOptions(c, quiesce.ModeApply),
+
+		To:               c.String("to"),
+		PgflowMigrations: c.String("pgflow-migrations"),
+		TelemetryOff:     telemetryOff,
 	}
 	prog := a.newProgress() // progress.go: on a terminal and off it
 	opts.Progress = prog.event
@@ -152,6 +163,30 @@ func (a *App) applyAction(c *ucli.Context) error {
 	return finishRun(a, c, "apply", where, res, err, func(w io.Writer) error { return writeApplyTable(w, where, res) })
 }
 
+// telemetryFlag reads --telemetry: "off" opts out, "" or "on" keeps
+// upstream's default.
+func telemetryFlag(c *ucli.Context) (off bool, err error) {
+	switch v := c.String("telemetry"); v {
+	case "", "on":
+		return false, nil
+	case "off":
+		return true, nil
+	default:
+		return false, usageErrorf("--telemetry takes off (opt out) or on (upstream's default), not %q", v)
+	}
+}
+
+// writePlan prints the plan hop by hop.
+func writePlan(w io.Writer, p *upgrade.Plan) {
+	if p == nil {
+		return
+	}
+	fmt.Fprintf(w, "plan: %s -> %s (%d hops, upstream's newest release is %s)\n", p.From, p.To, len(p.Hops), versions.Newest)
+	for _, l := range p.Lines() {
+		fmt.Fprintf(w, "  %s\n", l)
+	}
+}
+
 // writeApplyTable prints the outcome, blockers, failed post-conditions,
 // statements (dry run) and step timings.
 func writeApplyTable(w io.Writer, where string, res *upgrade.Result[*upgrade.Report]) error {
@@ -166,6 +201,7 @@ func writeApplyTable(w io.Writer, where string, res *upgrade.Result[*upgrade.Rep
 	} else {
 		writeVersion(w, rep.PgflowVersion)
 	}
+	writePlan(w, rep.Plan)
 	if len(rep.Blockers) > 0 {
 		fmt.Fprintln(w, "\nblockers (fix them, then rerun; `pgflow-upgrade audit` shows the same checks):")
 		var rows [][]string

@@ -46,6 +46,10 @@ func (a *App) applyOnlineAction(c *ucli.Context) error {
 	if !c.Bool("yes") && !a.Interactive {
 		return usageErrorf("apply changes the database: pass --yes (pipelines), or run it on a terminal")
 	}
+	telemetryOff, err := telemetryFlag(c)
+	if err != nil {
+		return err
+	}
 	t, err := a.resolveTarget(c, "apply", false)
 	if err != nil {
 		return err
@@ -84,7 +88,10 @@ func (a *App) applyOnlineAction(c *ucli.Context) error {
 		MaxReplicaLag: c.Duration("max-replica-lag"), LockTimeout: lockTimeout, LockRetries: lockRetries,
 		Wait: c.Duration("wait"), Progress: prog,
 		Preflight: audit.Options{Sample: c.Int("sample"), CheckTimeout: c.Duration("check-timeout")},
-		Switch:    upgrade.Options{Quiesce: a.quiesceOptions(c, quiesce.ModeOnline)}, // around the switch only
+		// The quiesce goes around the switch only; the plan's hops after
+		// this tool's own run in the switch transaction.
+		Switch: upgrade.Options{Quiesce: a.quiesceOptions(c, quiesce.ModeOnline),
+			To: c.String("to"), PgflowMigrations: c.String("pgflow-migrations"), TelemetryOff: telemetryOff},
 	}
 	res, err := online.Apply(ctx, conn, opts)
 	if err != nil {

@@ -1,0 +1,67 @@
+package online_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
+)
+
+// apply --online follows the plan: from upstream's own 0.16.0 with work in
+// flight, the online phases and then, in the switch, this tool's hop and
+// upstream's files 25-27 from the user's copy; the end is the newest
+// release's catalog, with the rows and messages upstream's own files
+// leave, and all 27 files in the ledger.
+func TestOnlineHopsFrom0160ToNewest(t *testing.T) {
+	t.Logf("components: %s", testdb.UpstreamComponents())
+	ctx := context.Background()
+	db := testdb.Upstream(t, "0.16.0")
+	if err := fixtures.LoadInflightRuns(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	theirs := db.Clone(t)
+	res, err := online.Apply(ctx, connect(t, db), online.Options{BatchSize: 50,
+		Switch: upgrade.Options{PgflowMigrations: testdb.PgflowInstalledCopy(t, 27)}})
+	if err != nil || res.Outcome != upgrade.OutcomeApplied {
+		t.Fatalf("online: %v (%s: %s)", err, res.Outcome, res.Message)
+	}
+	if sw := res.Report.Switch.Report; sw.VersionNow != versions.Newest || len(sw.HopsApplied) != 3 {
+		t.Fatalf("switch reached %s, hops %v", sw.VersionNow, sw.HopsApplied)
+	}
+	theirs.PushUpstream(t, 23, 27)
+	for _, schema := range []string{"pgflow", "pgflow_telemetry"} {
+		w, err := catalog.Read(ctx, theirs.Pool, schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := catalog.Read(ctx, db.Pool, schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := catalog.Diff(w, g); len(d) != 0 {
+			t.Fatalf("schema %s differs from upstream's newest:\n%s", schema, strings.Join(catalog.Strings(d), "\n"))
+		}
+	}
+	want, err := fingerprint.Take(ctx, theirs.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := fingerprint.Take(ctx, db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := append(fingerprint.Compare(want, got), fingerprint.Added(want, got)...); len(d) != 0 {
+		t.Fatalf("rows or messages differ from upstream's own files run in order:\n%s", fingerprint.Format(d, 20))
+	}
+	var ledger int
+	if err := db.Pool.QueryRow(ctx, `select count(*)::int from supabase_migrations.schema_migrations`).Scan(&ledger); err != nil || ledger != 27 {
+		t.Fatalf("ledger: %d rows (%v)", ledger, err)
+	}
+}
