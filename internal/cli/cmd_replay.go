@@ -155,7 +155,7 @@ func newReplayPlan(c *ucli.Context) (*replayPlan, error) {
 	if p.rehearsal.MaxLockWindow < 0 || p.rehearsal.MaxWait < 0 {
 		return nil, usageErrorf("--max-lock-window and --max-wait must be positive durations (e.g. 2s, 500ms)")
 	}
-	all := scenario.Builtin()
+	all := append(scenario.Builtin(), fleetScenario()) // the fleet is the command line's: its scenario lives here
 	if p.from != "" {
 		captured, err := validateReplayCapture(p.from)
 		if err != nil {

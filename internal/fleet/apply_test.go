@@ -262,3 +262,14 @@ func TestFleetApplyOnlineAndInterrupt(t *testing.T) {
 		sameRows(t, fmt.Sprintf("t%d", i+1), fps[i], db)
 	}
 }
+
+// TestFleetReplayScenario: `fixtures replay fleet-staged` passes on the
+// test server (its fleet audit, staged apply and rerun with the ledger).
+func TestFleetReplayScenario(t *testing.T) {
+	testdb.SkipIfShort(t, "fixtures replay fleet-staged: the fleet's replay scenario passes (four databases, three fleet runs)")
+	env := map[string]string{"PGFLOW_UPGRADE_NO_DOCKER": "1", "PGFLOW_UPGRADE_DSN": testdb.Server(t).AdminDSN()}
+	r := run(t, env, "fixtures", "replay", "fleet-staged")
+	if r.code != cli.ExitOK || !strings.Contains(r.stdout, "fleet-staged") || !strings.Contains(r.stdout, "1 passed") {
+		t.Fatalf("exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+}
