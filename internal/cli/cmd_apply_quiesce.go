@@ -105,6 +105,7 @@ func writeQuiesce(w io.Writer, q *upgrade.QuiesceReport) {
 	fmt.Fprintf(w, "\nquiesce: %d value(s) recorded, %d 0.16.0 worker(s) deprecated, drained in %s, upgrade committed %v, restored %v\n",
 		len(r.Recorded), r.WorkersDeprecated, (time.Duration(r.DrainMS) * time.Millisecond).Round(time.Millisecond), r.Applied, r.Restored)
 	writeQuiesceItems(w, r)
+	writeLeftStarted(w, r.LeftStarted)
 	if r.Next != "" {
 		fmt.Fprintf(w, "the quiesce is still recorded: run `%s`, or `pgflow-upgrade apply --undo-quiesce --yes`\n", r.Next)
 	}
@@ -151,4 +152,35 @@ func writeQuiesceStatus(w io.Writer, info *quiesce.StatusInfo) {
 	}
 	fmt.Fprintf(w, "apply --quiesce in progress since %s: phase %s (%d worker function(s) disabled, %d cron job(s) paused, %d worker(s) deprecated); next: %s (finishes it), or %s (undoes it)\n",
 		info.StartedAt.UTC().Format(time.RFC3339), info.Phase, info.Functions, info.CronJobs, info.WorkersDeprecated, info.Next, info.Undo)
+}
+
+// writeLeftStarted says which tasks were still started when the upgrade
+// committed, whose, since when, and what becomes of them.
+func writeLeftStarted(w io.Writer, l *quiesce.LeftStarted) {
+	if l == nil || (l.Tasks == 0 && l.Recovery == "") {
+		return
+	}
+	if l.Tasks == 0 {
+		writeBlock(w, "started tasks: ", l.Recovery, 2)
+		return
+	}
+	writeBlock(w, "", l.Summary()+": "+l.Recovery, 2)
+	for _, s := range l.Workers {
+		who := "no worker recorded"
+		if s.WorkerID != "" {
+			who = "worker " + s.WorkerID
+			if s.Function != "" {
+				who += " (" + s.Function + ")"
+			}
+			if s.LastHeartbeat != nil {
+				who += ", last heartbeat " + s.LastHeartbeat.UTC().Format(time.RFC3339)
+			}
+		}
+		line := fmt.Sprintf("  %d task(s) of %s: started since %s, requeued from %s", s.Tasks, who,
+			s.OldestStarted.UTC().Format(time.RFC3339), s.RequeueFrom.UTC().Format(time.RFC3339))
+		if s.Exhausted > 0 {
+			line += fmt.Sprintf(" (%d requeued 3 times already: left started)", s.Exhausted)
+		}
+		fmt.Fprintln(w, line)
+	}
 }

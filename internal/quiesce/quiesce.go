@@ -96,6 +96,9 @@ type Report struct {
 	// Next: what to run when the quiesce is still recorded (restore failed
 	// or a simulated crash).
 	Next string `json:"next,omitempty"`
+	// LeftStarted: the tasks still started when the upgrade committed,
+	// whose workers are gone, and what becomes of them (leftstarted.go).
+	LeftStarted *LeftStarted `json:"left_started,omitempty"`
 }
 
 // ApplyFunc runs the upgrade. It must call Mark in its transaction before
@@ -182,6 +185,12 @@ func Run(ctx context.Context, conn *pgx.Conn, opts Options, apply ApplyFunc) (*R
 		}
 	} else {
 		r.Applied = true
+	}
+	if r.Applied {
+		// Read before the restore: no worker has started since.
+		if r.LeftStarted, err = ReadLeftStarted(ctx, conn, opts.LiveWorker); err != nil {
+			r.LeftStarted = &LeftStarted{Recovery: "the tasks still started could not be read (" + err.Error() + "): `pgflow-upgrade status` and pgflow.step_tasks show them"}
+		}
 	}
 	opts.progress(Event{Step: "restore", Detail: "cron jobs first, then worker functions, to their recorded values"})
 	missing, err := Restore(ctx, conn)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -78,6 +79,9 @@ func applyQuiesced(ctx context.Context, conn *pgx.Conn, opts Options) (*Result[*
 			res.Message += fmt.Sprintf("; quiesce: %d worker function/cron value(s) recorded and restored, %d 0.16.0 worker(s) deprecated, drained in %d ms",
 				len(qr.Recorded), qr.WorkersDeprecated, qr.DrainMS)
 		}
+		if l := qr.LeftStarted; l != nil && l.Tasks > 0 {
+			res.Message += "; " + l.Summary() + ": " + l.Recovery
+		}
 		return res, nil
 	}
 	switch {
@@ -110,12 +114,25 @@ func dryRunQuiesced(ctx context.Context, conn *pgx.Conn, opts Options, q quiesce
 		res := &Result[*Report]{Report: &Report{DryRun: true}}
 		return res, Settle(ctx, conn, res, err)
 	}
+	live := q.LiveWorker
+	if live <= 0 {
+		live = quiesce.DefaultLiveWorker
+	}
+	left, err := quiesce.ReadLeftStarted(ctx, conn, live)
+	if err != nil {
+		res := &Result[*Report]{Report: &Report{DryRun: true}}
+		return res, Settle(ctx, conn, res, err)
+	}
 	res, aerr := Apply(ctx, conn, opts)
 	plan := inv.Changes()
+	if left.Tasks > 0 {
+		plan = append(plan, fmt.Sprintf("leave %d task(s) started by %d worker(s) that are not live (the oldest since %s): %s",
+			left.Tasks, len(left.Workers), left.Workers[0].OldestStarted.UTC().Format(time.RFC3339), left.Recovery))
+	}
 	if why := inv.Blocked(); why != "" {
 		plan = append(plan, "REFUSED: "+why)
 	}
-	res.Report.Quiesce = &QuiesceReport{Report: &quiesce.Report{Inventory: inv}, Plan: plan}
+	res.Report.Quiesce = &QuiesceReport{Report: &quiesce.Report{Inventory: inv, LeftStarted: left}, Plan: plan}
 	if aerr == nil {
 		res.Message += "; --quiesce would pause and restore what its plan lists (nothing was paused, so nothing is restored)"
 	}
