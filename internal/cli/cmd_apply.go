@@ -204,11 +204,7 @@ func writeApplyTable(w io.Writer, where string, res *upgrade.Result[*upgrade.Rep
 	writePlan(w, rep.Plan)
 	if len(rep.Blockers) > 0 {
 		fmt.Fprintln(w, "\nblockers (fix them, then rerun; `pgflow-upgrade audit` shows the same checks):")
-		var rows [][]string
-		for _, f := range rep.Blockers {
-			rows = append(rows, []string{f.CheckID, countCell(f), f.Message, f.Remedy})
-		}
-		if err := writeTable(w, []string{"check", "count", "finding", "remedy"}, rows); err != nil {
+		if err := writeFindings(w, rep.Blockers); err != nil {
 			return err
 		}
 		for _, f := range rep.Blockers {
@@ -216,33 +212,24 @@ func writeApplyTable(w io.Writer, where string, res *upgrade.Result[*upgrade.Rep
 				continue
 			}
 			fmt.Fprintf(w, "\n%s (samples)\n", f.CheckID)
-			cols := sampleColumns(f.Samples)
-			var rows [][]string
-			for _, s := range f.Samples {
-				row := make([]string, len(cols))
-				for i, c := range cols {
-					row[i] = cell(s[c])
-				}
-				rows = append(rows, row)
-			}
-			if err := writeTable(w, cols, rows); err != nil {
+			if err := writeSamples(w, f.Samples); err != nil {
 				return err
 			}
 		}
 	}
 	// Warnings do not stop the upgrade, but the operator should see them
 	// (e.g. 0.16.0 workers still alive, a queue that is not pgflow's).
-	var warns [][]string
+	var warns []audit.Finding
 	for _, r := range rep.Preflight {
 		for _, f := range r.Findings {
 			if f.Severity == audit.Warning {
-				warns = append(warns, []string{f.CheckID, countCell(f), f.Message, f.Remedy})
+				warns = append(warns, f)
 			}
 		}
 	}
 	if len(warns) > 0 {
 		fmt.Fprintln(w, "\nwarnings (not blocking):")
-		if err := writeTable(w, []string{"check", "count", "finding", "remedy"}, warns); err != nil {
+		if err := writeFindings(w, warns); err != nil {
 			return err
 		}
 	}

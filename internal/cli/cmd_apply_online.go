@@ -153,11 +153,7 @@ func writeOnlineTable(w io.Writer, where string, res *upgrade.Result[*online.Rep
 	fmt.Fprintf(w, "pgflow-upgrade apply --online on %s: %s (started at phase %s)\n%s\n", where, res.Outcome, rep.StartPhase, res.Message)
 	if len(rep.Blockers) > 0 {
 		fmt.Fprintln(w, "\nblockers (fix them, then rerun; `pgflow-upgrade audit` shows the same checks):")
-		var rows [][]string
-		for _, f := range rep.Blockers {
-			rows = append(rows, []string{f.CheckID, countCell(f), f.Message, f.Remedy})
-		}
-		if err := writeTable(w, []string{"check", "count", "finding", "remedy"}, rows); err != nil {
+		if err := writeFindings(w, rep.Blockers); err != nil {
 			return err
 		}
 	}

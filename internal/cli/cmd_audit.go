@@ -3,7 +3,6 @@ package cli
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -198,13 +197,6 @@ func severityRank(s audit.Severity) int {
 	return 2
 }
 
-func countCell(f audit.Finding) string {
-	if f.AtLeast {
-		return fmt.Sprintf("at least %d", f.Count)
-	}
-	return fmt.Sprint(f.Count)
-}
-
 // auditVerdict is the audit's answer in a word: GO (no blockers, every
 // check decided, and the plain apply its next step names goes through),
 // NO-GO (blockers) or CANNOT TELL (a check ran out of time or failed).
@@ -332,9 +324,9 @@ func writeAuditTableOf(w *bytes.Buffer, target string, rep *audit.Report, fc *fo
 	} else {
 		var rows [][]string
 		for _, f := range findings {
-			rows = append(rows, []string{string(f.Severity), f.CheckID, countCell(f), f.Message, f.Remedy})
+			rows = append(rows, append([]string{string(f.Severity)}, findingRow(f)...))
 		}
-		if err := writeTable(w, []string{"severity", "check", "count", "finding", "remedy"}, rows); err != nil {
+		if err := writeTable(w, append([]string{"severity"}, findingColumns...), rows); err != nil {
 			return err
 		}
 	}
@@ -343,16 +335,7 @@ func writeAuditTableOf(w *bytes.Buffer, target string, rep *audit.Report, fc *fo
 			continue
 		}
 		fmt.Fprintf(w, "\n%s %s: %s (samples)\n", f.Severity, f.CheckID, f.Message)
-		cols := sampleColumns(f.Samples)
-		var rows [][]string
-		for _, s := range f.Samples {
-			row := make([]string, len(cols))
-			for i, c := range cols {
-				row[i] = cell(s[c])
-			}
-			rows = append(rows, row)
-		}
-		if err := writeTable(w, cols, rows); err != nil {
+		if err := writeSamples(w, f.Samples); err != nil {
 			return err
 		}
 	}
@@ -389,43 +372,4 @@ func writeForecastLine(w *bytes.Buffer, f *forecast.Forecast) {
 		text += "; use --online"
 	}
 	fmt.Fprintln(w, oneLine(text, lineWidth))
-}
-
-// sampleText is a sample row as "column=value" pairs in column order.
-func sampleText(s map[string]any) string {
-	cols := sampleColumns([]map[string]any{s})
-	parts := make([]string, 0, len(cols))
-	for _, c := range cols {
-		parts = append(parts, c+"="+cell(s[c]))
-	}
-	return strings.Join(parts, ", ")
-}
-
-// sampleColumns: the union of the samples' keys, sorted.
-func sampleColumns(samples []map[string]any) []string {
-	seen := map[string]bool{}
-	var cols []string
-	for _, s := range samples {
-		for k := range s {
-			if !seen[k] {
-				seen[k] = true
-				cols = append(cols, k)
-			}
-		}
-	}
-	sort.Strings(cols)
-	return cols
-}
-
-func cell(v any) string {
-	switch x := v.(type) {
-	case nil:
-		return ""
-	case string:
-		return x
-	case map[string]any, []any:
-		b, _ := json.Marshal(x)
-		return string(b)
-	}
-	return fmt.Sprint(v)
 }
