@@ -298,8 +298,15 @@ func (s *runner) step(name, detail string, fn func() error) error {
 
 // apply runs Apply's plan (applyPlan, plan.go) on one transaction. The
 // first error stops it; the transaction is then rolled back.
-func apply(ctx context.Context, conn *pgx.Conn, opts Options, res *Result[*Report]) error {
+func apply(ctx context.Context, conn *pgx.Conn, opts Options, res *Result[*Report]) (err error) {
 	a := &applyRun{runner: &runner{ctx: ctx, opts: opts, res: res, r: res.Report}, conn: conn}
+	defer func() {
+		// After the rollback (below): what was built before the
+		// transaction goes with a failed or dry run.
+		if err != nil || opts.DryRun {
+			err = errors.Join(err, a.dropPrebuilt())
+		}
+	}()
 	defer a.rollbackUnlessDone()
 	for _, st := range applyPlan {
 		if a.done {
@@ -331,6 +338,7 @@ type applyRun struct {
 	copyErr      error                  // why the copy given cannot serve (a file missing or altered)
 	plan         *Plan                  // the hops, made by admit
 	preflightRan bool                   // the shared check catalog ran (before the own hop)
+	pre          *prebuilt              // built before the transaction (prebuild.go)
 	tx           pgx.Tx
 	accepted     bool      // admit accepted a state AcceptState vouched for
 	done         bool      // admit found nothing to do: already upgraded

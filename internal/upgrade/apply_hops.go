@@ -134,14 +134,28 @@ func (a *applyRun) upstreamHop(h Hop) error {
 		if a.opts.Progress != nil {
 			a.opts.Progress(Event{Step: StepHop, Detail: fmt.Sprintf("%s [%d/%d] %s", h.File, i+1, len(stmts), sum)})
 		}
-		t := time.Now()
-		tag, err := a.tx.Exec(a.ctx, st)
+		run := []string{st}
+		with, instead, err := a.insteadOf(h.Upstream.Index, i, st)
 		if err != nil {
-			return fmt.Errorf("upstream's %s (from %s) statement %d (%s): %w", h.File, h.Path, i+1, sum, err)
+			return err
+		}
+		if instead {
+			// Built before the transaction (prebuild.go): found done, or
+			// finished by a short swap.
+			run, sum = with, "already built beforehand: "+sum
+		}
+		t := time.Now()
+		var rows int64
+		for _, s := range run {
+			tag, err := a.tx.Exec(a.ctx, s)
+			if err != nil {
+				return fmt.Errorf("upstream's %s (from %s) statement %d (%s): %w", h.File, h.Path, i+1, summary(s), err)
+			}
+			rows += tag.RowsAffected()
 		}
 		took := time.Since(t)
 		a.r.Statements = append(a.r.Statements, StatementReport{Migration: h.Upstream.Version(), Index: i + 1, Summary: sum,
-			DurationMS: took.Milliseconds(), DurationUS: took.Microseconds(), Rows: tag.RowsAffected()})
+			DurationMS: took.Milliseconds(), DurationUS: took.Microseconds(), Rows: rows})
 	}
 	version, name, ok := ledgerOf(h.Path)
 	if !ok {

@@ -129,6 +129,26 @@ func hopApply(t *testing.T, db *testdb.DB, opts upgrade.Options, reached string)
 			got.RowCount(), want.RowCount(), fingerprint.Format(d, 20))
 	}
 	sameCatalogs(t, db, reached, !rep.Plan.Has(upgrade.HopOwn))
+	// The blocking statements were built beforehand, the online way: 0.17.1's
+	// three indexes CONCURRENTLY, file 22's CHECK NOT VALID then validated.
+	wantBuilt := 0
+	for _, h := range rep.Plan.Hops {
+		switch h.Upstream.Index {
+		case 22:
+			wantBuilt++
+		case 26:
+			wantBuilt += 3
+		}
+	}
+	done := 0
+	for _, s := range rep.Statements {
+		if strings.HasPrefix(s.Summary, "already built beforehand: ") {
+			done++
+		}
+	}
+	if done != wantBuilt {
+		t.Errorf("%d statements found built beforehand, want %d", done, wantBuilt)
+	}
 	return rep
 }
 
@@ -253,6 +273,42 @@ func TestLongApplyHopsFromEveryRelease(t *testing.T) {
 			if ledger := ledgerNames(t, db); len(ledger) != 27 {
 				t.Fatalf("ledger has %d rows:\n%s", len(ledger), strings.Join(ledger, "\n"))
 			}
+		})
+	}
+}
+
+// A run that fails after building beforehand, or a dry run, removes what it
+// built: the database is exactly at its starting release.
+func TestApplyHopsRemovesPrebuiltOnFailure(t *testing.T) {
+	for _, dry := range []bool{false, true} {
+		t.Run(map[bool]string{false: "failure", true: "dry run"}[dry], func(t *testing.T) {
+			db := testdb.Upstream(t, "0.14.1")
+			before := testdb.State(t, db.Pool)
+			opts := fastOpts()
+			opts.PgflowMigrations = testdb.PgflowInstalledCopy(t, 27)
+			opts.DryRun = dry
+			if !dry {
+				opts.Hooks.BeforeStep = func(_ context.Context, _ uint32, step string) error {
+					if step == upgrade.StepPostChecks {
+						return errors.New("injected failure")
+					}
+					return nil
+				}
+			}
+			res, err := upgrade.Apply(testCtx(t), connect(t, db), opts)
+			if dry != (err == nil) {
+				t.Fatalf("apply: %v (%s: %s)", err, res.Outcome, res.Message)
+			}
+			built := 0
+			for _, s := range res.Report.Steps {
+				if s.Step == upgrade.StepPrebuild {
+					built++
+				}
+			}
+			if built != 5 { // 3 indexes; the CHECK added, then validated
+				t.Fatalf("%d prebuild steps: %+v", built, res.Report.Steps)
+			}
+			testdb.SameState(t, before, testdb.State(t, db.Pool), "after a failed or dry run")
 		})
 	}
 }

@@ -22,6 +22,7 @@ type applyStep struct {
 // an upgraded database) ends it with success.
 var applyPlan = []applyStep{
 	{StepIntegrity, fixed("embedded migrations against atlas.sum"), nil, (*applyRun).integrity},
+	{"", nil, nil, (*applyRun).prebuild}, // one StepPrebuild per statement built the online way
 	{StepBegin, fixed(""), nil, (*applyRun).begin},
 	{StepAdvisoryLock, func(a *applyRun) string {
 		return fmt.Sprintf("pg_try_advisory_xact_lock(%d), waiting up to %s", AdvisoryLockKey, a.opts.Wait)

@@ -1,0 +1,231 @@
+package upgrade
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgflowfiles"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
+)
+
+// The online way for upstream's blocking statements, on both paths. Two
+// kinds of statement in upstream's files block the application for a scan
+// or a build: a plain CREATE INDEX on a pgflow table (0.17.1's three: writes
+// to the table blocked for the whole build) and the swap of step_tasks'
+// valid_status CHECK (file 22: ACCESS EXCLUSIVE on step_tasks for a full
+// scan). Before apply's transaction, each index is built CONCURRENTLY under
+// its own name, and the new CHECK is added NOT VALID (a brief lock, no
+// scan) under a name of this tool's, then validated under SHARE UPDATE
+// EXCLUSIVE (reads and writes go on). In the transaction the file's index
+// statement is then found already done, and the CHECK swap becomes a drop
+// of the old constraint and a rename of the validated one: the same end
+// catalog, without the scan under the locks. If the run fails (or is a dry
+// run), what was built beforehand is removed: the database is at its
+// starting release.
+
+// StepPrebuild is the step that builds before the transaction.
+const StepPrebuild = "prebuild"
+
+// prebuildCheckName is the validated CHECK's name until the swap.
+const prebuildCheckName = "pgflow_upgrade_valid_status"
+
+var (
+	// CREATE [UNIQUE] INDEX "name" ON "pgflow"."table" <rest>
+	indexStmt = regexp.MustCompile(`(?is)^CREATE\s+(UNIQUE\s+)?INDEX\s+"([a-z0-9_]+)"\s+ON\s+"pgflow"\."([a-z0-9_]+)"\s+(.+?);?\s*$`)
+	// ALTER TABLE "pgflow"."step_tasks" DROP CONSTRAINT "valid_status", ADD CONSTRAINT "valid_status" CHECK (<expr>)
+	checkSwapStmt = regexp.MustCompile(`(?is)^ALTER\s+TABLE\s+"pgflow"\."step_tasks"\s+DROP\s+CONSTRAINT\s+"valid_status",\s*ADD\s+CONSTRAINT\s+"valid_status"\s+(CHECK\s*\(.+\))\s*;?\s*$`)
+)
+
+// prebuilt is what was built before the transaction, and what each of
+// upstream's statements becomes in it.
+type prebuilt struct {
+	indexes []string // pgflow index names built CONCURRENTLY
+	check   bool     // pgflow.step_tasks.pgflow_upgrade_valid_status added
+	// instead: by upstream file index and statement index (0-based), the
+	// statements run in place of the file's ("" entries skipped: found done).
+	instead map[int]map[int][]string
+}
+
+func (p *prebuilt) replace(file, stmt int, with ...string) {
+	if p.instead == nil {
+		p.instead = map[int]map[int][]string{}
+	}
+	if p.instead[file] == nil {
+		p.instead[file] = map[int][]string{}
+	}
+	p.instead[file][stmt] = with
+}
+
+// prebuild runs before the transaction: from the release the database is
+// at now (read without locks), the plan's blocking statements are built
+// the online way. The transaction re-reads the state and plans again; a
+// statement whose prebuilt object is not there runs as written.
+func (a *applyRun) prebuild() error {
+	if a.copy == nil || a.copyErr != nil {
+		return nil
+	}
+	d, err := versions.Detect(a.ctx, a.conn)
+	if err != nil {
+		return nil // the transaction says what the state is
+	}
+	from := -1
+	switch {
+	case a.opts.AcceptState != nil && (d.State == versions.StateOnline || d.State == versions.StateReady):
+		from = ownHopFile - 1 // the switch of apply --online: our hop, then upstream's
+	case d.Release != nil && d.Release.Refusal() == "":
+		from = d.Release.Files
+	}
+	if from < 0 {
+		return nil
+	}
+	plan := MakePlan(from, a.target, a.copy, a.opts.TelemetryOff)
+	a.pre = &prebuilt{}
+	for _, h := range plan.Hops {
+		if h.Kind != HopUpstream {
+			continue
+		}
+		sql, err := a.copy.Read(h.Upstream.Index)
+		if err != nil {
+			return a.fail(OutcomeRefused, err)
+		}
+		stmts, err := pgflowfiles.Statements(sql)
+		if err != nil {
+			return err
+		}
+		for i, st := range stmts {
+			if err := a.prebuildStatement(h, i, st); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// prebuildStatement builds one blocking statement's object the online way.
+func (a *applyRun) prebuildStatement(h Hop, i int, st string) error {
+	if m := indexStmt.FindStringSubmatch(st); m != nil {
+		name := m[2]
+		var exists bool
+		if err := a.conn.QueryRow(a.ctx, `select pg_catalog.to_regclass(pg_catalog.format('pgflow.%I', $1::text)) is not null`, name).Scan(&exists); err != nil {
+			return fmt.Errorf("prebuilding %s: %w", name, err)
+		}
+		if exists {
+			return nil // the file's statement will say whether it is the same
+		}
+		// Upstream's own statement (verified by its hash), CONCURRENTLY.
+		build := fmt.Sprintf(`CREATE %sINDEX CONCURRENTLY "%s" ON "pgflow"."%s" %s`, strings.ToUpper(m[1]), name, m[3], m[4])
+		a.pre.indexes = append(a.pre.indexes, name)
+		if err := a.prebuildExec(fmt.Sprintf("index %s on pgflow.%s CONCURRENTLY (for %s)", name, m[3], h.File), build); err != nil {
+			return err
+		}
+		a.pre.replace(h.Upstream.Index, i) // found done in the transaction
+		return nil
+	}
+	if m := checkSwapStmt.FindStringSubmatch(st); m != nil {
+		a.pre.check = true
+		add := fmt.Sprintf(`ALTER TABLE "pgflow"."step_tasks" ADD CONSTRAINT "%s" %s NOT VALID`, prebuildCheckName, m[1])
+		if err := a.prebuildExec("step_tasks' new valid_status CHECK, NOT VALID (for "+h.File+")", add); err != nil {
+			return err
+		}
+		validate := fmt.Sprintf(`ALTER TABLE "pgflow"."step_tasks" VALIDATE CONSTRAINT "%s"`, prebuildCheckName)
+		if err := a.prebuildExec("validating it under SHARE UPDATE EXCLUSIVE", validate); err != nil {
+			return err
+		}
+		a.pre.replace(h.Upstream.Index, i,
+			`ALTER TABLE "pgflow"."step_tasks" DROP CONSTRAINT "valid_status"`,
+			fmt.Sprintf(`ALTER TABLE "pgflow"."step_tasks" RENAME CONSTRAINT "%s" TO "valid_status"`, prebuildCheckName))
+	}
+	return nil
+}
+
+// prebuildExec runs one statement outside the transaction, as a timed
+// step, its lock waits bounded by the lock timeout.
+func (a *applyRun) prebuildExec(detail, stmt string) error {
+	return a.step(StepPrebuild, detail, func() error {
+		// CONCURRENTLY runs outside a transaction: the lock_timeout is the
+		// session's for this statement, set and put back.
+		var was string
+		if err := a.conn.QueryRow(a.ctx, `select pg_catalog.current_setting('lock_timeout')`).Scan(&was); err != nil {
+			return fmt.Errorf("prebuild: reading lock_timeout: %w", err)
+		}
+		set := `select pg_catalog.set_config('lock_timeout', $1, false)`
+		if _, err := a.conn.Exec(a.ctx, set, fmt.Sprintf("%dms", max(a.opts.LockTimeout.Milliseconds(), 1))); err != nil {
+			return fmt.Errorf("prebuild: setting lock_timeout: %w", err)
+		}
+		defer a.conn.Exec(context.WithoutCancel(a.ctx), set, was)
+		t := time.Now()
+		_, err := a.conn.Exec(a.ctx, stmt)
+		took := time.Since(t)
+		a.r.Statements = append(a.r.Statements, StatementReport{Migration: "prebuild", Index: len(a.r.Statements) + 1, Summary: summary(stmt),
+			DurationMS: took.Milliseconds(), DurationUS: took.Microseconds()})
+		if err != nil {
+			return fmt.Errorf("building before the transaction (%s): %w", detail, err)
+		}
+		return nil
+	})
+}
+
+// dropPrebuilt removes what prebuild built, after a failed or dry run:
+// the database is at its starting release again. An index the committed
+// transaction made upstream's own is not dropped (the run succeeded).
+func (a *applyRun) dropPrebuilt() error {
+	if a.pre == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), time.Minute)
+	defer cancel()
+	var errs []error
+	for _, name := range a.pre.indexes {
+		if _, err := a.conn.Exec(ctx, `DROP INDEX CONCURRENTLY IF EXISTS "pgflow".`+pgx.Identifier{name}.Sanitize()); err != nil {
+			errs = append(errs, fmt.Errorf("removing index pgflow.%s built before the failed run: %w", name, err))
+		}
+	}
+	if a.pre.check {
+		if _, err := a.conn.Exec(ctx, `ALTER TABLE "pgflow"."step_tasks" DROP CONSTRAINT IF EXISTS "`+prebuildCheckName+`"`); err != nil {
+			errs = append(errs, fmt.Errorf("removing the CHECK %s built before the failed run: %w", prebuildCheckName, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// insteadOf is what runs in place of statement i of upstream's file n (ok
+// false: the statement itself). An index statement is found done only when
+// the index there is the one the statement builds.
+func (a *applyRun) insteadOf(n, i int, stmt string) ([]string, bool, error) {
+	if a.pre == nil || a.pre.instead[n] == nil {
+		return nil, false, nil
+	}
+	with, ok := a.pre.instead[n][i]
+	if !ok {
+		return nil, false, nil
+	}
+	if m := indexStmt.FindStringSubmatch(stmt); m != nil {
+		var def string
+		err := a.tx.QueryRow(a.ctx, `select pg_catalog.pg_get_indexdef(i.indexrelid) from pg_catalog.pg_index i
+			where i.indexrelid = pg_catalog.to_regclass(pg_catalog.format('pgflow.%I', $1::text)) and i.indisvalid`, m[2]).Scan(&def)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil, false, nil
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("looking for the prebuilt index %s: %w", m[2], err)
+		}
+		if normIndex(def) != normIndex(stmt) {
+			return nil, false, nil // not the same index: the statement says so itself
+		}
+	}
+	return with, true, nil
+}
+
+// normIndex reduces an index definition to compare pg_get_indexdef's text
+// with a file's statement.
+func normIndex(s string) string {
+	s = strings.ToLower(strings.TrimSuffix(strings.TrimSpace(s), ";"))
+	s = strings.NewReplacer(`"`, "", " using btree", "", "concurrently ", "").Replace(s)
+	return strings.Join(strings.Fields(s), " ")
+}
