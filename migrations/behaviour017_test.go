@@ -242,6 +242,16 @@ func testFailQueued(t *testing.T, p *pgxpool.Pool) {
 func testDeleteMissingQueue(t *testing.T, p *pgxpool.Pool) {
 	exec(t, p, `select pgflow.ensure_flow_compiled('doomed_steps', $1::jsonb, 'step')`, shapeJSON(stepJSON("a", "single"), stepJSON("b", "single")))
 	exec(t, p, `select pgmq.drop_queue('doomed_steps__b')`)
+	if scalar[bool](t, p, `select coalesce((select pg_catalog.string_to_array(extversion, '.')::int[] > '{1,5,1}' from pg_catalog.pg_extension where extname = 'pgmq'), false)`) {
+		// From pgmq 1.5.2 drop_queue returns false on a missing queue:
+		// upstream's deletion then goes through, and so does this one.
+		exec(t, p, `select pgflow.delete_flow_and_data('doomed_steps')`)
+		if n := scalar[int](t, p, `select (select count(*) from pgflow.steps where flow_slug = 'doomed_steps')
+			+ (select count(*) from pgmq.list_queues() where queue_name like 'doomed_steps%')`); n != 0 {
+			t.Fatalf("the deletion on a later pgmq left %d steps and queues", n)
+		}
+		return
+	}
 	if _, err := p.Exec(context.Background(), `select pgflow.delete_flow_and_data('doomed_steps')`); pgCode(err) != "42P01" {
 		t.Fatalf("delete with a dropped step queue: %v, want 42P01", err)
 	}

@@ -34,6 +34,16 @@ var upgradePaths = []upgradePath{
 		}
 		return err
 	}},
+	// pgflow's hop and pgmq's in one transaction: the 0.17.0 engine on
+	// pgmq 1.13.1 (testdb.PGMQNewest), where every behaviour test must
+	// answer as on 1.5.1.
+	{"apply --pgmq " + testdb.PGMQNewest, func(ctx context.Context, conn *pgx.Conn) error {
+		rep, err := upgrade.Apply(ctx, conn, upgrade.Options{LockRetries: 1, PGMQ: testdb.PGMQNewest})
+		if err == nil && (rep.Outcome != upgrade.OutcomeApplied || rep.Report.PGMQ == nil || rep.Report.PGMQ.To != testdb.PGMQNewest) {
+			return fmt.Errorf("outcome %s: %s", rep.Outcome, rep.Message)
+		}
+		return err
+	}},
 	{"apply --online", func(ctx context.Context, conn *pgx.Conn) error {
 		rep, err := online.Apply(ctx, conn, online.Options{BatchSize: 7})
 		if err == nil && rep.Outcome != upgrade.OutcomeApplied {

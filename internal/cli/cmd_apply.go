@@ -11,6 +11,7 @@ import (
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
@@ -53,6 +54,15 @@ confirmation on a terminal and refuses (exit 2) when not on one.
 --online: the same upgrade without blocking the application (expand, batched and
 resumable backfill, contract, then the steps above in one short switch transaction);
 --rollback-online undoes an unfinished one. See docs/online.md.
+--pgmq VERSION: pgmq's own update as a hop of the same plan, after the pgflow hop (in
+the same transaction from 0.16.0, alone on 0.17): the target must be offered by the
+server (pg_available_extension_versions) and is not 1.10.0/1.10.1; pgmq.meta (EXCLUSIVE)
+and every queue and archive table by name (ACCESS EXCLUSIVE) join the lock order above,
+with the same bounds and retries; mixed-case pgmq.meta names (the pgmq update fails on
+them) are renamed to their tables' lower case; ALTER EXTENSION pgmq UPDATE; the claim path
+(read, read_with_poll, pop, set_vt) of every queue is called before the commit, in a
+savepoint rolled back, and read/set_vt again after it. With --dry-run all of it is
+rolled back. See docs/runbook.md, "The pgmq hop".
 Exit codes: 0 applied / already applied / dry run, 1 refused (blockers, tampered,
 lock not obtained, wrong state), 2 usage, 3 connection, 4 a preflight check ran
 out of time, 130 interrupted.`
@@ -74,6 +84,9 @@ func (a *App) applyCommand() *ucli.Command {
 			&ucli.StringFlag{Name: "pgflow-migrations", Usage: "the folder holding your copy of pgflow's own migration files (recognised by their atlas.sum hash, whatever their names; default: --supabase-dir); without them the plan ends at 0.17.0 and says what the rest needs"},
 			&ucli.StringFlag{Name: "telemetry", Usage: "off: opt out of pgflow's daily telemetry job (upstream's pgflow_telemetry.disable(), in the same transaction) when the plan reaches 0.17.1; default: upstream's (the job stays scheduled)"},
 			&ucli.DurationFlag{Name: "check-timeout", Value: 30 * time.Second, Usage: "statement_timeout of each preflight check (they run exact, under the locks; a check that runs out: exit 4, nothing changed)"},
+			&ucli.StringFlag{Name: "pgmq", Usage: "also update pgmq to `VERSION` (e.g. 1.13.1) after the pgflow hop, in the same transaction (alone when pgflow is 0.17 already): " +
+				"the server must offer it (pg_available_extension_versions), 1.10.0/1.10.1 are refused, mixed-case pgmq.meta names are made to match their tables first, " +
+				"pgmq.meta and every queue table are locked in order with the same bounds, and the claim path of every queue is checked before and after the commit"},
 		}, append(onlineFlags(), quiesceFlags()...)...),
 		Action: a.applyAction,
 	}
@@ -88,6 +101,14 @@ func (a *App) applyAction(c *ucli.Context) error {
 	}
 	if c.Bool("undo-quiesce") {
 		return a.undoQuiesceAction(c)
+	}
+	if c.String("pgmq") != "" {
+		if c.Bool("online") || c.Bool("rollback-online") {
+			return usageErrorf("--pgmq runs with the transactional apply: run apply --online first, then apply --pgmq VERSION")
+		}
+		if _, err := pgmqver.Parse(c.String("pgmq")); err != nil {
+			return usageErrorf("--pgmq: %v", err)
+		}
 	}
 	if c.Bool("online") || c.Bool("rollback-online") {
 		return a.applyOnlineAction(c) // cmd_apply_online.go
@@ -120,6 +141,18 @@ func (a *App) applyAction(c *ucli.Context) error {
 		if err != nil {
 			return withCode(ExitEnvironment, fmt.Errorf("reading the schema state of %s: %w", where, err))
 		}
+		if pgmqTo := c.String("pgmq"); pgmqTo != "" && st.State.State == versions.SchemaUpgraded {
+			what := "UPDATE pgmq to " + pgmqTo + " on"
+			if dry {
+				what = "DRY-RUN (then roll back) the pgmq update to " + pgmqTo + " on"
+			}
+			fmt.Fprintf(a.Stderr, "About to %s %s.\nThis locks pgmq.meta and every queue table (ACCESS EXCLUSIVE) until it commits.\nType yes to continue: ", what, where)
+			line, _ := bufio.NewReader(a.Stdin).ReadString('\n')
+			if strings.TrimSpace(line) != "yes" {
+				fmt.Fprintln(a.Stderr, "not confirmed: nothing was done")
+				return reportedError{withCode(ExitFindings, errors.New("not confirmed"))}
+			}
+		}
 		if st.State.State == versions.SchemaBaseline {
 			what := "UPGRADE"
 			if dry {
@@ -147,6 +180,7 @@ func (a *App) applyAction(c *ucli.Context) error {
 		To:               c.String("to"),
 		PgflowMigrations: c.String("pgflow-migrations"),
 		TelemetryOff:     telemetryOff,
+		PGMQ:             c.String("pgmq"),
 	}
 	prog := a.newProgress() // progress.go: on a terminal and off it
 	opts.Progress = prog.event
@@ -284,6 +318,7 @@ func writeApplyTable(w io.Writer, where string, res *upgrade.Result[*upgrade.Rep
 	if rep.Supabase != "" {
 		fmt.Fprintf(w, "supabase: %s\n", rep.Supabase)
 	}
+	writePGMQHop(w, rep.PGMQ)
 	writeQuiesce(w, rep.Quiesce)
 	return nil
 }
@@ -317,4 +352,23 @@ func withNextStep(d *versions.Detection, step string) *versions.Detection {
 	c := *d
 	c.NextStep = step
 	return &c
+}
+
+// writePGMQHop prints what the pgmq hop did (apply --pgmq).
+func writePGMQHop(w io.Writer, p *upgrade.PGMQReport) {
+	if p == nil {
+		return
+	}
+	if p.NothingToDo {
+		fmt.Fprintf(w, "pgmq: already at %s\n", p.To)
+		return
+	}
+	fmt.Fprintf(w, "pgmq: %s -> %s, %d queue(s), the update itself %d ms; claim path checked on %d queue(s) before the commit, %d after\n",
+		p.From, p.To, p.Queues, p.UpdateMS, p.ClaimChecked, p.ClaimCheckedAfter)
+	if len(p.Locked) > 0 {
+		fmt.Fprintf(w, "pgmq locks, in order: %s\n", strings.Join(p.Locked, ", "))
+	}
+	for _, r := range p.Repairs {
+		fmt.Fprintf(w, "pgmq.meta %q (table %s): %s\n", r.Queue, r.Table, r.Action)
+	}
 }

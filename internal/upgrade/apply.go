@@ -101,6 +101,10 @@ type Options struct {
 	// Quiesce, if set, runs the transaction inside internal/quiesce's
 	// pause, deprecate, drain ... restore (apply --quiesce; quiesce.go).
 	Quiesce *quiesce.Options
+	// PGMQ, if set, is the pgmq version to update to after the pgflow
+	// hops (apply --pgmq; pgmqhop.go), in the same transaction; alone when
+	// pgflow has no hop to run.
+	PGMQ string
 
 	// quiesced: this transaction runs inside quiesce.Run, whose own record
 	// is open; any other apply refuses on an open record (inprogress.go).
@@ -211,8 +215,10 @@ type Report struct {
 	SupabaseRecorded bool           `json:"supabase_recorded"`
 	Supabase         string         `json:"supabase,omitempty"`
 	Quiesce          *QuiesceReport `json:"quiesce,omitempty"`
-	TotalMS          int64          `json:"total_ms"`
-	BackendPID       uint32         `json:"-"`
+	// PGMQ: the pgmq hop, when apply --pgmq ran it.
+	PGMQ       *PGMQReport `json:"pgmq,omitempty"`
+	TotalMS    int64       `json:"total_ms"`
+	BackendPID uint32      `json:"-"`
 
 	// AutovacuumCancelled counts the autovacuum workers on pgflow tables
 	// cancelled before the lock attempts (CancelAutovacuum).
@@ -344,6 +350,8 @@ type applyRun struct {
 	done         bool      // admit found nothing to do: already upgraded
 	lockHeld     time.Time // when the table locks were granted
 	committed    bool      // committed, or rolled back on purpose (dry run)
+	pgmq         *pgmqHop  // apply --pgmq (pgmqhop.go)
+	pgmqOnly     bool      // pgflow has no hop to run: the pgmq hop alone
 }
 
 // integrity checks the embedded migrations against atlas.sum and finds the
@@ -352,6 +360,14 @@ func (a *applyRun) integrity() error {
 	opts := a.opts
 	if err := opts.Verify(); err != nil {
 		return a.fail(OutcomeRefused, fmt.Errorf("%w: %w", ErrIntegrity, err))
+	}
+	if opts.PGMQ != "" {
+		target, err := parsePGMQTarget(opts.PGMQ)
+		if err != nil {
+			return a.fail(OutcomeRefused, err)
+		}
+		a.pgmq = &pgmqHop{target: target, r: &PGMQReport{To: target.String()}}
+		a.r.PGMQ = a.pgmq.r
 	}
 	var err error
 	if a.all, err = opts.Migrations(); err != nil {
@@ -434,7 +450,7 @@ func (a *applyRun) privileges() error {
 // tableLocks takes LockPlan's table locks, retried with backoff.
 func (a *applyRun) tableLocks() error {
 	ctx, tx, opts, r := a.ctx, a.tx, a.opts, a.r
-	res, err := lockTables(ctx, tx, opts.LockTimeout, opts.LockRetries, func(detail string) {
+	res, err := lockTables(ctx, tx, a.lockPlan(), opts.LockTimeout, opts.LockRetries, func(detail string) {
 		if opts.Progress != nil {
 			opts.Progress(Event{Step: StepTableLocks, Detail: detail})
 		}
@@ -458,6 +474,11 @@ func (a *applyRun) runPreflight() error {
 	popts := opts.Preflight
 	if len(popts.Checks) == 0 {
 		popts.Checks = preflightChecks()
+	}
+	if a.pgmqActive() {
+		// The pgmq hop in this transaction takes pgmq past what this check
+		// blocks on (1.10.0/1.10.1), and checks the claim path itself.
+		popts.Checks = slices.DeleteFunc(slices.Clone(popts.Checks), func(id string) bool { return id == "pgmq.claim_path" })
 	}
 	if a.accepted {
 		// The state AcceptState vouched for, read in this transaction;
@@ -573,10 +594,21 @@ func (a *applyRun) finish() error {
 	if !a.lockHeld.IsZero() {
 		r.LockWindowMS = time.Since(a.lockHeld).Milliseconds()
 	}
-	if a.opts.DryRun {
+	window := time.Duration(r.LockWindowMS) * time.Millisecond
+	switch {
+	case a.opts.DryRun && a.pgmqOnly:
 		a.res.Outcome = OutcomeDryRun
-		a.res.Message = fmt.Sprintf("dry run: the migration ran and passed its post-conditions, then was rolled back; tables were locked for %s", time.Duration(r.LockWindowMS)*time.Millisecond)
-	} else {
+		a.res.Message = fmt.Sprintf("dry run: %s, then rolled back; tables were locked for %s", a.pgmq.message(true), window)
+	case a.opts.DryRun:
+		a.res.Outcome = OutcomeDryRun
+		a.res.Message = fmt.Sprintf("dry run: the migration ran and passed its post-conditions, then was rolled back; tables were locked for %s", window)
+		if a.pgmq != nil {
+			a.res.Message = strings.Replace(a.res.Message, "then was rolled back", "then "+a.pgmq.message(true)+", then all was rolled back", 1)
+		}
+	case a.pgmqOnly:
+		a.res.Outcome = OutcomeApplied
+		a.res.Message = fmt.Sprintf("pgflow already %s; %s; tables were locked for %s", a.plan.Reached, a.pgmq.message(false), window)
+	default:
 		a.res.Outcome = OutcomeApplied
 		// The post-conditions passed in the committed transaction: the
 		// catalog is the reached release's.
@@ -585,7 +617,10 @@ func (a *applyRun) finish() error {
 		if len(applied) == 0 {
 			applied = []string{"no migration"}
 		}
-		a.res.Message = fmt.Sprintf("upgraded to pgflow %s: %s applied; tables were locked for %s", a.plan.Reached, strings.Join(applied, ", "), time.Duration(r.LockWindowMS)*time.Millisecond)
+		a.res.Message = fmt.Sprintf("upgraded to pgflow %s: %s applied; tables were locked for %s", a.plan.Reached, strings.Join(applied, ", "), window)
+		if a.pgmq != nil {
+			a.res.Message += "; " + a.pgmq.message(false)
+		}
 		if r.Telemetry != "" {
 			a.res.Message += "; " + r.Telemetry
 		} else if a.plan.Telemetry != "" {
@@ -667,6 +702,11 @@ func (a *applyRun) admit() error {
 			return err
 		}
 		if len(a.plan.Hops) == 0 && from >= ownHopFile && !(a.opts.TelemetryOff && from >= 26) {
+			if a.pgmq != nil {
+				// pgflow is where its hops go: the pgmq hop alone.
+				a.pgmqOnly, r.Pending = true, nil
+				return nil
+			}
 			return a.alreadyThere(from)
 		}
 		switch {
@@ -739,17 +779,18 @@ func (a *applyRun) alreadyThere(from int) error {
 // AppliedNextStep is what to do after a successful apply.
 const AppliedNextStep = "run `pgflow-upgrade verify`, then deploy the 0.17 workers (stop the 0.16.0 ones)"
 
-// lockPlanText: "flows [access exclusive] -> steps, deps, runs, step_states
-// [exclusive] -> ...", consecutive tables of one mode grouped.
-func lockPlanText() string {
+// lockPlanText: "pgflow.flows, pgflow.steps [access exclusive] ->
+// pgflow.deps, ... [exclusive] -> ...", consecutive tables of one mode
+// grouped.
+func lockPlanText(plan []TableLock) string {
 	var parts []string
-	for i := 0; i < len(LockPlan); {
+	for i := 0; i < len(plan); {
 		j := i
 		var names []string
-		for ; j < len(LockPlan) && LockPlan[j].Mode == LockPlan[i].Mode; j++ {
-			names = append(names, LockPlan[j].Table)
+		for ; j < len(plan) && plan[j].Mode == plan[i].Mode; j++ {
+			names = append(names, plan[j].Name())
 		}
-		parts = append(parts, strings.Join(names, ", ")+" ["+LockPlan[i].Mode+"]")
+		parts = append(parts, strings.Join(names, ", ")+" ["+plan[i].Mode+"]")
 		i = j
 	}
 	return strings.Join(parts, " -> ")

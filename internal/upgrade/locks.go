@@ -32,9 +32,24 @@ var Tables = []string{"flows", "steps", "deps", "runs", "step_states", "step_tas
 
 // TableLock is one explicit lock apply takes, in the documented order.
 type TableLock struct {
-	Table string // in schema pgflow
-	Mode  string // LOCK TABLE mode
+	Table  string // in Schema
+	Mode   string // LOCK TABLE mode
+	Schema string // "" is pgflow
 }
+
+// schema is the lock's schema, pgflow unless said.
+func (l TableLock) schema() string {
+	if l.Schema == "" {
+		return "pgflow"
+	}
+	return l.Schema
+}
+
+// Name is the table's schema-qualified name as a person reads it.
+func (l TableLock) Name() string { return l.schema() + "." + l.Table }
+
+// ident is the table's quoted, schema-qualified name for SQL.
+func (l TableLock) ident() string { return pgx.Identifier{l.schema(), l.Table}.Sanitize() }
 
 // LockPlan is the fixed lock order of docs/design.md ("Lock order"), with
 // the modes the migration file takes itself: the tables it alters (flows,
@@ -42,13 +57,13 @@ type TableLock struct {
 // stopped (EXCLUSIVE), so plain reads keep going. Taking exactly the file's
 // modes first makes the file's own LOCK statements no-ops.
 var LockPlan = []TableLock{
-	{"flows", "access exclusive"},
-	{"steps", "access exclusive"},
-	{"deps", "exclusive"},
-	{"runs", "exclusive"},
-	{"step_states", "exclusive"},
-	{"step_tasks", "access exclusive"},
-	{"workers", "exclusive"},
+	{Table: "flows", Mode: "access exclusive"},
+	{Table: "steps", Mode: "access exclusive"},
+	{Table: "deps", Mode: "exclusive"},
+	{Table: "runs", Mode: "exclusive"},
+	{Table: "step_states", Mode: "exclusive"},
+	{Table: "step_tasks", Mode: "access exclusive"},
+	{Table: "workers", Mode: "exclusive"},
 }
 
 // conflicts lists the pg_locks modes that conflict with a LOCK TABLE mode,
@@ -119,7 +134,8 @@ func (b Blocker) String() string {
 
 // TableLockError says which table could not be locked within the bounds.
 type TableLockError struct {
-	Table    string
+	Table    string // without its schema (Schema, "" is pgflow)
+	Schema   string
 	Mode     string
 	Attempts int
 	// Wait is the longest each attempt waited for this table: lock_timeout
@@ -142,8 +158,8 @@ func (e *TableLockError) Error() string {
 		bound = fmt.Sprintf("the budget of the locks after the first, at most half of deadlock_timeout, below lock_timeout %s, "+
 			"so that an application session queued behind apply never reaches its deadlock check", e.LockTimeout)
 	}
-	fmt.Fprintf(&b, "could not lock pgflow.%s in %s mode: %d attempts, each waiting at most %s (%s); nothing was changed",
-		e.Table, strings.ToUpper(e.Mode), e.Attempts, e.Wait, bound)
+	fmt.Fprintf(&b, "could not lock %s in %s mode: %d attempts, each waiting at most %s (%s); nothing was changed",
+		TableLock{Table: e.Table, Schema: e.Schema}.Name(), strings.ToUpper(e.Mode), e.Attempts, e.Wait, bound)
 	if len(e.Blockers) == 0 {
 		b.WriteString("; the blocking session had finished when we looked")
 	} else {
@@ -214,7 +230,8 @@ type lockResult struct {
 	Autovacuum int
 }
 
-// lockTables takes LockPlan in order under the transaction's lock_timeout.
+// lockTables takes plan (LockPlan, then the pgmq hop's tables when it
+// runs) in order under the transaction's lock_timeout.
 // A lock_not_available (or deadlock_detected) error rolls back to a savepoint taken before the
 // first LOCK, which releases every table this attempt had locked, so the
 // application is blocked at most one lock_timeout per attempt; then it backs
@@ -232,7 +249,7 @@ type lockResult struct {
 // application never sees 40P01; apply retries instead.
 //
 // progress, if set, hears each retry and each cancelled autovacuum.
-func lockTables(ctx context.Context, tx pgx.Tx, timeout time.Duration, retries int, progress func(detail string)) (lockResult, error) {
+func lockTables(ctx context.Context, tx pgx.Tx, plan []TableLock, timeout time.Duration, retries int, progress func(detail string)) (lockResult, error) {
 	var res lockResult
 	if progress == nil {
 		progress = func(string) {}
@@ -247,8 +264,8 @@ func lockTables(ctx context.Context, tx pgx.Tx, timeout time.Duration, retries i
 	var avErr error
 	err := pgretry.Retry(ctx, policy, pgretry.LockError,
 		func(attempt int, _ error, wait time.Duration) {
-			progress(fmt.Sprintf("pgflow.%s busy (waited at most %s), attempt %d of %d, retrying in %s",
-				failed.Table, waitFor(failed, timeout, rest), attempt, retries+1, wait.Round(time.Millisecond)))
+			progress(fmt.Sprintf("%s busy (waited at most %s), attempt %d of %d, retrying in %s",
+				failed.Name(), waitFor(plan, failed, timeout, rest), attempt, retries+1, wait.Round(time.Millisecond)))
 		},
 		func(attempt int) error {
 			res.Attempts = attempt
@@ -265,12 +282,12 @@ func lockTables(ctx context.Context, tx pgx.Tx, timeout time.Duration, retries i
 				res.Autovacuum += n
 				progress(fmt.Sprintf("cancelled %d autovacuum worker(s) holding a pgflow table (it starts again later)", n))
 			}
-			start, l, err := lockAttempt(ctx, tx, rest, timeout)
+			start, l, err := lockAttempt(ctx, tx, plan, rest, timeout)
 			if err != nil && pgretry.LockError(err) {
 				failed = l
 				res.Waited += time.Since(start)
 				if _, rbErr := tx.Exec(ctx, `rollback to savepoint pgflow_upgrade_locks`); rbErr != nil {
-					return fmt.Errorf("rolling back to the savepoint after lock_timeout on pgflow.%s: %w", l.Table, rbErr)
+					return fmt.Errorf("rolling back to the savepoint after lock_timeout on %s: %w", l.Name(), rbErr)
 				}
 				return err
 			}
@@ -281,38 +298,38 @@ func lockTables(ctx context.Context, tx pgx.Tx, timeout time.Duration, retries i
 		})
 	var ex *pgretry.ExhaustedError
 	if errors.As(err, &ex) {
-		bl := blockers(ctx, tx, failed.Table, failed.Mode)
+		bl := blockers(ctx, tx, *failed)
 		autovacuumErr := avErr
 		if !slices.ContainsFunc(bl, Blocker.Autovacuum) {
 			autovacuumErr = nil
 		}
-		return res, &TableLockError{Table: failed.Table, Mode: failed.Mode, Attempts: ex.Attempts, Wait: waitFor(failed, timeout, rest),
+		return res, &TableLockError{Table: failed.Table, Schema: failed.Schema, Mode: failed.Mode, Attempts: ex.Attempts, Wait: waitFor(plan, failed, timeout, rest),
 			LockTimeout: timeout, Blockers: bl, AutovacuumErr: autovacuumErr, Err: ex.Err}
 	}
 	return res, err
 }
 
 // waitFor is the longest an attempt waits for l: lock_timeout for the first
-// table of LockPlan, the budget rest for the others (lockAttempt).
-func waitFor(l *TableLock, timeout, rest time.Duration) time.Duration {
-	if l == &LockPlan[0] {
+// table of plan, the budget rest for the others (lockAttempt).
+func waitFor(plan []TableLock, l *TableLock, timeout, rest time.Duration) time.Duration {
+	if l == &plan[0] {
 		return timeout
 	}
 	return rest
 }
 
-// lockAttempt is one try at LockPlan under a savepoint. The first lock waits
+// lockAttempt is one try at plan under a savepoint. The first lock waits
 // up to timeout; the others share a budget of rest from the first grant.
 // On a lock error it returns the table it failed on (the caller rolls back
 // to the savepoint, which releases every lock this attempt took).
-func lockAttempt(ctx context.Context, tx pgx.Tx, rest, timeout time.Duration) (time.Time, *TableLock, error) {
+func lockAttempt(ctx context.Context, tx pgx.Tx, plan []TableLock, rest, timeout time.Duration) (time.Time, *TableLock, error) {
 	start := time.Now()
 	if _, err := tx.Exec(ctx, `savepoint pgflow_upgrade_locks`); err != nil {
 		return start, nil, fmt.Errorf("savepoint before table locks: %w", err)
 	}
 	var firstHeld time.Time
-	for i := range LockPlan {
-		l := &LockPlan[i]
+	for i := range plan {
+		l := &plan[i]
 		if i > 0 {
 			left := rest - time.Since(firstHeld)
 			// At least 1ms: a budget used up still bounds the wait.
@@ -320,12 +337,12 @@ func lockAttempt(ctx context.Context, tx pgx.Tx, rest, timeout time.Duration) (t
 				return start, nil, fmt.Errorf("setting the lock budget: %w", err)
 			}
 		}
-		// Identifiers and modes are constants of LockPlan.
-		if _, err := tx.Exec(ctx, `lock table pgflow.`+l.Table+` in `+l.Mode+` mode`); err != nil {
+		// The identifier is quoted; modes are constants of this package.
+		if _, err := tx.Exec(ctx, `lock table `+l.ident()+` in `+l.Mode+` mode`); err != nil {
 			if pgretry.LockError(err) {
 				return start, l, err
 			}
-			return start, nil, fmt.Errorf("lock table pgflow.%s in %s mode: %w", l.Table, l.Mode, err)
+			return start, nil, fmt.Errorf("lock table %s in %s mode: %w", l.Name(), l.Mode, err)
 		}
 		if i == 0 {
 			firstHeld = time.Now()
@@ -341,10 +358,10 @@ func lockAttempt(ctx context.Context, tx pgx.Tx, rest, timeout time.Duration) (t
 	return start, nil, nil
 }
 
-// blockers lists the other sessions with a lock on pgflow.<table> that
-// conflicts with mode, best effort (an error gives an empty list).
-func blockers(ctx context.Context, tx pgx.Tx, table, mode string) []Blocker {
-	out, _ := LockHolders(ctx, tx, table, mode)
+// blockers lists the other sessions with a lock on l's table that
+// conflicts with its mode, best effort (an error gives an empty list).
+func blockers(ctx context.Context, tx pgx.Tx, l TableLock) []Blocker {
+	out, _ := lockHolders(ctx, tx, l)
 	return out
 }
 
@@ -356,12 +373,18 @@ func blockers(ctx context.Context, tx pgx.Tx, table, mode string) []Blocker {
 // ones of that first read (the server keeps them for the transaction), so
 // the snapshot is dropped first: a holder that came since is named too.
 func LockHolders(ctx context.Context, q Querier, table, mode string) ([]Blocker, error) {
+	return lockHolders(ctx, q, TableLock{Table: table, Mode: mode})
+}
+
+// lockHolders is LockHolders for a table of any schema.
+func lockHolders(ctx context.Context, q Querier, l TableLock) ([]Blocker, error) {
+	table, mode := l.Name(), l.Mode
 	want, ok := conflicts[mode]
 	if !ok {
 		return nil, fmt.Errorf("lock holders: unknown lock mode %q", mode)
 	}
 	if _, err := q.Exec(ctx, `select pg_catalog.pg_stat_clear_snapshot()`); err != nil {
-		return nil, fmt.Errorf("lock holders of pgflow.%s: %w", table, err)
+		return nil, fmt.Errorf("lock holders of %s: %w", table, err)
 	}
 	rows, err := q.Query(ctx, `
 		select l.pid, coalesce(a.usename::pg_catalog.text, ''), coalesce(a.application_name, ''),
@@ -376,9 +399,9 @@ func LockHolders(ctx context.Context, q Querier, table, mode string) ([]Blocker,
 		   and l.relation operator(pg_catalog.=) pg_catalog.to_regclass($1)
 		   and l.pid operator(pg_catalog.<>) pg_catalog.pg_backend_pid()
 		   and l.mode operator(pg_catalog.=) any($2)
-		 order by l.granted desc, l.pid`, pgx.Identifier{"pgflow", table}.Sanitize(), want)
+		 order by l.granted desc, l.pid`, l.ident(), want)
 	if err != nil {
-		return nil, fmt.Errorf("lock holders of pgflow.%s: %w", table, err)
+		return nil, fmt.Errorf("lock holders of %s: %w", table, err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Blocker, error) {
 		var b Blocker
@@ -386,7 +409,7 @@ func LockHolders(ctx context.Context, q Querier, table, mode string) ([]Blocker,
 		return b, err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("lock holders of pgflow.%s: %w", table, err)
+		return nil, fmt.Errorf("lock holders of %s: %w", table, err)
 	}
 	return out, nil
 }

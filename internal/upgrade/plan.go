@@ -29,17 +29,31 @@ var applyPlan = []applyStep{
 	}, nil, (*applyRun).advisoryLock},
 	{StepState, fixed("detecting the schema state"), nil, (*applyRun).readState},
 	{"", nil, nil, (*applyRun).admit},
-	{StepPrivileges, fixed("the current role may alter the pgflow schema"), nil, (*applyRun).privileges},
-	{StepTableLocks, func(*applyRun) string { return lockPlanText() }, nil, (*applyRun).tableLocks},
+	{StepPGMQState, func(a *applyRun) string {
+		return "the installed pgmq, pgmq " + a.pgmq.target.String() + " offered, the queue tables"
+	}, withPGMQ, (*applyRun).pgmqState},
+	{StepPrivileges, fixed("the current role may alter the pgflow schema"), pgflowHops, (*applyRun).privileges},
+	{StepTableLocks, func(a *applyRun) string { return lockPlanText(a.lockPlan()) }, nil, (*applyRun).tableLocks},
 	{StepPreflight, fixed("the shared check catalog, exact, under the locks"), (*applyRun).preflightFirst, (*applyRun).runPreflight},
-	{"", nil, nil, (*applyRun).runHops}, // the plan (hops.go): one StepMigrate per pending migration of ours, one StepHop per upstream file
-	{StepPostChecks, fixed("the schema is pgflow 0.17.0 and the 0.16.0 claim is gone"), nil, (*applyRun).postChecks},
+	{"", nil, pgflowHops, (*applyRun).runHops}, // the plan (hops.go): one StepMigrate per pending migration of ours, one StepHop per upstream file
+	{StepPostChecks, fixed("the schema is pgflow 0.17.0 and the 0.16.0 claim is gone"), pgflowHops, (*applyRun).postChecks},
+	// The pgmq hop (pgmqhop.go) after pgflow's, in the same transaction.
+	{StepPGMQUpdate, func(a *applyRun) string {
+		return "pgmq.meta names matched to their tables, ALTER EXTENSION pgmq UPDATE TO '" + a.pgmq.target.String() + "', the claim path of every queue"
+	}, (*applyRun).pgmqActive, (*applyRun).pgmqUpdate},
 	{"", nil, nil, (*applyRun).beforeCommit},
-	{StepSupabase, fixed("pgflow_upgrade.schema_revisions; supabase_migrations.schema_migrations when asked"), nil, (*applyRun).record},
+	{StepSupabase, fixed("pgflow_upgrade.schema_revisions; supabase_migrations.schema_migrations when asked"), pgflowHops, (*applyRun).record},
 	{StepCommit, fixed(""), func(a *applyRun) bool { return !a.opts.DryRun }, (*applyRun).commit},
 	{StepRollback, fixed(""), func(a *applyRun) bool { return a.opts.DryRun }, (*applyRun).rollbackDryRun},
+	{StepPGMQClaimAfter, fixed("pgmq's read and set_vt on every queue, after the commit"), func(a *applyRun) bool { return a.pgmqActive() && !a.opts.DryRun }, (*applyRun).pgmqClaimAfter},
 	{"", nil, nil, (*applyRun).finish},
 }
+
+// withPGMQ: apply --pgmq was asked for.
+func withPGMQ(a *applyRun) bool { return a.pgmq != nil }
+
+// pgflowHops: the run has pgflow hops to take (not the pgmq hop alone).
+func pgflowHops(a *applyRun) bool { return !a.pgmqOnly }
 
 // fixed is a step detail that does not depend on the run.
 func fixed(detail string) func(*applyRun) string {

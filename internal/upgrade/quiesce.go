@@ -43,6 +43,8 @@ func applyQuiesced(ctx context.Context, conn *pgx.Conn, opts Options) (*Result[*
 		case open && !opts.DryRun:
 			// quiesce.Run refuses it, naming the commands that close it.
 		case !open && (st.State == versions.SchemaBaseline || (st.State == versions.SchemaPartial && opts.AcceptState != nil)):
+		case !open && st.State == versions.SchemaUpgraded && opts.PGMQ != "":
+			// The pgmq hop alone (pgflow 0.17): its workers are fenced too.
 		default:
 			res, err := Apply(ctx, conn, opts)
 			if err != nil && !open {

@@ -1,0 +1,86 @@
+package cli_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+)
+
+// apply --pgmq from the command line: the usage errors (exit 2), the
+// refused targets (exit 1), a dry run, the real run on 0.16.0 with
+// upstream's example flow (JSON), and the pgmq hop alone with --quiesce on
+// a database already at 0.17 with pgmq stopped at 1.9.0.
+func TestApplyPGMQCommand(t *testing.T) {
+	testdb.RequirePGMQVersion(t, testdb.PGMQNewest)
+	ctx := context.Background()
+	db := testdb.Baseline(t)
+	if err := fixtures.CreateAnalyzeWebsite(ctx, db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		{[]string{"--pgmq", "latest"}, cli.ExitUsage, "--pgmq"},
+		{[]string{"--pgmq", "1.13.1", "--online"}, cli.ExitUsage, "--pgmq runs with the transactional apply"},
+		{[]string{"--pgmq", "1.10.1"}, cli.ExitFindings, "1.11.0 or later"},
+		{[]string{"--pgmq", "1.42.0"}, cli.ExitFindings, "update scripts are not installed"},
+	} {
+		r := run(t, nil, append([]string{"--dsn", db.DSN, "apply", "--yes"}, c.args...)...)
+		if r.code != c.code || !strings.Contains(cellText(r.stdout+r.stderr), c.says) {
+			t.Errorf("apply %v: exit %d, want %d saying %q\n%s%s", c.args, r.code, c.code, c.says, r.stdout, r.stderr)
+		}
+	}
+	r := run(t, nil, "--dsn", db.DSN, "apply", "--yes", "--dry-run", "--pgmq", testdb.PGMQNewest)
+	if r.code != cli.ExitOK || !strings.Contains(cellText(r.stdout), `pgmq.meta "analyzeWebsite" (table pgmq.q_analyzewebsite): renamed to analyzewebsite`) {
+		t.Fatalf("dry run: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if v := db.PGMQVersion(t); v != "1.5.1" {
+		t.Fatalf("dry run left pgmq at %s", v)
+	}
+
+	r = run(t, nil, "--dsn", db.DSN, "apply", "--yes", "--pgmq", testdb.PGMQNewest, "--format", "json")
+	var doc struct {
+		Outcome string `json:"outcome"`
+		PGMQ    struct {
+			From, To string
+			Repairs  []struct{ Queue, Action string }
+			Locked   []string
+		} `json:"pgmq"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil || r.code != cli.ExitOK {
+		t.Fatalf("apply --pgmq: exit %d, %v\n%s%s", r.code, err, r.stdout, r.stderr)
+	}
+	if p := doc.PGMQ; doc.Outcome != "applied" || p.From != "1.5.1" || p.To != testdb.PGMQNewest || len(p.Repairs) != 1 || p.Repairs[0].Queue != fixtures.AnalyzeWebsiteSlug || len(p.Locked) != 3 {
+		t.Fatalf("JSON: %s", r.stdout)
+	}
+
+	// pgflow at 0.17, pgmq stopped at 1.9.0: the pgmq hop alone, its
+	// workers fenced by --quiesce.
+	db2 := testdb.Baseline(t)
+	exec2(t, db2, `select pgflow.create_flow('greet')`)
+	if r := run(t, nil, "--dsn", db2.DSN, "apply", "--yes"); r.code != cli.ExitOK {
+		t.Fatalf("pgflow hop: %d %s%s", r.code, r.stdout, r.stderr)
+	}
+	db2.UpdatePGMQ(t, "1.9.0")
+	r = run(t, nil, "--dsn", db2.DSN, "apply", "--yes", "--quiesce", "--pgmq", testdb.PGMQNewest)
+	if r.code != cli.ExitOK || !strings.Contains(cellText(r.stdout), "pgmq: 1.9.0 -> "+testdb.PGMQNewest) || !strings.Contains(cellText(r.stdout+r.stderr), "quiesce") {
+		t.Fatalf("apply --quiesce --pgmq on 0.17: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if v := db2.PGMQVersion(t); v != testdb.PGMQNewest {
+		t.Fatalf("pgmq %s", v)
+	}
+}
+
+func exec2(t *testing.T, db *testdb.DB, sql string) {
+	t.Helper()
+	if _, err := db.Pool.Exec(context.Background(), sql); err != nil {
+		t.Fatal(err)
+	}
+}
