@@ -312,3 +312,22 @@ func TestApplyHopsRemovesPrebuiltOnFailure(t *testing.T) {
 		})
 	}
 }
+
+// On a database already at upstream's newest, --telemetry off still opts
+// out (a plan of no hops), and without it apply has nothing to do.
+func TestApplyTelemetryOffAtNewest(t *testing.T) {
+	db := testdb.Upstream(t, versions.Newest)
+	res, err := upgrade.Apply(testCtx(t), connect(t, db), fastOpts())
+	if err != nil || res.Outcome != upgrade.OutcomeAlreadyApplied || !strings.Contains(res.Message, "nothing to do") {
+		t.Fatalf("apply: %v (%s: %s)", err, res.Outcome, res.Message)
+	}
+	opts := fastOpts()
+	opts.TelemetryOff = true
+	res, err = upgrade.Apply(testCtx(t), connect(t, db), opts)
+	if err != nil || res.Outcome != upgrade.OutcomeApplied {
+		t.Fatalf("apply --telemetry off: %v (%s: %s)", err, res.Outcome, res.Message)
+	}
+	if n := scalarOf[int](t, db, `select count(*)::int from cron.job where jobname = 'pgflow_telemetry_report'`); n != 0 {
+		t.Fatalf("%d telemetry jobs left", n)
+	}
+}
