@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
@@ -81,6 +83,13 @@ func checkLocksOnPgflow(ctx context.Context, q Querier, env Env) ([]Finding, err
 	return []Finding{c.finding(n, fmt.Sprintf("%d lock(s) on pgflow tables that apply would wait behind", n), samples)}, nil
 }
 
+// size is one table's row estimate (pg_class.reltuples; -1 never
+// analysed, or, for a queue table, the rows counted) and bytes.
+type size struct {
+	schema, table string
+	rows, bytes   int64
+}
+
 func checkSizes(ctx context.Context, q Querier, env Env) ([]Finding, error) {
 	c := check("size.tables")
 	rows, err := q.Query(ctx, `
@@ -95,10 +104,6 @@ func checkSizes(ctx context.Context, q Querier, env Env) ([]Finding, error) {
 		return nil, fmt.Errorf("reading table sizes: %w", err)
 	}
 	defer rows.Close()
-	type size struct {
-		schema, table string
-		rows, bytes   int64
-	}
 	var pgflowT, queueT []size
 	var stepTasks *size
 	var pgflowBytes, queueBytes, queueRows int64
@@ -117,7 +122,7 @@ func checkSizes(ctx context.Context, q Querier, env Env) ([]Finding, error) {
 		} else {
 			queueT = append(queueT, s)
 			queueBytes += s.bytes
-			if s.rows > 0 {
+			if s.rows >= 0 {
 				queueRows += s.rows
 			}
 		}
@@ -125,6 +130,21 @@ func checkSizes(ctx context.Context, q Querier, env Env) ([]Finding, error) {
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("reading table sizes: %w", err)
 	}
+	rows.Close()
+	// A queue table never analysed has no estimate (reltuples -1): it is
+	// counted instead, within a budget, so the total never reads 0 for
+	// messages nobody estimated.
+	var unanalysed []*size
+	for i := range queueT {
+		if queueT[i].rows < 0 {
+			unanalysed = append(unanalysed, &queueT[i])
+		}
+	}
+	counted, over, uncounted, err := countWithin(ctx, q, unanalysed, func(s *size) string { return pgx.Identifier{s.schema, s.table}.Sanitize() })
+	if err != nil {
+		return nil, err
+	}
+	queueRows += counted
 	toSamples := func(list []size) []map[string]any {
 		var out []map[string]any
 		for _, s := range list {
@@ -138,8 +158,11 @@ func checkSizes(ctx context.Context, q Querier, env Env) ([]Finding, error) {
 	var out []Finding
 	f := c.finding(int64(len(pgflowT)), fmt.Sprintf("%d pgflow tables, %s in total", len(pgflowT), humanBytes(pgflowBytes)), toSamples(pgflowT))
 	out = append(out, f)
-	f = c.finding(int64(len(queueT)), fmt.Sprintf("%d pgmq queue tables, %s in total, about %d messages", len(queueT), humanBytes(queueBytes), queueRows), toSamples(queueT))
-	out = append(out, f)
+	if len(queueT) > 0 { // no finding about no queue tables
+		f = c.finding(int64(len(queueT)), fmt.Sprintf("%d pgmq queue tables, %s in total, %s", len(queueT), humanBytes(queueBytes),
+			messagesText(queueRows, len(queueT), len(unanalysed), over, uncounted)), toSamples(queueT))
+		out = append(out, f)
+	}
 	if stepTasks != nil && env.Schema.State != versions.SchemaUpgraded {
 		rowsText := fmt.Sprintf("about %d rows", stepTasks.rows)
 		if stepTasks.rows < 0 {
@@ -172,4 +195,52 @@ func seconds(d time.Duration, def float64) float64 {
 		return def
 	}
 	return d.Seconds()
+}
+
+// Counting the queue tables that were never analysed: at most
+// countTablesBudget tables, each up to countRowsBudget rows (an index-only
+// walk of a small table; a larger one says "at least").
+const (
+	countTablesBudget = 20
+	countRowsBudget   = 10_000
+)
+
+// countWithin counts the rows of tables, each up to countRowsBudget, the
+// first countTablesBudget of them; each counted table's rows become its
+// count. over: tables with more rows than the budget; uncounted: tables
+// beyond the table budget.
+func countWithin(ctx context.Context, q Querier, tables []*size, name func(*size) string) (total int64, over, uncounted int, err error) {
+	for i, t := range tables {
+		if i >= countTablesBudget {
+			return total, over, len(tables) - i, nil
+		}
+		var n int64
+		// name is a quoted identifier of a table read from pg_class.
+		if err := q.QueryRow(ctx, `select pg_catalog.count(*) from (select from `+name(t)+` limit $1) s`, countRowsBudget+1).Scan(&n); err != nil {
+			return 0, 0, 0, fmt.Errorf("counting the rows of %s (never analysed): %w", name(t), err)
+		}
+		if n > countRowsBudget {
+			n, over = countRowsBudget, over+1
+		}
+		t.rows = n
+		total += n
+	}
+	return total, over, 0, nil
+}
+
+// messagesText says how many messages the queue tables hold and how that
+// is known: estimates as of the last ANALYZE, counts for the tables never
+// analysed.
+func messagesText(n int64, tables, unanalysed, over, uncounted int) string {
+	switch {
+	case unanalysed == 0:
+		return fmt.Sprintf("about %d messages (estimates as of the last ANALYZE)", n)
+	case uncounted > 0:
+		return fmt.Sprintf("at least %d messages (%d of %d tables never analysed; %d of them not counted: run ANALYZE on the pgmq tables for an estimate)", n, unanalysed, tables, uncounted)
+	case over > 0:
+		return fmt.Sprintf("at least %d messages (%d of %d tables never analysed, counted up to %d rows each; %d have more: run ANALYZE on the pgmq tables for an estimate)", n, unanalysed, tables, countRowsBudget, over)
+	case unanalysed == tables:
+		return fmt.Sprintf("%d messages (counted: the tables were never analysed)", n)
+	}
+	return fmt.Sprintf("about %d messages (%d of %d tables never analysed and counted, the others estimated as of the last ANALYZE)", n, unanalysed, tables)
 }

@@ -314,3 +314,40 @@ func TestBackupWarning(t *testing.T) {
 		t.Fatalf("no unlogged-queue warning: %+v", result(t, rep, "backup.pgdump_pgmq"))
 	}
 }
+
+// TestSizesNeverAnalysed: a queue holding 93 messages whose table was
+// never analysed (reltuples -1) is counted, not summed as 0: before, the
+// finding read "about 0 messages". A database without queue tables gets
+// no finding about them (before: "0 pgmq queue tables, 0 B in total,
+// about 0 messages").
+func TestSizesNeverAnalysed(t *testing.T) {
+	db := testdb.Baseline(t)
+	if r := result(t, runAudit(t, db, audit.Options{Checks: []string{"size.tables"}}), "size.tables"); len(r.Findings) != 2 ||
+		strings.Contains(r.Findings[0].Message+r.Findings[1].Message, "queue tables") {
+		t.Fatalf("without queues: %+v", r.Findings)
+	}
+	exec(t, db, `select pgflow.create_flow('never_analysed')`,
+		`alter table pgmq.q_never_analysed set (autovacuum_enabled = false)`, `alter table pgmq.a_never_analysed set (autovacuum_enabled = false)`,
+		`select pgmq.send_batch('never_analysed', array(select '{}'::jsonb from generate_series(1, 93)))`)
+	var reltuples float64
+	if err := db.Pool.QueryRow(context.Background(), `select reltuples from pg_class where oid = 'pgmq.q_never_analysed'::regclass`).Scan(&reltuples); err != nil || reltuples >= 0 {
+		t.Fatalf("the queue table's reltuples: %v (%v), want -1 (never analysed)", reltuples, err)
+	}
+	r := result(t, runAudit(t, db, audit.Options{Checks: []string{"size.tables"}}), "size.tables")
+	var msg string
+	for _, f := range r.Findings {
+		if strings.Contains(f.Message, "pgmq queue tables") {
+			msg = f.Message
+		}
+	}
+	if !strings.Contains(msg, "93 messages (counted: the tables were never analysed)") || strings.Contains(msg, "about 0") {
+		t.Fatalf("queue tables never analysed: %q", msg)
+	}
+	exec(t, db, `analyze pgmq.q_never_analysed`, `analyze pgmq.a_never_analysed`)
+	r = result(t, runAudit(t, db, audit.Options{Checks: []string{"size.tables"}}), "size.tables")
+	for _, f := range r.Findings {
+		if strings.Contains(f.Message, "pgmq queue tables") && !strings.Contains(f.Message, "about 93 messages (estimates as of the last ANALYZE)") {
+			t.Fatalf("analysed: %q", f.Message)
+		}
+	}
+}

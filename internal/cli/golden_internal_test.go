@@ -85,7 +85,7 @@ func cleanReport() *audit.Report {
 	rep.Checks = append(rep.Checks,
 		audit.CheckResult{ID: "size.tables", Status: audit.StatusFindings, Findings: []audit.Finding{
 			info("size.tables", "8 pgflow tables, 448.0 KiB in total", map[string]any{"table": "pgflow.step_tasks", "size": "128.0 KiB"}),
-			info("size.tables", "2 pgmq queue tables, 72.0 KiB in total, about 0 messages"),
+			info("size.tables", "2 pgmq queue tables, 72.0 KiB in total, 0 messages (counted: the tables were never analysed)"),
 			info("size.tables", "backfill: pgflow.step_tasks (row count unknown: never analyzed, 128.0 KiB with indexes) is rewritten under ACCESS EXCLUSIVE"),
 		}},
 		audit.CheckResult{ID: "backup.pgdump_pgmq", Status: audit.StatusFindings, Findings: []audit.Finding{{
