@@ -57,6 +57,11 @@ const (
 	NoClaimLinger = -1
 )
 
+// PgflowVersion is the pgflow release whose worker protocol this package
+// speaks, recorded in pgflow.workers.pgflow_version where the database has
+// that column.
+const PgflowVersion = "0.17.1"
+
 // Start modes of pgflow.worker_functions.start_mode.
 const (
 	// StartModeProcess: a long-running process (what a Go service is);
@@ -87,6 +92,12 @@ type Config struct {
 	// FunctionName is recorded by track_worker_function and in
 	// pgflow.workers.function_name; empty means "go:<flow slug>".
 	FunctionName string
+	// PgflowVersion is recorded in pgflow.workers.pgflow_version at
+	// registration, as upstream's 0.17.1 worker records its version, where
+	// the column exists (pgflow 0.17.1 and later; on 0.17.0 the worker
+	// registers without it). Empty means PgflowVersion, the release whose
+	// protocol this package speaks.
+	PgflowVersion string
 	// StartMode is worker_functions.start_mode: StartModeProcess (the
 	// default: the worker calls track_worker_function(name, 'process')) or
 	// StartModeHTTP (track_worker_function(name)).
@@ -174,6 +185,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.WorkerID == "" {
 		c.WorkerID = newUUID()
+	}
+	if c.PgflowVersion == "" {
+		c.PgflowVersion = PgflowVersion
 	}
 	if c.FunctionName == "" && c.Flow.Slug != "" {
 		c.FunctionName = "go:" + c.Flow.Slug

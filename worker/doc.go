@@ -32,7 +32,8 @@
 //     *pgconn.PgError reachable). Either way nothing has been registered;
 //  2. pgflow.track_worker_function(name, 'process'), or (name) for
 //     StartModeHTTP;
-//  3. an INSERT into pgflow.workers with the canonical route as queue_name;
+//  3. an INSERT into pgflow.workers with the canonical route as queue_name
+//     (and, on pgflow 0.17.1 and later, Config.PgflowVersion as pgflow_version);
 //  4. a heartbeat every HeartbeatInterval (last_heartbeat_at =
 //     clock_timestamp(), returning whether deprecated_at is set): a
 //     deprecated worker stops polling and shuts down gracefully;

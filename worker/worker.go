@@ -161,7 +161,8 @@ func (w *Worker) Stats() Stats {
 //     *ProtocolMismatchError on a 0.16.0 database, a *FlowShapeMismatchError
 //     or *FlowRoutingMismatchError on a mismatch; nothing is registered yet;
 //  2. pgflow.track_worker_function(name[, 'process']);
-//  3. registration in pgflow.workers with the canonical route;
+//  3. registration in pgflow.workers with the canonical route (and, on
+//     0.17.1 and later, Config.PgflowVersion as pgflow_version);
 //  4. the heartbeat and the poll loop.
 //
 // ctx is the worker's lifetime: cancelling it is a hard stop (handlers are
@@ -191,10 +192,20 @@ func (w *Worker) start(ctx, life context.Context) error {
 	if err != nil {
 		return w.failStart(fmt.Errorf("tracking worker function %q: %w", w.cfg.FunctionName, err))
 	}
+	// 0.17.1 records the worker's version; 0.17.0 has no such column.
+	var withVersion bool
+	if err := w.pool.QueryRow(ctx, `select exists (select 1 from pg_catalog.pg_attribute
+		 where attrelid = pg_catalog.to_regclass('pgflow.workers') and attname = 'pgflow_version' and not attisdropped)`).Scan(&withVersion); err != nil {
+		return w.failStart(fmt.Errorf("looking for pgflow.workers.pgflow_version: %w", err))
+	}
+	register := `insert into pgflow.workers (queue_name, worker_id, function_name) values ($1, $2::uuid, $3) returning started_at`
+	args := []any{w.queue, w.cfg.WorkerID, w.cfg.FunctionName}
+	if withVersion {
+		register = `insert into pgflow.workers (queue_name, worker_id, function_name, pgflow_version) values ($1, $2::uuid, $3, $4) returning started_at`
+		args = append(args, w.cfg.PgflowVersion)
+	}
 	var startedAt time.Time
-	if err := w.pool.QueryRow(ctx,
-		`insert into pgflow.workers (queue_name, worker_id, function_name) values ($1, $2::uuid, $3) returning started_at`,
-		w.queue, w.cfg.WorkerID, w.cfg.FunctionName).Scan(&startedAt); err != nil {
+	if err := w.pool.QueryRow(ctx, register, args...).Scan(&startedAt); err != nil {
 		return w.failStart(fmt.Errorf("registering worker %s in pgflow.workers: %w", w.cfg.WorkerID, err))
 	}
 
