@@ -53,7 +53,7 @@ func (a *App) fleetCommand() *ucli.Command {
 			a.fleetRunCommand("apply", "apply, then verify, on every target: canaries first, then in parallel, up to a failure limit", a.applyCommand(),
 				[]string{"dry-run", "wait", "lock-timeout", "lock-retries", "sample", "check-timeout",
 					"online", "batch-size", "max-rate", "pause", "max-replica-lag", "quiesce", "drain-timeout",
-					"to", "telemetry", "pgflow-migrations"}),
+					"to", "telemetry", "pgflow-migrations", "pgmq"}),
 			a.fleetReportCommand(),
 		},
 	}

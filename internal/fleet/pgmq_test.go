@@ -1,0 +1,46 @@
+package fleet_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+)
+
+// fleet apply --pgmq: every target gets the pgflow hop and the pgmq hop
+// (one with upstream's mixed-case example flow, where the plain pgmq
+// update fails), and the JUnit file has one passing case per target.
+func TestFleetApplyPGMQ(t *testing.T) {
+	testdb.RequirePGMQVersion(t, testdb.PGMQNewest)
+	mixed, plain := legacy(t), legacy(t)
+	if err := fixtures.CreateAnalyzeWebsite(context.Background(), mixed.Pool); err != nil {
+		t.Fatal(err)
+	}
+	targets := writeTargets(t, "mixed "+mixed.DSN, "plain "+plain.DSN)
+	junit := filepath.Join(t.TempDir(), "fleet.xml")
+	r := run(t, nil, "fleet", "apply", "--yes", "--targets", targets, "--parallel", "1", "--pgmq", testdb.PGMQNewest, "--junit", junit, "--format", "json")
+	doc := report(t, r)
+	if r.code != cli.ExitOK {
+		t.Fatalf("fleet apply --pgmq: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	for name, db := range map[string]*testdb.DB{"mixed": mixed, "plain": plain} {
+		if v := db.PGMQVersion(t); v != testdb.PGMQNewest {
+			t.Errorf("%s: pgmq %s (%v)", name, v, entry(t, doc, name))
+		}
+		if verifyCode(t, db) != cli.ExitOK {
+			t.Errorf("%s: verify fails after fleet apply --pgmq", name)
+		}
+	}
+	x, err := os.ReadFile(junit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(x), "<testcase"); n != 2 || strings.Contains(string(x), "<failure") {
+		t.Fatalf("JUnit: %d cases\n%s", n, x)
+	}
+}
