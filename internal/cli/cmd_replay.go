@@ -109,6 +109,10 @@ func (a *App) fixturesReplay(c *ucli.Context) error {
 	hb := a.startHeartbeat("replay: ", "scenarios running")
 	defer hb.stop()
 	results, err := a.runReplayScenarios(ctx, srv, plan, hb.printf)
+	if ctx.Err() != nil {
+		hb.stop()
+		return a.replayInterrupted(results)
+	}
 	if err != nil {
 		return err
 	}
@@ -269,10 +273,36 @@ func (a *App) runReplayScenarios(ctx context.Context, srv *pgprovider.Server, pl
 	if err := r.Close(); err != nil {
 		fmt.Fprintf(a.Stderr, "replay: %v\n", err)
 	}
-	if ctx.Err() != nil {
-		return nil, ctx.Err()
+	return results, ctx.Err()
+}
+
+// replayInterrupted ends a replay the operator cancelled: what had
+// finished, and which scenarios were cut short or never started (none of
+// them failed), exit 130.
+func (a *App) replayInterrupted(results []scenario.Result) error {
+	var passed, failed []string
+	for _, r := range results {
+		switch {
+		case r.Interrupted:
+		case r.Passed:
+			passed = append(passed, r.Name)
+		default:
+			failed = append(failed, r.Name)
+		}
 	}
-	return results, nil
+	cut := scenario.Interrupted(results)
+	if len(results) == 0 {
+		msg := "interrupted before any scenario ran; every throwaway database is dropped"
+		fmt.Fprintf(a.Stderr, "replay: %s\n", msg)
+		return reportedError{withCode(ExitInterrupted, errors.New(msg))}
+	}
+	msg := fmt.Sprintf("interrupted: %d scenario(s) passed and %d failed before the interrupt, %d interrupted (not failed): %s; every throwaway database is dropped",
+		len(passed), len(failed), len(cut), strings.Join(cut, ", "))
+	if len(failed) > 0 {
+		msg += "; failed before the interrupt: " + strings.Join(failed, ", ")
+	}
+	fmt.Fprintf(a.Stderr, "replay: %s\n", msg)
+	return reportedError{withCode(ExitInterrupted, errors.New(msg))}
 }
 
 // describeCapture says on stderr which capture is being restored.

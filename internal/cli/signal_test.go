@@ -310,6 +310,13 @@ func TestSignalReplayOnServer(t *testing.T) {
 	if code != cli.ExitInterrupted {
 		t.Fatalf("exit %d, want %d (did the replay finish before the signal?)\n%s", code, cli.ExitInterrupted, s.output())
 	}
+	// The scenarios the signal cut short were interrupted, not failed
+	// (before: 12-13 "replay: FAIL ..." lines).
+	out := s.output()
+	t.Logf("the interrupted replay's output:\n%s", out)
+	if strings.Contains(out, "FAIL") || !strings.Contains(out, "replay: interrupted: ") || !strings.Contains(out, "interrupted (not failed): ") {
+		t.Errorf("the interrupted replay's output:\n%s", out)
+	}
 	if left := replayDatabasesOn(t, srv.AdminDSN()); len(left) > 0 {
 		t.Fatalf("throwaway databases left after the interrupted replay: %v\n%s", left, s.output())
 	}
