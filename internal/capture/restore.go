@@ -3,11 +3,13 @@ package capture
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
 )
 
 // restoreExact rebuilds a version 2 capture in an empty database, in one
@@ -119,6 +121,9 @@ func restorePrerequisites(ctx context.Context, tx pgx.Tx, h Header) error {
 			return fmt.Errorf("restore: %w", err)
 		}
 	}
+	if err := matchPGMQ(ctx, tx, h.PGMQ); err != nil {
+		return err
+	}
 	if !hasRealtime {
 		if err := fixtures.InstallSupabaseStubs(ctx, tx); err != nil {
 			return fmt.Errorf("restore: %w", err)
@@ -208,4 +213,50 @@ func (b *batch) insertSQL(ctx context.Context) (table, sql string, err error) {
 func firstLine(s string) string {
 	line, _, _ := strings.Cut(s, "\n")
 	return line
+}
+
+// matchPGMQ takes the restored database's pgmq to the version the capture
+// was taken on, before any queue is created (from 1.10.0 the queue tables
+// have last_read_at, which the captured messages carry): ALTER EXTENSION
+// pgmq UPDATE when the server offers that version. A server that cannot is
+// refused, saying what it lacks, instead of rehearsing on another pgmq.
+// A capture of an older pgmq than the server installs is restored as
+// before (extensions are not downgraded).
+func matchPGMQ(ctx context.Context, tx pgx.Tx, captured string) error {
+	v, ok := strings.CutPrefix(captured, "extension ")
+	if !ok {
+		return nil // the stand-in's capture: nothing to match
+	}
+	want, err := pgmqver.Parse(v)
+	if err != nil {
+		return fmt.Errorf("restore: %w: the capture's pgmq version %q", ErrBadCapture, v)
+	}
+	var installed, newest string
+	if err := tx.QueryRow(ctx, `select coalesce((select extversion from pg_catalog.pg_extension where extname operator(pg_catalog.=) 'pgmq'), ''),
+			coalesce((select pg_catalog.string_agg(version, ', ' order by pg_catalog.string_to_array(version, '.')::int[])
+			          from pg_catalog.pg_available_extension_versions
+			          where name operator(pg_catalog.=) 'pgmq' and version operator(pg_catalog.~) '^[0-9]+(\.[0-9]+){1,2}$'), '')`).Scan(&installed, &newest); err != nil {
+		return fmt.Errorf("restore: reading this server's pgmq: %w", err)
+	}
+	have, err := pgmqver.Parse(installed)
+	if installed == "" || err != nil {
+		if want == pgmqver.MustParse("1.5.1") {
+			return nil // the stand-in stands for 1.5.1
+		}
+		return fmt.Errorf("restore: the capture was taken on pgmq %s and this server has no pgmq extension (the project's stand-in is 1.5.1): rehearse on a server that offers pgmq %s", want, want)
+	}
+	if !have.Less(want) {
+		return nil
+	}
+	offered := slices.Contains(strings.Split(newest, ", "), want.String())
+	if !offered {
+		return fmt.Errorf("restore: the capture was taken on pgmq %s; this server installs pgmq %s and offers only %s: install pgmq's update scripts up to %s "+
+			"(pgmq--%s--...--%s.sql in its extension directory; scripts/setup.sh does it from ../shared/vendor/pgmq-updates-1.13.1), or rehearse on a server that offers it",
+			want, have, newest, want, have, want)
+	}
+	// The version passed pgmqver.Parse: digits and dots only.
+	if _, err := tx.Exec(ctx, `alter extension pgmq update to '`+want.String()+`'`); err != nil {
+		return fmt.Errorf("restore: updating pgmq %s to the capture's %s: %w", have, want, err)
+	}
+	return nil
 }
