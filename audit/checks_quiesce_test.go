@@ -10,7 +10,7 @@ import (
 // quiesce.inventory lists, as info, what apply --quiesce would touch.
 func TestQuiesceInventory(t *testing.T) {
 	db := inflight(t) // two live 0.16.0 workers holding started tasks
-	exec(t, db,
+	db.Exec(t,
 		`insert into pgflow.worker_functions (function_name, enabled, start_mode) values ('fn-http', true, 'http'), ('fn-proc', false, 'process')`,
 		`select cron.alter_job(job_id => (select jobid from cron.job where jobname = 'pgflow_cleanup_logs'), active => false)`,
 		`select cron.schedule('not_pgflow', '* * * * *', 'select 1')`)

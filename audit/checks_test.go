@@ -18,7 +18,7 @@ import (
 func oneFlow(t *testing.T) *testdb.DB {
 	t.Helper()
 	db := testdb.Baseline(t)
-	exec(t, db,
+	db.Exec(t,
 		`select pgflow.create_flow('f')`,
 		`select pgflow.add_step('f', 'a')`,
 		`select pgflow.start_flow('f', '{}'::jsonb, '00000000-0000-4000-8000-000000000001')`,
@@ -33,7 +33,7 @@ func oneFlow(t *testing.T) *testdb.DB {
 func inflight(t *testing.T) *testdb.DB {
 	t.Helper()
 	db := testdb.Baseline(t)
-	exec(t, db,
+	db.Exec(t,
 		`select pgflow.create_flow('alpha')`, `select pgflow.add_step('alpha', 'a')`, `select pgflow.add_step('alpha', 'b', array['a'])`,
 		`select pgflow.create_flow('beta')`, `select pgflow.add_step('beta', 'items', step_type => 'map')`,
 		`select pgflow.start_flow('alpha', '{"n": 1}'::jsonb)`, `select pgflow.start_flow('alpha', '{"n": 2}'::jsonb)`,
@@ -111,7 +111,7 @@ func TestHealthyDatabasesHaveNoBlockers(t *testing.T) {
 func TestSchemaState(t *testing.T) {
 	t.Run("partial", func(t *testing.T) {
 		db := testdb.Baseline(t)
-		exec(t, db, `alter table pgflow.steps add column queue_name text`)
+		db.Exec(t, `alter table pgflow.steps add column queue_name text`)
 		rep := runAudit(t, db, audit.Options{Checks: []string{"schema.state"}})
 		f := mustFire(t, rep, "schema.state", audit.Blocker)
 		if rep.Schema.State != versions.SchemaPartial || !strings.Contains(f.Message, "column pgflow.steps.queue_name: extra") {
@@ -120,7 +120,7 @@ func TestSchemaState(t *testing.T) {
 	})
 	t.Run("modified baseline", func(t *testing.T) {
 		db := testdb.Baseline(t)
-		exec(t, db, `alter table pgflow.step_tasks alter column message_id type integer`)
+		db.Exec(t, `alter table pgflow.step_tasks alter column message_id type integer`)
 		rep := runAudit(t, db, audit.Options{Checks: []string{"schema.state"}})
 		f := mustFire(t, rep, "schema.state", audit.Blocker)
 		if !strings.Contains(f.Message, "column pgflow.step_tasks.message_id: type differs: want bigint, got integer") {
@@ -150,9 +150,9 @@ func TestSchemaState(t *testing.T) {
 			t.Fatalf("migrations: %v (%d files)", err, len(all))
 		}
 		for _, m := range all {
-			exec(t, db, m.SQL)
+			db.Exec(t, m.SQL)
 		}
-		exec(t, db, `insert into pgflow.workers (worker_id, queue_name, function_name) values ('00000000-0000-4000-8000-00000000cc01', 'f', 'new')`)
+		db.Exec(t, `insert into pgflow.workers (worker_id, queue_name, function_name) values ('00000000-0000-4000-8000-00000000cc01', 'f', 'new')`)
 		rep := runAudit(t, db, audit.Options{})
 		f := mustFire(t, rep, "schema.state", audit.Info)
 		if rep.Schema.State != versions.SchemaUpgraded {
@@ -175,7 +175,7 @@ func TestPGMQInstalled(t *testing.T) {
 	rep = runAudit(t, db, audit.Options{Checks: []string{"pgmq.installed"}})
 	mustFire(t, rep, "pgmq.installed", audit.Info)
 	db.DetachFromExtension(t, "pgmq", `function pgmq.set_vt(text, bigint, integer)`)
-	exec(t, db, `drop function pgmq.set_vt(text, bigint, integer)`)
+	db.Exec(t, `drop function pgmq.set_vt(text, bigint, integer)`)
 	rep = runAudit(t, db, audit.Options{Checks: []string{"pgmq.installed"}})
 	if f := mustFire(t, rep, "pgmq.installed", audit.Blocker); !strings.Contains(f.Message, "pgmq.set_vt(text, bigint, integer)") {
 		t.Fatalf("message %q", f.Message)
@@ -184,10 +184,10 @@ func TestPGMQInstalled(t *testing.T) {
 
 func TestQueuePhysical(t *testing.T) {
 	db := oneFlow(t)
-	exec(t, db, `select pgflow.create_flow('g')`)
+	db.Exec(t, `select pgflow.create_flow('g')`)
 	mustBeOK(t, runAudit(t, db, audit.Options{Checks: []string{"pgmq.queue_physical"}}), "pgmq.queue_physical")
 	db.DetachFromExtension(t, "pgmq", `sequence pgmq.q_g_msg_id_seq`, `table pgmq.a_g`)
-	exec(t, db,
+	db.Exec(t,
 		`alter table pgmq.a_g drop column headers`,
 		`alter table pgmq.q_g alter column msg_id drop identity`,
 		`alter table pgmq.q_f alter column message type text`)
@@ -200,7 +200,7 @@ func TestQueuePhysical(t *testing.T) {
 			t.Errorf("no problem %q in %+v", want, f.Samples)
 		}
 	}
-	exec(t, db, `drop table pgmq.a_g`)
+	db.Exec(t, `drop table pgmq.a_g`)
 	f = mustFire(t, runAudit(t, db, audit.Options{Checks: []string{"pgmq.queue_physical"}, Sample: 10}), "pgmq.queue_physical", audit.Warning)
 	if !sampleHas(f, "problem", "table is missing") || !sampleHas(f, "table", "pgmq.a_g") {
 		t.Fatalf("%+v", f.Samples)
@@ -209,12 +209,12 @@ func TestQueuePhysical(t *testing.T) {
 
 func TestLegacyWorkers(t *testing.T) {
 	db := oneFlow(t)
-	exec(t, db, `insert into pgflow.workers (worker_id, queue_name, function_name, stopped_at)
+	db.Exec(t, `insert into pgflow.workers (worker_id, queue_name, function_name, stopped_at)
 	             values ('00000000-0000-4000-8000-00000000bb01', 'f', 'old', now())`,
 		`insert into pgflow.workers (worker_id, queue_name, function_name, last_heartbeat_at)
 	             values ('00000000-0000-4000-8000-00000000bb02', 'f', 'gone', now() - interval '1 hour')`)
 	mustBeOK(t, runAudit(t, db, audit.Options{Checks: []string{"workers.legacy_alive"}}), "workers.legacy_alive")
-	exec(t, db, `insert into pgflow.workers (worker_id, queue_name, function_name)
+	db.Exec(t, `insert into pgflow.workers (worker_id, queue_name, function_name)
 	             values ('00000000-0000-4000-8000-00000000bb03', 'f', 'alive')`)
 	f := mustFire(t, runAudit(t, db, audit.Options{Checks: []string{"workers.legacy_alive"}}), "workers.legacy_alive", audit.Warning)
 	if f.Count != 1 || !sampleHas(f, "worker_id", "00000000-0000-4000-8000-00000000bb03") {
@@ -227,7 +227,7 @@ func TestLongTransactions(t *testing.T) {
 	opts := audit.Options{Checks: []string{"sessions.long_transactions"}, LongTransaction: time.Hour, IdleInTransaction: time.Hour}
 	mustBeOK(t, runAudit(t, db, opts), "sessions.long_transactions")
 
-	other := connect(t, db.DSN)
+	other := testdb.Connect(t, db.DSN)
 	ctx := context.Background()
 	if _, err := other.Exec(ctx, `set application_name = 'h-idle-session'`); err != nil {
 		t.Fatal(err)
@@ -250,7 +250,7 @@ func TestLongTransactions(t *testing.T) {
 
 func TestSizes(t *testing.T) {
 	db := oneFlow(t)
-	exec(t, db, `analyze pgflow.step_tasks`)
+	db.Exec(t, `analyze pgflow.step_tasks`)
 	r := result(t, runAudit(t, db, audit.Options{Checks: []string{"size.tables"}, Sample: 20}), "size.tables")
 	if r.Status != audit.StatusFindings || len(r.Findings) != 3 {
 		t.Fatalf("%s %s %+v", r.Status, r.Error, r.Findings)
@@ -302,7 +302,7 @@ func TestBackupWarning(t *testing.T) {
 		mustBeOK(t, rep, "backup.pgdump_pgmq")
 	}
 	// Unlogged queues are also missing from physical backups.
-	exec(t, db, `select pgflow.create_flow('u')`, `select pgmq.drop_queue('u')`, `select pgmq.create_unlogged('u')`)
+	db.Exec(t, `select pgflow.create_flow('u')`, `select pgmq.drop_queue('u')`, `select pgmq.create_unlogged('u')`)
 	rep = runAudit(t, db, audit.Options{Checks: []string{"backup.pgdump_pgmq"}})
 	found := false
 	for _, f := range fired(t, rep, "backup.pgdump_pgmq", audit.Warning) {
@@ -326,7 +326,7 @@ func TestSizesNeverAnalysed(t *testing.T) {
 		strings.Contains(r.Findings[0].Message+r.Findings[1].Message, "queue tables") {
 		t.Fatalf("without queues: %+v", r.Findings)
 	}
-	exec(t, db, `select pgflow.create_flow('never_analysed')`,
+	db.Exec(t, `select pgflow.create_flow('never_analysed')`,
 		`alter table pgmq.q_never_analysed set (autovacuum_enabled = false)`, `alter table pgmq.a_never_analysed set (autovacuum_enabled = false)`,
 		`select pgmq.send_batch('never_analysed', array(select '{}'::jsonb from generate_series(1, 93)))`)
 	var reltuples float64
@@ -343,7 +343,7 @@ func TestSizesNeverAnalysed(t *testing.T) {
 	if !strings.Contains(msg, "93 messages (counted: the tables were never analysed)") || strings.Contains(msg, "about 0") {
 		t.Fatalf("queue tables never analysed: %q", msg)
 	}
-	exec(t, db, `analyze pgmq.q_never_analysed`, `analyze pgmq.a_never_analysed`)
+	db.Exec(t, `analyze pgmq.q_never_analysed`, `analyze pgmq.a_never_analysed`)
 	r = result(t, runAudit(t, db, audit.Options{Checks: []string{"size.tables"}}), "size.tables")
 	for _, f := range r.Findings {
 		if strings.Contains(f.Message, "pgmq queue tables") && !strings.Contains(f.Message, "about 93 messages (estimates as of the last ANALYZE)") {

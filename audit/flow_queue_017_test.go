@@ -19,14 +19,14 @@ func TestFlowQueueMissingOn017(t *testing.T) {
 		t.Fatalf("migrations: %v (%d files)", err, len(all))
 	}
 	for _, m := range all {
-		exec(t, db, m.SQL)
+		db.Exec(t, m.SQL)
 	}
 	step := `{"slug": "%s", "stepType": "single", "dependencies": [], "whenUnmet": "skip", "whenExhausted": "fail",
 		"requiredInputPattern": {"defined": false}, "forbiddenInputPattern": {"defined": false}}`
-	exec(t, db, `select pgflow.ensure_flow_compiled('Sq', '{"steps": [`+strings.ReplaceAll(step, "%s", "a")+`, `+strings.ReplaceAll(step, "%s", "b")+`]}', 'step')`)
+	db.Exec(t, `select pgflow.ensure_flow_compiled('Sq', '{"steps": [`+strings.ReplaceAll(step, "%s", "a")+`, `+strings.ReplaceAll(step, "%s", "b")+`]}', 'step')`)
 	mustBeOK(t, only(t, db, audit.Options{}, "pgmq.flow_queue_missing"), "pgmq.flow_queue_missing")
 
-	exec(t, db, `select pgmq.drop_queue('sq__b')`)
+	db.Exec(t, `select pgmq.drop_queue('sq__b')`)
 	f := mustFire(t, only(t, db, audit.Options{}, "pgmq.flow_queue_missing"), "pgmq.flow_queue_missing", audit.Warning)
 	if f.Count != 1 || !sampleHas(f, "flow_slug", "Sq") || !sampleHas(f, "expected_queue", "sq__b") ||
 		!strings.Contains(f.Message, "delete_flow_and_data") || !strings.Contains(f.Remedy, "pgmq.create") {

@@ -8,40 +8,16 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
 func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
 
-// connect opens a dedicated connection to dsn, closed at cleanup.
-func connect(t *testing.T, dsn string) *pgx.Conn {
-	t.Helper()
-	conn, err := session.Open(context.Background(), dsn, session.Test)
-	if err != nil {
-		t.Fatalf("connecting: %v", err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
-}
-
-// exec runs SQL statements on db (setup of a malformed state).
-func exec(t *testing.T, db *testdb.DB, sql ...string) {
-	t.Helper()
-	for _, s := range sql {
-		if _, err := db.Pool.Exec(context.Background(), s); err != nil {
-			t.Fatalf("setup %q: %v", s, err)
-		}
-	}
-}
-
 // audit runs the whole catalog (or ids) on db.
 func runAudit(t *testing.T, db *testdb.DB, opts audit.Options) *audit.Report {
 	t.Helper()
-	rep, err := audit.Run(context.Background(), connect(t, db.DSN), opts)
+	rep, err := audit.Run(context.Background(), testdb.Connect(t, db.DSN), opts)
 	if err != nil {
 		t.Fatalf("audit.Run: %v", err)
 	}

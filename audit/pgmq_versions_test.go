@@ -36,7 +36,7 @@ func TestPGMQUpdateFailsOnMixedCaseQueue(t *testing.T) {
 	}
 
 	lower := testdb.Baseline(t)
-	exec(t, lower, `select pgflow.create_flow('analyze_website')`)
+	lower.Exec(t, `select pgflow.create_flow('analyze_website')`)
 	lower.UpdatePGMQ(t, testdb.PGMQNewest)
 	if v := lower.PGMQVersion(t); v != testdb.PGMQNewest {
 		t.Fatalf("pgmq %s after the update", v)
@@ -55,7 +55,7 @@ func TestAuditPGMQUpdatePathMixedCase(t *testing.T) {
 	if err := fixtures.CreateAnalyzeWebsite(ctx, db.Pool); err != nil {
 		t.Fatal(err)
 	}
-	exec(t, db, `select pgflow.create_flow('greet')`)
+	db.Exec(t, `select pgflow.create_flow('greet')`)
 	rep := runAudit(t, db, audit.Options{Checks: []string{"pgmq.installed", "pgmq.update_path", "pgmq.claim_path", "backup.pgdump_pgmq"}})
 	if rep.PGMQ.Version != "1.5.1" || rep.PGMQ.Layout != "members" || rep.PGMQ.Newest != testdb.PGMQNewest {
 		t.Fatalf("pgmq info %+v", rep.PGMQ)
@@ -86,7 +86,7 @@ func TestAuditPGMQUpdatePathMixedCase(t *testing.T) {
 	}
 	// Lower-case flows only: it would go through, and it does.
 	lower := testdb.Baseline(t)
-	exec(t, lower, `select pgflow.create_flow('greet')`)
+	lower.Exec(t, `select pgflow.create_flow('greet')`)
 	rep = runAudit(t, lower, audit.Options{Checks: []string{"pgmq.update_path"}})
 	if f := mustFire(t, rep, "pgmq.update_path", audit.Info); !strings.Contains(f.Message, "would go through") {
 		t.Errorf("lower-case flows: %q", f.Message)
@@ -103,7 +103,7 @@ func TestAuditBackupAcrossPGMQVersions(t *testing.T) {
 	mustBeOK(t, rep, "backup.pgdump_pgmq") // 1.5.1, no queue: nothing is left out
 
 	db := testdb.Baseline(t)
-	exec(t, db, `select pgflow.create_flow('greet')`, `select pgflow.create_flow('other')`)
+	db.Exec(t, `select pgflow.create_flow('greet')`, `select pgflow.create_flow('other')`)
 	db.UpdatePGMQ(t, testdb.PGMQNewest)
 	rep = runAudit(t, db, audit.Options{Checks: []string{"backup.pgdump_pgmq", "pgmq.installed", "pgmq.update_path", "pgmq.claim_path"}})
 	if rep.PGMQ.Version != testdb.PGMQNewest || rep.PGMQ.Layout != "detached" {
@@ -127,9 +127,9 @@ func TestAuditPGMQ1101IsBlocker(t *testing.T) {
 	ctx := context.Background()
 	testdb.RequirePGMQVersion(t, "1.10.1")
 	db := testdb.Baseline(t)
-	exec(t, db, `select pgflow.create_flow('greet')`, `select pgmq.send('greet', '{}')`)
+	db.Exec(t, `select pgflow.create_flow('greet')`, `select pgmq.send('greet', '{}')`)
 	db.UpdatePGMQ(t, "1.10.1")
-	exec(t, db, `select pgmq.create('fresh')`)
+	db.Exec(t, `select pgmq.create('fresh')`)
 	rep := runAudit(t, db, audit.Options{})
 	f := mustFire(t, rep, "pgmq.claim_path", audit.Blocker)
 	if f.Count != 1 || !sampleHas(f, "queue", "greet") || sampleHas(f, "queue", "fresh") || !strings.Contains(f.Message, "1.10.1") {

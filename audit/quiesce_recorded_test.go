@@ -18,10 +18,10 @@ import (
 func TestQuiesceRecorded(t *testing.T) {
 	ctx := context.Background()
 	db := testdb.Baseline(t)
-	exec(t, db, `insert into pgflow.worker_functions (function_name, enabled, start_mode) values ('fn-on', true, 'http'), ('fn-off', false, 'process')`)
+	db.Exec(t, `insert into pgflow.worker_functions (function_name, enabled, start_mode) values ('fn-on', true, 'http'), ('fn-off', false, 'process')`)
 	mustBeOK(t, only(t, db, audit.Options{}, "quiesce.recorded"), "quiesce.recorded")
 
-	if _, err := quiesce.Pause(ctx, connect(t, db.DSN), quiesce.ModeApply); err != nil {
+	if _, err := quiesce.Pause(ctx, testdb.Connect(t, db.DSN), quiesce.ModeApply); err != nil {
 		t.Fatal(err)
 	}
 	rep := only(t, db, audit.Options{Sample: 10}, "quiesce.recorded", "quiesce.inventory")
@@ -47,7 +47,7 @@ func TestQuiesceRecorded(t *testing.T) {
 	_, roleDSN := db.LoginRole(t, "h_audit_noq", "",
 		`grant usage on schema pgflow, pgmq to %[1]s`,
 		`grant select on all tables in schema pgflow, pgmq to %[1]s`)
-	rep, err := audit.Run(ctx, connect(t, roleDSN), audit.Options{Checks: []string{"schema.state", "quiesce.recorded"}})
+	rep, err := audit.Run(ctx, testdb.Connect(t, roleDSN), audit.Options{Checks: []string{"schema.state", "quiesce.recorded"}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,8 +3,6 @@ package audit_test
 import (
 	"context"
 	"errors"
-	"fmt"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -12,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
@@ -40,7 +37,7 @@ func sqlstate(err error) string {
 
 func TestReadOnlyIsEnforcedByTheServer(t *testing.T) {
 	db := oneFlow(t)
-	conn := connect(t, db.DSN)
+	conn := testdb.Connect(t, db.DSN)
 	rep, err := audit.Run(context.Background(), conn, audit.Options{
 		Checks: []string{"schema.state"},
 		Extra: []audit.Check{
@@ -82,7 +79,7 @@ func TestReadOnlyIsEnforcedByTheServer(t *testing.T) {
 // session until the test ends.
 func lockStepTasks(t *testing.T, dsn string) {
 	t.Helper()
-	other := connect(t, dsn)
+	other := testdb.Connect(t, dsn)
 	ctx := context.Background()
 	tx, err := other.Begin(ctx)
 	if err != nil {
@@ -167,33 +164,16 @@ func TestBudgets(t *testing.T) {
 func TestRoleWithOnlyUsageAndSelect(t *testing.T) {
 	db := oneFlow(t)
 	ctx := context.Background()
-	role := pgprovider.RandomName("h_audit_ro")
-	const password = "Ro-pw-7c1f9e-secret"
-	exec(t, db,
-		fmt.Sprintf(`create role %s login password '%s'`, role, password),
-		fmt.Sprintf(`grant usage on schema pgflow, pgmq to %s`, role),
-		fmt.Sprintf(`grant select on all tables in schema pgflow, pgmq to %s`, role))
-	t.Cleanup(func() {
-		// Privileges live in this database; the role in the cluster.
-		if _, err := db.Pool.Exec(ctx, `drop owned by `+role); err != nil {
-			t.Errorf("drop owned by %s: %v", role, err)
-		}
-		if _, err := db.Pool.Exec(ctx, `drop role `+role); err != nil {
-			t.Errorf("drop role %s: %v", role, err)
-		}
-	})
+	_, readOnly := db.PasswordRole(t, "h_audit_ro", "Ro-pw-7c1f9e-secret",
+		`grant usage on schema pgflow, pgmq to %[1]s`,
+		`grant select on all tables in schema pgflow, pgmq to %[1]s`)
 	// Another role's session, so there is something the read-only role cannot see.
-	otherSession := connect(t, db.DSN)
+	otherSession := testdb.Connect(t, db.DSN)
 	if _, err := otherSession.Exec(ctx, `select 1`); err != nil {
 		t.Fatal(err)
 	}
 
-	u, err := url.Parse(db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = url.UserPassword(role, password)
-	rep, err := audit.Run(ctx, connect(t, u.String()), audit.Options{})
+	rep, err := audit.Run(ctx, testdb.Connect(t, readOnly), audit.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +196,7 @@ func TestRoleWithOnlyUsageAndSelect(t *testing.T) {
 
 func TestPreflightIsExactAndKeepsTheCallersTransaction(t *testing.T) {
 	db := oneFlow(t)
-	exec(t, db, `select pgflow.add_step('f', 'x')`, `select pgflow.add_step('f', 'X')`,
+	db.Exec(t, `select pgflow.add_step('f', 'x')`, `select pgflow.add_step('f', 'X')`,
 		`update pgflow.step_tasks set message_id = (select min(message_id) from pgflow.step_tasks)`, `analyze pgflow.step_tasks`)
 	ctx := context.Background()
 	tx, err := db.Pool.Begin(ctx)
@@ -290,7 +270,7 @@ func TestUnknownCheckID(t *testing.T) {
 		t.Fatalf("Lookup error should list the known ids: %v", err)
 	}
 	db := testdb.Baseline(t)
-	if _, err := audit.Run(context.Background(), connect(t, db.DSN), audit.Options{Checks: []string{"no.such"}}); err == nil {
+	if _, err := audit.Run(context.Background(), testdb.Connect(t, db.DSN), audit.Options{Checks: []string{"no.such"}}); err == nil {
 		t.Fatal("Run accepted an unknown check id")
 	}
 }
@@ -298,22 +278,8 @@ func TestUnknownCheckID(t *testing.T) {
 func TestRoleWithoutGrantsGetsErrorsNotBlockers(t *testing.T) {
 	db := oneFlow(t)
 	ctx := context.Background()
-	role := pgprovider.RandomName("h_audit_none")
-	exec(t, db, fmt.Sprintf(`create role %s login`, role))
-	t.Cleanup(func() {
-		if _, err := db.Pool.Exec(ctx, `drop owned by `+role); err != nil {
-			t.Errorf("drop owned by %s: %v", role, err)
-		}
-		if _, err := db.Pool.Exec(ctx, `drop role `+role); err != nil {
-			t.Errorf("drop role %s: %v", role, err)
-		}
-	})
-	u, err := url.Parse(db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = url.User(role)
-	rep, err := audit.Run(ctx, connect(t, u.String()), audit.Options{})
+	_, noGrants := db.LoginRole(t, "h_audit_none", "")
+	rep, err := audit.Run(ctx, testdb.Connect(t, noGrants), audit.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

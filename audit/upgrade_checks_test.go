@@ -19,9 +19,9 @@ func only(t *testing.T, db *testdb.DB, opts audit.Options, ids ...string) *audit
 
 func TestFlowCaseAlias(t *testing.T) {
 	db := oneFlow(t)
-	exec(t, db, `select pgflow.create_flow('MyFlow')`)
+	db.Exec(t, `select pgflow.create_flow('MyFlow')`)
 	mustBeOK(t, only(t, db, audit.Options{}, "flows.case_alias"), "flows.case_alias")
-	exec(t, db, `select pgflow.create_flow('myflow')`, `select pgflow.create_flow('MYFLOW')`)
+	db.Exec(t, `select pgflow.create_flow('myflow')`, `select pgflow.create_flow('MYFLOW')`)
 	f := mustFire(t, only(t, db, audit.Options{}, "flows.case_alias"), "flows.case_alias", audit.Blocker)
 	if f.Count != 1 || !sampleHas(f, "flow_slugs", "MYFLOW, MyFlow, myflow") || !sampleHas(f, "queue_table", "pgmq.q_myflow") ||
 		!strings.Contains(f.Message, "3 flows") || f.Remedy == "" || f.AtLeast {
@@ -31,10 +31,10 @@ func TestFlowCaseAlias(t *testing.T) {
 
 func TestStepCaseAlias(t *testing.T) {
 	db := oneFlow(t)
-	exec(t, db, `select pgflow.add_step('f', 'b')`, `select pgflow.create_flow('g')`, `select pgflow.add_step('g', 'B')`)
+	db.Exec(t, `select pgflow.add_step('f', 'b')`, `select pgflow.create_flow('g')`, `select pgflow.add_step('g', 'B')`)
 	// Same letters in two flows: fine.
 	mustBeOK(t, only(t, db, audit.Options{}, "steps.case_alias"), "steps.case_alias")
-	exec(t, db, `select pgflow.add_step('f', 'B')`)
+	db.Exec(t, `select pgflow.add_step('f', 'B')`)
 	f := mustFire(t, only(t, db, audit.Options{}, "steps.case_alias"), "steps.case_alias", audit.Blocker)
 	if f.Count != 1 || !sampleHas(f, "flow_slug", "f") || !sampleHas(f, "step_slugs", "B, b") || !strings.Contains(f.Message, "2 steps") {
 		t.Fatalf("%+v", f)
@@ -43,10 +43,10 @@ func TestStepCaseAlias(t *testing.T) {
 
 func TestSlugRule(t *testing.T) {
 	db := oneFlow(t)
-	exec(t, db, `select pgflow.create_flow('ok_2')`, `select pgflow.add_step('ok_2', 'x9')`)
+	db.Exec(t, `select pgflow.create_flow('ok_2')`, `select pgflow.add_step('ok_2', 'x9')`)
 	mustBeOK(t, only(t, db, audit.Options{}, "slugs.strict_rule"), "slugs.strict_rule")
 	// Valid under 0.16.0, not under 0.17.0.
-	exec(t, db, `select pgflow.create_flow('_lead')`,
+	db.Exec(t, `select pgflow.create_flow('_lead')`,
 		`select pgflow.add_step('f', 'trail_')`,
 		`select pgflow.add_step('f', 'a__b')`)
 	f := mustFire(t, only(t, db, audit.Options{Sample: 10}, "slugs.strict_rule"), "slugs.strict_rule", audit.Blocker)
@@ -76,7 +76,7 @@ func TestQueueNameTooLong(t *testing.T) {
 	// pgmq refuses such a queue, so 0.16.0's create_flow cannot make this
 	// flow; rows written directly can.
 	long := strings.Repeat("a", 47) + "B"
-	exec(t, db, `insert into pgflow.flows (flow_slug) values ('`+long+`'), ('`+strings.Repeat("c", 47)+`')`,
+	db.Exec(t, `insert into pgflow.flows (flow_slug) values ('`+long+`'), ('`+strings.Repeat("c", 47)+`')`,
 		`insert into pgflow.steps (flow_slug, step_slug) values ('`+long+`', 's')`)
 	f := mustFire(t, only(t, db, audit.Options{}, "flows.queue_name_too_long"), "flows.queue_name_too_long", audit.Blocker)
 	if f.Count != 1 || !sampleHas(f, "flow_slug", long) || !sampleHas(f, "length", "48") || !sampleHas(f, "has_steps", "true") {
@@ -85,7 +85,7 @@ func TestQueueNameTooLong(t *testing.T) {
 	// A long-slug flow without steps or tasks does not stop upstream's
 	// migration (only steps and tasks get queue_name): a warning.
 	stepless := strings.Repeat("d", 50)
-	exec(t, db, `insert into pgflow.flows (flow_slug) values ('`+stepless+`')`)
+	db.Exec(t, `insert into pgflow.flows (flow_slug) values ('`+stepless+`')`)
 	r := result(t, only(t, db, audit.Options{}, "flows.queue_name_too_long"), "flows.queue_name_too_long")
 	if r.Status != audit.StatusFindings || len(r.Findings) != 2 {
 		t.Fatalf("%s %s %+v", r.Status, r.Error, r.Findings)
@@ -99,7 +99,7 @@ func TestQueueNameTooLong(t *testing.T) {
 		t.Fatalf("warning: %+v", w)
 	}
 	// Alone, the stepless flow is no blocker.
-	exec(t, db, `delete from pgflow.steps where flow_slug = '`+long+`'`, `delete from pgflow.flows where flow_slug = '`+long+`'`)
+	db.Exec(t, `delete from pgflow.steps where flow_slug = '`+long+`'`, `delete from pgflow.flows where flow_slug = '`+long+`'`)
 	rep := only(t, db, audit.Options{}, "flows.queue_name_too_long")
 	if w := mustFire(t, rep, "flows.queue_name_too_long", audit.Warning); w.Count != 1 || rep.Blockers() != 0 {
 		t.Fatalf("stepless only: blockers %d, %+v", rep.Blockers(), w)
@@ -111,7 +111,7 @@ func TestQueueNameTooLong(t *testing.T) {
 func mapFlow(t *testing.T, n int) *testdb.DB {
 	t.Helper()
 	db := testdb.Baseline(t)
-	exec(t, db, `select pgflow.create_flow('m')`, `select pgflow.add_step('m', 'items', step_type => 'map')`,
+	db.Exec(t, `select pgflow.create_flow('m')`, `select pgflow.add_step('m', 'items', step_type => 'map')`,
 		`select pgflow.start_flow('m', (select jsonb_agg(i) from generate_series(1, `+itoa(int64(n))+`) i))`)
 	return db
 }
@@ -123,7 +123,7 @@ func TestDuplicateMessageID(t *testing.T) {
 	}
 	// Three pairs spread over the id range, one of them three tasks deep;
 	// a NULL message id is never a duplicate.
-	exec(t, db, `with ids as (select task_index, message_id from pgflow.step_tasks)
+	db.Exec(t, `with ids as (select task_index, message_id from pgflow.step_tasks)
 	             update pgflow.step_tasks t set message_id = case
 	               when t.task_index in (1, 2, 3) then (select message_id from ids where task_index = 0)
 	               when t.task_index = 20 then (select message_id from ids where task_index = 21)
@@ -150,10 +150,10 @@ func TestDuplicateMessageID(t *testing.T) {
 // (lower(flow_slug)); their tasks' pairs are compared across them.
 func TestDuplicateMessageIDAcrossCaseAliases(t *testing.T) {
 	db := oneFlow(t)
-	exec(t, db, `select pgflow.create_flow('F')`, `select pgflow.add_step('F', 'a')`,
+	db.Exec(t, `select pgflow.create_flow('F')`, `select pgflow.add_step('F', 'a')`,
 		`select pgflow.start_flow('F', '{}'::jsonb, '00000000-0000-4000-8000-000000000003')`)
 	mustBeOK(t, only(t, db, audit.Options{}, "tasks.duplicate_message_id"), "tasks.duplicate_message_id")
-	exec(t, db, `update pgflow.step_tasks set message_id = (select min(message_id) from pgflow.step_tasks where flow_slug = 'f')
+	db.Exec(t, `update pgflow.step_tasks set message_id = (select min(message_id) from pgflow.step_tasks where flow_slug = 'f')
 	             where flow_slug = 'F'`)
 	f := mustFire(t, only(t, db, audit.Options{}, "tasks.duplicate_message_id"), "tasks.duplicate_message_id", audit.Blocker)
 	if f.Count != 1 || !sampleHas(f, "flow_slugs", "F, f") || !sampleHas(f, "queue", "f") {
@@ -164,7 +164,7 @@ func TestDuplicateMessageIDAcrossCaseAliases(t *testing.T) {
 // manyTasks adds n finished tasks (message ids 1000001..1000000+n) to flow "m".
 func manyTasks(t *testing.T, db *testdb.DB, n int) {
 	t.Helper()
-	exec(t, db,
+	db.Exec(t,
 		`insert into pgflow.runs (run_id, flow_slug, status, input, remaining_steps, started_at, completed_at)
 		 values ('00000000-0000-4000-8000-0000000000aa', 'm', 'completed', '[]', 0, now() - interval '1 day', now())`,
 		`insert into pgflow.step_states (flow_slug, run_id, step_slug, status, remaining_tasks, initial_tasks, remaining_deps, created_at, started_at, completed_at)
@@ -206,9 +206,9 @@ func TestDuplicateMessageIDOutOfBudget(t *testing.T) {
 
 func TestUnownedQueue(t *testing.T) {
 	db := oneFlow(t)
-	exec(t, db, `select pgflow.create_flow('MixedCase')`)
+	db.Exec(t, `select pgflow.create_flow('MixedCase')`)
 	mustBeOK(t, only(t, db, audit.Options{}, "pgmq.unowned_queue"), "pgmq.unowned_queue")
-	exec(t, db, `select pgmq.create('leftover')`, `select pgmq.create('_app_private')`)
+	db.Exec(t, `select pgmq.create('leftover')`, `select pgmq.create('_app_private')`)
 	r := result(t, only(t, db, audit.Options{}, "pgmq.unowned_queue"), "pgmq.unowned_queue")
 	if r.Status != audit.StatusFindings || len(r.Findings) != 2 {
 		t.Fatalf("%s %s %+v", r.Status, r.Error, r.Findings)
@@ -225,7 +225,7 @@ func TestUnownedQueue(t *testing.T) {
 func TestQueueCaseSpellings(t *testing.T) {
 	db := oneFlow(t)
 	mustBeOK(t, only(t, db, audit.Options{}, "pgmq.queue_case_spellings"), "pgmq.queue_case_spellings")
-	exec(t, db, `select pgflow.create_flow('Orders')`, `select pgmq.create('orders')`)
+	db.Exec(t, `select pgflow.create_flow('Orders')`, `select pgmq.create('orders')`)
 	f := mustFire(t, only(t, db, audit.Options{}, "pgmq.queue_case_spellings"), "pgmq.queue_case_spellings", audit.Warning)
 	if f.Count != 1 || !sampleHas(f, "spellings", "Orders, orders") || !sampleHas(f, "flow_slugs", "Orders") || !sampleHas(f, "queue_table", "pgmq.q_orders") {
 		t.Fatalf("%+v", f)
@@ -236,9 +236,9 @@ func TestQueueCaseSpellings(t *testing.T) {
 
 func TestFlowQueueMissing(t *testing.T) {
 	db := oneFlow(t)
-	exec(t, db, `select pgflow.create_flow('g')`, `select pgflow.create_flow('Cased')`)
+	db.Exec(t, `select pgflow.create_flow('g')`, `select pgflow.create_flow('Cased')`)
 	mustBeOK(t, only(t, db, audit.Options{}, "pgmq.flow_queue_missing"), "pgmq.flow_queue_missing")
-	exec(t, db, `select pgmq.drop_queue('g')`)
+	db.Exec(t, `select pgmq.drop_queue('g')`)
 	f := mustFire(t, only(t, db, audit.Options{}, "pgmq.flow_queue_missing"), "pgmq.flow_queue_missing", audit.Warning)
 	if f.Count != 1 || !sampleHas(f, "flow_slug", "g") {
 		t.Fatalf("%+v", f)
@@ -247,7 +247,7 @@ func TestFlowQueueMissing(t *testing.T) {
 
 func TestEveryRefusalConditionAtOnce(t *testing.T) {
 	db := oneFlow(t)
-	exec(t, db, `select pgflow.create_flow('Dup')`, `select pgflow.create_flow('dup')`,
+	db.Exec(t, `select pgflow.create_flow('Dup')`, `select pgflow.create_flow('dup')`,
 		`select pgflow.add_step('f', 'x')`, `select pgflow.add_step('f', 'X')`,
 		`select pgflow.create_flow('bad__slug')`,
 		`insert into pgflow.flows (flow_slug) values ('`+strings.Repeat("q", 48)+`')`,

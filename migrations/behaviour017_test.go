@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
 // events returns the names of the broadcasts recorded for a run, in order.
@@ -43,7 +44,7 @@ func claimAndComplete(t *testing.T, p q, flow, queue, step, output string) {
 		t.Fatalf("claiming on %s: %v (%d tasks)", queue, err, len(tasks))
 	}
 	for _, k := range tasks {
-		exec(t, p, `select count(*) from pgflow.complete_task($1::uuid, $2, $3, $4::jsonb)`, k.Run, k.Step, k.Index, output)
+		testdb.Exec(t, p, `select count(*) from pgflow.complete_task($1::uuid, $2, $3, $4::jsonb)`, k.Run, k.Step, k.Index, output)
 	}
 }
 
@@ -51,7 +52,7 @@ func claimAndComplete(t *testing.T, p q, flow, queue, step, output string) {
 // both paths.
 func TestBehaviourAsUpstream017(t *testing.T) {
 	onEachPath(t, func(t *testing.T, p *pgxpool.Pool) {
-		exec(t, p, `insert into pgflow.workers (worker_id, queue_name, function_name) values ($1, 'any', 'fn')`, workerID)
+		testdb.Exec(t, p, `insert into pgflow.workers (worker_id, queue_name, function_name) values ($1, 'any', 'fn')`, workerID)
 		t.Run("differences and mismatchKind", func(t *testing.T) { testDifferences(t, p) })
 		t.Run("skips of one completion: plain skip first, each cascade as it becomes ready", func(t *testing.T) { testConditionSkipOrder(t, p) })
 		t.Run("start_ready_steps: slug order, every start before any message", func(t *testing.T) { testStartOrder(t, p) })
@@ -146,7 +147,7 @@ func testConditionSkipOrder(t *testing.T, p *pgxpool.Pool) {
 		`select pgflow.add_step('conds', 'c_casc', array['root'], required_input_pattern => '{"root": {"ok": true}}', when_unmet => 'skip-cascade')`,
 		`select pgflow.add_step('conds', 'c_child', array['c_casc'])`,
 	} {
-		exec(t, p, s)
+		testdb.Exec(t, p, s)
 	}
 	run := scalar[string](t, p, `select run_id::text from pgflow.start_flow('conds', '{}')`)
 	claimAndComplete(t, p, "conds", "conds", "", `{"ok": false}`)
@@ -176,7 +177,7 @@ func testStartOrder(t *testing.T, p *pgxpool.Pool) {
 		`select pgflow.add_step('fanout', 'alpha', array['root'])`,
 		`select pgflow.add_step('fanout', 'mid', array['root'], step_type => 'map')`,
 	} {
-		exec(t, p, s)
+		testdb.Exec(t, p, s)
 	}
 	run := scalar[string](t, p, `select run_id::text from pgflow.start_flow('fanout', '{}')`)
 	claimAndComplete(t, p, "fanout", "fanout", "", `[1, 2]`)
@@ -194,7 +195,7 @@ func testStartOrder(t *testing.T, p *pgxpool.Pool) {
 
 func testForceSkipArchive(t *testing.T, p *pgxpool.Pool) {
 	shape := shapeJSON(stepJSON("r", "single"), stepJSON("x", "single", "r"), stepJSON("y", "single", "r"), stepJSON("z", "single", "r"))
-	exec(t, p, `select pgflow.ensure_flow_compiled('fan', $1::jsonb, 'step')`, shape)
+	testdb.Exec(t, p, `select pgflow.ensure_flow_compiled('fan', $1::jsonb, 'step')`, shape)
 	live := func(run string) string {
 		return scalar[string](t, p, `select string_agg(t.step_slug || '=' || case
 				when exists (select 1 from pgmq.q_fan__x q where t.queue_name = 'fan__x' and q.msg_id = t.message_id)
@@ -208,7 +209,7 @@ func testForceSkipArchive(t *testing.T, p *pgxpool.Pool) {
 		claimAndComplete(t, p, "fan", "fan__r", "r", `"done"`)
 		want := "x=archived,y=live,z=live"
 		if preArchived {
-			exec(t, p, `select pgmq.archive('fan__x', (select message_id from pgflow.step_tasks where run_id = $1::uuid and step_slug = 'x'))`, run)
+			testdb.Exec(t, p, `select pgmq.archive('fan__x', (select message_id from pgflow.step_tasks where run_id = $1::uuid and step_slug = 'x'))`, run)
 			want = "x=archived,y=archived,z=live"
 		}
 		if n := scalar[int](t, p, `select pgflow._cascade_force_skip_steps($1::uuid, 'r', 'manual')`, run); n != 3 {
@@ -224,8 +225,8 @@ func testForceSkipArchive(t *testing.T, p *pgxpool.Pool) {
 }
 
 func testFailQueued(t *testing.T, p *pgxpool.Pool) {
-	exec(t, p, `select pgflow.create_flow('retry_later', base_delay => 7)`)
-	exec(t, p, `select pgflow.add_step('retry_later', 'only')`)
+	testdb.Exec(t, p, `select pgflow.create_flow('retry_later', base_delay => 7)`)
+	testdb.Exec(t, p, `select pgflow.add_step('retry_later', 'only')`)
 	run := scalar[string](t, p, `select run_id::text from pgflow.start_flow('retry_later', '{}')`)
 	row := scalar[string](t, p, `select status || '/' || attempts_count || '/' || coalesce(error_message, '-')
 		from pgflow.fail_task($1::uuid, 'only', 0, 'not mine')`, run)
@@ -240,12 +241,12 @@ func testFailQueued(t *testing.T, p *pgxpool.Pool) {
 }
 
 func testDeleteMissingQueue(t *testing.T, p *pgxpool.Pool) {
-	exec(t, p, `select pgflow.ensure_flow_compiled('doomed_steps', $1::jsonb, 'step')`, shapeJSON(stepJSON("a", "single"), stepJSON("b", "single")))
-	exec(t, p, `select pgmq.drop_queue('doomed_steps__b')`)
+	testdb.Exec(t, p, `select pgflow.ensure_flow_compiled('doomed_steps', $1::jsonb, 'step')`, shapeJSON(stepJSON("a", "single"), stepJSON("b", "single")))
+	testdb.Exec(t, p, `select pgmq.drop_queue('doomed_steps__b')`)
 	if scalar[bool](t, p, `select coalesce((select pg_catalog.string_to_array(extversion, '.')::int[] > '{1,5,1}' from pg_catalog.pg_extension where extname = 'pgmq'), false)`) {
 		// From pgmq 1.5.2 drop_queue returns false on a missing queue:
 		// upstream's deletion then goes through, and so does this one.
-		exec(t, p, `select pgflow.delete_flow_and_data('doomed_steps')`)
+		testdb.Exec(t, p, `select pgflow.delete_flow_and_data('doomed_steps')`)
 		if n := scalar[int](t, p, `select (select count(*) from pgflow.steps where flow_slug = 'doomed_steps')
 			+ (select count(*) from pgmq.list_queues() where queue_name like 'doomed_steps%')`); n != 0 {
 			t.Fatalf("the deletion on a later pgmq left %d steps and queues", n)
@@ -264,7 +265,7 @@ func testDeleteMissingQueue(t *testing.T, p *pgxpool.Pool) {
 func testDefinitionWriters(t *testing.T, p *pgxpool.Pool) {
 	// add_step: a NULL step_type is a single step; an existing step is
 	// returned unchanged.
-	exec(t, p, `select pgflow.create_flow('defs')`)
+	testdb.Exec(t, p, `select pgflow.create_flow('defs')`)
 	if ty := scalar[string](t, p, `select step_type from pgflow.add_step('defs', 'a', step_type => null)`); ty != "single" {
 		t.Fatalf("NULL step_type stored as %s", ty)
 	}
@@ -272,7 +273,7 @@ func testDefinitionWriters(t *testing.T, p *pgxpool.Pool) {
 		t.Fatalf("re-adding a step changed it: %s", got)
 	}
 	// Step mode: a repeated dependency is stored once and counted twice.
-	exec(t, p, `select pgflow.ensure_flow_compiled('dupdeps', $1::jsonb, 'step')`,
+	testdb.Exec(t, p, `select pgflow.ensure_flow_compiled('dupdeps', $1::jsonb, 'step')`,
 		shapeJSON(stepJSON("a", "single"), stepJSON("b", "single", "a", "a")))
 	if got := scalar[string](t, p, `select s.deps_count || '/' || (select count(*) from pgflow.deps d where d.flow_slug = 'dupdeps')
 		from pgflow.steps s where s.flow_slug = 'dupdeps' and s.step_slug = 'b'`); got != "2/1" {
@@ -302,8 +303,8 @@ func testDefinitionWriters(t *testing.T, p *pgxpool.Pool) {
 // nothing): within the limit, the run completes. (50 such steps need a 51st
 // iteration: the error case E4.)
 func testFiftyIterations(t *testing.T, p *pgxpool.Pool) {
-	exec(t, p, `select pgflow.create_flow('chain49')`)
-	exec(t, p, `select pgflow.add_step('chain49', 's' || i, case when i = 0 then '{}' else array['s' || (i - 1)] end,
+	testdb.Exec(t, p, `select pgflow.create_flow('chain49')`)
+	testdb.Exec(t, p, `select pgflow.add_step('chain49', 's' || i, case when i = 0 then '{}' else array['s' || (i - 1)] end,
 		required_input_pattern => '{"go": true}') from generate_series(0, 48) i`)
 	run := scalar[string](t, p, `select run_id::text from pgflow.start_flow('chain49', '{}')`)
 	if st := scalar[string](t, p, `select status || ' ' || (select count(*) from pgflow.step_states s where s.run_id = r.run_id and s.status = 'skipped')
@@ -316,8 +317,8 @@ func testFiftyIterations(t *testing.T, p *pgxpool.Pool) {
 // leaves their messages in the queue; a call that requeues one task also
 // archives the messages of those it marks.
 func testRequeueMessages(t *testing.T, p *pgxpool.Pool) {
-	exec(t, p, `select pgflow.create_flow('stalls', timeout => 1)`)
-	exec(t, p, `select pgflow.add_step('stalls', 'only')`)
+	testdb.Exec(t, p, `select pgflow.create_flow('stalls', timeout => 1)`)
+	testdb.Exec(t, p, `select pgflow.add_step('stalls', 'only')`)
 	runs := []string{
 		scalar[string](t, p, `select run_id::text from pgflow.start_flow('stalls', '{}')`),
 		scalar[string](t, p, `select run_id::text from pgflow.start_flow('stalls', '{}')`),
@@ -328,7 +329,7 @@ func testRequeueMessages(t *testing.T, p *pgxpool.Pool) {
 		t.Fatalf("claimed %d, want 3", n)
 	}
 	// Runs 0 and 1 have used up their requeues; run 2 has not.
-	exec(t, p, `update pgflow.step_tasks set queued_at = now() - interval '2 hours', started_at = now() - interval '1 hour',
+	testdb.Exec(t, p, `update pgflow.step_tasks set queued_at = now() - interval '2 hours', started_at = now() - interval '1 hour',
 		requeued_count = case when run_id = $1::uuid then 0 else 3 end where flow_slug = 'stalls'`, runs[2])
 	stalledLive := `select count(*) from pgmq.q_stalls q join pgflow.step_tasks t on t.message_id = q.msg_id and t.queue_name = 'stalls'
 		where t.permanently_stalled_at is not null`
@@ -339,7 +340,7 @@ func testRequeueMessages(t *testing.T, p *pgxpool.Pool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	exec(t, hold, `select 1 from pgflow.step_tasks where run_id = $1::uuid for update`, runs[2])
+	testdb.Exec(t, hold, `select 1 from pgflow.step_tasks where run_id = $1::uuid for update`, runs[2])
 	if n := scalar[int](t, p, `select pgflow.requeue_stalled_tasks()`); n != 0 {
 		t.Fatalf("requeued %d, want 0", n)
 	}
@@ -356,12 +357,12 @@ func testRequeueMessages(t *testing.T, p *pgxpool.Pool) {
 		t.Fatalf("%d stalled messages live, want 2: later calls skip marked tasks", n)
 	}
 	// Unmark one, and stall run 2's task again: requeued and marked together.
-	exec(t, p, `update pgflow.step_tasks set permanently_stalled_at = null where run_id = $1::uuid`, runs[0])
+	testdb.Exec(t, p, `update pgflow.step_tasks set permanently_stalled_at = null where run_id = $1::uuid`, runs[0])
 	ids = scalar[[]int64](t, p, `select array_agg(msg_id) from pgmq.read('stalls', 30, 10)`)
 	if n := scalar[int](t, p, `select count(*) from pgflow.start_tasks('stalls', $1, $2::uuid, 'stalls')`, ids, workerID); n != 1 {
 		t.Fatalf("claimed %d, want run 2's task", n)
 	}
-	exec(t, p, `update pgflow.step_tasks set started_at = now() - interval '1 hour' where run_id = $1::uuid`, runs[2])
+	testdb.Exec(t, p, `update pgflow.step_tasks set started_at = now() - interval '1 hour' where run_id = $1::uuid`, runs[2])
 	if n := scalar[int](t, p, `select pgflow.requeue_stalled_tasks()`); n != 1 {
 		t.Fatalf("requeued %d, want 1", n)
 	}
@@ -379,10 +380,10 @@ func testRequeueMessages(t *testing.T, p *pgxpool.Pool) {
 // claim that names its message next to a queued one.
 func testClaimLocks(t *testing.T, p *pgxpool.Pool) {
 	ctx := context.Background()
-	exec(t, p, `select pgflow.create_flow('locks')`)
-	exec(t, p, `select pgflow.add_step('locks', 'a')`)
-	exec(t, p, `select pgflow.start_flow('locks', '{}')`)
-	exec(t, p, `select pgflow.start_flow('locks', '{}')`)
+	testdb.Exec(t, p, `select pgflow.create_flow('locks')`)
+	testdb.Exec(t, p, `select pgflow.add_step('locks', 'a')`)
+	testdb.Exec(t, p, `select pgflow.start_flow('locks', '{}')`)
+	testdb.Exec(t, p, `select pgflow.start_flow('locks', '{}')`)
 	ids := scalar[[]int64](t, p, `select array_agg(msg_id order by msg_id) from pgmq.read('locks', 30, 10)`)
 	if len(ids) != 2 {
 		t.Fatalf("read %d messages, want 2", len(ids))
@@ -395,14 +396,14 @@ func testClaimLocks(t *testing.T, p *pgxpool.Pool) {
 		t.Fatal(err)
 	}
 	defer hold.Rollback(ctx)
-	exec(t, hold, `select 1 from pgflow.step_tasks where queue_name = 'locks' and message_id = $1 for update`, ids[0])
+	testdb.Exec(t, hold, `select 1 from pgflow.step_tasks where queue_name = 'locks' and message_id = $1 for update`, ids[0])
 
 	tx, err := p.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	exec(t, tx, `set local lock_timeout = '2s'`)
+	testdb.Exec(t, tx, `set local lock_timeout = '2s'`)
 	got := scalar[[]int64](t, tx, `select coalesce(array_agg(msg_id), '{}') from pgflow.start_tasks('locks', $1, $2::uuid, 'locks')`, ids, workerID)
 	if len(got) != 1 || got[0] != ids[1] {
 		t.Fatalf("claimed %v, want only the queued task's message %d", got, ids[1])
@@ -413,9 +414,9 @@ func testClaimLocks(t *testing.T, p *pgxpool.Pool) {
 // step:skipped from fail_task, then step:failed and run:failed from the
 // conditions, and no second run:failed; the task's message is archived.
 func testSkipThenConditionFails(t *testing.T, p *pgxpool.Pool) {
-	exec(t, p, `select pgflow.create_flow('skipfail', max_attempts => 1)`)
-	exec(t, p, `select pgflow.add_step('skipfail', 's1', when_exhausted => 'skip')`)
-	exec(t, p, `select pgflow.add_step('skipfail', 'gate', array['s1'], required_input_pattern => '{"s1": {}}', when_unmet => 'fail')`)
+	testdb.Exec(t, p, `select pgflow.create_flow('skipfail', max_attempts => 1)`)
+	testdb.Exec(t, p, `select pgflow.add_step('skipfail', 's1', when_exhausted => 'skip')`)
+	testdb.Exec(t, p, `select pgflow.add_step('skipfail', 'gate', array['s1'], required_input_pattern => '{"s1": {}}', when_unmet => 'fail')`)
 	run := scalar[string](t, p, `select run_id::text from pgflow.start_flow('skipfail', '{}')`)
 	ids := scalar[[]int64](t, p, `select array_agg(msg_id) from pgmq.read('skipfail', 30, 10)`)
 	if n := scalar[int](t, p, `select count(*) from pgflow.start_tasks('skipfail', $1, $2::uuid, 'skipfail')`, ids, workerID); n != 1 {

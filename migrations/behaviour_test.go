@@ -101,9 +101,9 @@ func (e *engine) finish(c claimed, o outcome) {
 	case o.hold:
 		e.held = append(e.held, c)
 	case o.fail != "":
-		exec(e.t, e.db, `select count(*) from pgflow.fail_task($1::uuid, $2, $3, $4)`, c.Run, c.Step, c.Index, o.fail)
+		testdb.Exec(e.t, e.db, `select count(*) from pgflow.fail_task($1::uuid, $2, $3, $4)`, c.Run, c.Step, c.Index, o.fail)
 	default:
-		exec(e.t, e.db, `select count(*) from pgflow.complete_task($1::uuid, $2, $3, $4::jsonb)`, c.Run, c.Step, c.Index, o.output)
+		testdb.Exec(e.t, e.db, `select count(*) from pgflow.complete_task($1::uuid, $2, $3, $4::jsonb)`, c.Run, c.Step, c.Index, o.output)
 	}
 }
 
@@ -139,9 +139,9 @@ func define(t *testing.T, db q) {
 		`select pgflow.create_flow('stall_flow')`,
 		`select pgflow.add_step('stall_flow', 'slow')`,
 	} {
-		exec(t, db, s)
+		testdb.Exec(t, db, s)
 	}
-	exec(t, db, `insert into pgflow.workers (worker_id, queue_name, function_name) values ($1, 'any', 'fn')`, workerID)
+	testdb.Exec(t, db, `insert into pgflow.workers (worker_id, queue_name, function_name) values ($1, 'any', 'fn')`, workerID)
 }
 
 // scenario runs the operations after the (possible) upgrade.
@@ -157,7 +157,7 @@ func (e *engine) scenario() {
 		}
 		return outcome{output: `"done"`}
 	})
-	exec(t, db, `select pgflow.start_flow('retry_flow', '{}', $1::uuid)`, runID(2))
+	testdb.Exec(t, db, `select pgflow.start_flow('retry_flow', '{}', $1::uuid)`, runID(2))
 	tries := 0
 	e.drain("retry_flow", func(c claimed) outcome {
 		if tries++; tries == 1 {
@@ -165,7 +165,7 @@ func (e *engine) scenario() {
 		}
 		return outcome{output: `{"ok": 1}`}
 	})
-	exec(t, db, `select pgflow.start_flow('doomed', '{}', $1::uuid)`, runID(3))
+	testdb.Exec(t, db, `select pgflow.start_flow('doomed', '{}', $1::uuid)`, runID(3))
 	e.drain("doomed", func(c claimed) outcome {
 		if c.Step == "b" {
 			return outcome{hold: true}
@@ -176,22 +176,22 @@ func (e *engine) scenario() {
 		e.finish(c, outcome{output: `"late"`})
 	}
 	e.held = nil
-	exec(t, db, `select pgflow.start_flow('cond_flow', '{}', $1::uuid)`, runID(4))
+	testdb.Exec(t, db, `select pgflow.start_flow('cond_flow', '{}', $1::uuid)`, runID(4))
 	e.drain("cond_flow", func(c claimed) outcome {
 		if c.Step == "check" {
 			return outcome{output: `{"ok": false}`}
 		}
 		return outcome{output: `"ran"`}
 	})
-	exec(t, db, `select pgflow.start_flow('cond_fail', '{"go": false}', $1::uuid)`, runID(5))
-	exec(t, db, `select pgflow.start_flow('skippy', '{}', $1::uuid)`, runID(6))
+	testdb.Exec(t, db, `select pgflow.start_flow('cond_fail', '{"go": false}', $1::uuid)`, runID(5))
+	testdb.Exec(t, db, `select pgflow.start_flow('skippy', '{}', $1::uuid)`, runID(6))
 	e.drain("skippy", func(c claimed) outcome {
 		if c.Step == "s1" || c.Step == "c1" {
 			return outcome{fail: "broken " + c.Step}
 		}
 		return outcome{output: `"ok"`}
 	})
-	exec(t, db, `select pgflow.start_flow('typeviol', '{}', $1::uuid)`, runID(7))
+	testdb.Exec(t, db, `select pgflow.start_flow('typeviol', '{}', $1::uuid)`, runID(7))
 	e.drain("typeviol", func(c claimed) outcome {
 		if c.Step == "src" {
 			return outcome{output: `{"not": "an array"}`}
@@ -199,9 +199,9 @@ func (e *engine) scenario() {
 		return outcome{hold: true}
 	})
 	e.held = nil
-	exec(t, db, `select pgflow.start_flow('stall_flow', '{}', $1::uuid)`, runID(8))
+	testdb.Exec(t, db, `select pgflow.start_flow('stall_flow', '{}', $1::uuid)`, runID(8))
 	e.drain("stall_flow", func(claimed) outcome { return outcome{hold: true} })
-	exec(t, db, `update pgflow.step_tasks set queued_at = now() - interval '2 hours', started_at = now() - interval '1 hour' where flow_slug = 'stall_flow'`)
+	testdb.Exec(t, db, `update pgflow.step_tasks set queued_at = now() - interval '2 hours', started_at = now() - interval '1 hour' where flow_slug = 'stall_flow'`)
 	if n := scalar[int](t, db, `select pgflow.requeue_stalled_tasks()`); n != 1 {
 		t.Fatalf("requeue_stalled_tasks requeued %d, want 1", n)
 	}
@@ -270,10 +270,10 @@ $$`
 func TestBehaviourMatches016AcrossTheUpgrade(t *testing.T) {
 	run := func(upgraded bool) map[string][]string {
 		db := testdb.Baseline(t)
-		exec(t, db.Pool, whereMsg)
+		testdb.Exec(t, db.Pool, whereMsg)
 		define(t, db.Pool)
 		// In flight across the upgrade: the chain's first step done on 0.16.0.
-		exec(t, db.Pool, `select pgflow.start_flow('Chain_Flow', '{"n": 1}', $1::uuid)`, runID(1))
+		testdb.Exec(t, db.Pool, `select pgflow.start_flow('Chain_Flow', '{"n": 1}', $1::uuid)`, runID(1))
 		// One round only: the map's tasks stay queued across the upgrade.
 		old := &engine{t: t, db: db.Pool}
 		for _, c := range old.claim("Chain_Flow") {
@@ -285,7 +285,7 @@ func TestBehaviourMatches016AcrossTheUpgrade(t *testing.T) {
 		e := &engine{t: t, db: db.Pool, v17: upgraded}
 		e.scenario()
 		snap := snapshot(t, db.Pool)
-		exec(t, db.Pool, `select pgflow.delete_flow_and_data('Chain_Flow')`)
+		testdb.Exec(t, db.Pool, `select pgflow.delete_flow_and_data('Chain_Flow')`)
 		snap["after_delete"] = snapshot(t, db.Pool)["queues"]
 		return snap
 	}

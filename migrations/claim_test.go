@@ -19,19 +19,19 @@ func TestStartTasksLeaseAndGuard(t *testing.T) {
 	db := testdb.Baseline(t)
 	p := db.Pool
 	applyMigration(t, p)
-	exec(t, p, `insert into pgflow.workers (worker_id, queue_name, function_name) values ($1, 'lease_flow', 'fn')`, workerID)
-	exec(t, p, `select pgflow.create_flow('Lease_Flow', timeout => 40)`)
-	exec(t, p, `select pgflow.add_step('Lease_Flow', 'a')`)
-	exec(t, p, `select pgflow.add_step('Lease_Flow', 'b', timeout => 20)`)
-	exec(t, p, `select pgflow.start_flow('Lease_Flow', '{"n": 1}')`)
-	exec(t, p, `select pgflow.start_flow('Lease_Flow', '{"n": 2}')`)
+	testdb.Exec(t, p, `insert into pgflow.workers (worker_id, queue_name, function_name) values ($1, 'lease_flow', 'fn')`, workerID)
+	testdb.Exec(t, p, `select pgflow.create_flow('Lease_Flow', timeout => 40)`)
+	testdb.Exec(t, p, `select pgflow.add_step('Lease_Flow', 'a')`)
+	testdb.Exec(t, p, `select pgflow.add_step('Lease_Flow', 'b', timeout => 20)`)
+	testdb.Exec(t, p, `select pgflow.start_flow('Lease_Flow', '{"n": 1}')`)
+	testdb.Exec(t, p, `select pgflow.start_flow('Lease_Flow', '{"n": 2}')`)
 
 	// The guard: one message of the batch deleted behind the worker's back.
 	ids := scalar[[]int64](t, p, `select array_agg(msg_id order by msg_id) from pgmq.read('lease_flow', 30, 10)`)
 	if len(ids) != 4 {
 		t.Fatalf("read %d messages, want 4", len(ids))
 	}
-	exec(t, p, `select pgmq.delete('lease_flow', $1::bigint)`, ids[1])
+	testdb.Exec(t, p, `select pgmq.delete('lease_flow', $1::bigint)`, ids[1])
 	_, err := p.Exec(ctx, `select * from pgflow.start_tasks('Lease_Flow', $1, $2::uuid, 'lease_flow')`, ids, workerID)
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "22P02" ||
@@ -51,7 +51,7 @@ func TestStartTasksLeaseAndGuard(t *testing.T) {
 	defer c.Release()
 	// (The vt is read in a later statement: the claim's own snapshot does
 	// not see the update its function made.)
-	exec(t, c, `create temp table claims as
+	testdb.Exec(t, c, `create temp table claims as
 	    select * from pgflow.start_tasks('Lease_Flow', $1, $2::uuid, 'lease_flow') with ordinality as s(flow_slug, run_id, step_slug, input, msg_id, task_index, flow_input, ord)`,
 		rest, workerID)
 	rows, err := c.Query(ctx, `select s.msg_id, s.step_slug, s.flow_input->>'n', s.input::text,
@@ -98,8 +98,8 @@ func TestStartTasksLeaseAndGuard(t *testing.T) {
 		t.Fatalf("%d tasks counted twice", n)
 	}
 	// A task whose run failed is not claimed either.
-	exec(t, p, `update pgflow.step_tasks set status = 'queued' where message_id = $1`, rest[0])
-	exec(t, p, `update pgflow.runs set status = 'failed', failed_at = now() where run_id = (select run_id from pgflow.step_tasks where message_id = $1)`, rest[0])
+	testdb.Exec(t, p, `update pgflow.step_tasks set status = 'queued' where message_id = $1`, rest[0])
+	testdb.Exec(t, p, `update pgflow.runs set status = 'failed', failed_at = now() where run_id = (select run_id from pgflow.step_tasks where message_id = $1)`, rest[0])
 	if n := scalar[int](t, p, `select count(*) from pgflow.start_tasks('Lease_Flow', $1, $2::uuid, 'lease_flow')`, []int64{rest[0]}, workerID); n != 0 {
 		t.Fatalf("a task of a failed run was claimed (%d rows)", n)
 	}

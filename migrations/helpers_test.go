@@ -50,13 +50,6 @@ func tryMigration(t *testing.T, pool *pgxpool.Pool) error {
 	})
 }
 
-func exec(t *testing.T, db q, sql string, args ...any) {
-	t.Helper()
-	if _, err := db.Exec(context.Background(), sql, args...); err != nil {
-		t.Fatalf("exec %q: %v", sql, err)
-	}
-}
-
 func scalar[T any](t *testing.T, db q, sql string, args ...any) T {
 	t.Helper()
 	var v T

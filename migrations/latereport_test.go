@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
 // A slow worker's late success report for a task that requeue_stalled_tasks
@@ -13,9 +15,9 @@ import (
 // and a run that never ends.)
 func TestLateCompletionAfterRequeueKeepsTheMessage(t *testing.T) {
 	onEachPath(t, func(t *testing.T, p *pgxpool.Pool) {
-		exec(t, p, `insert into pgflow.workers (worker_id, queue_name, function_name) values ($1, 'late_flow', 'fn')`, workerID)
-		exec(t, p, `select pgflow.create_flow('late_flow')`)
-		exec(t, p, `select pgflow.add_step('late_flow', 'only')`)
+		testdb.Exec(t, p, `insert into pgflow.workers (worker_id, queue_name, function_name) values ($1, 'late_flow', 'fn')`, workerID)
+		testdb.Exec(t, p, `select pgflow.create_flow('late_flow')`)
+		testdb.Exec(t, p, `select pgflow.add_step('late_flow', 'only')`)
 		run := scalar[string](t, p, `select run_id::text from pgflow.start_flow('late_flow', '{}')`)
 		ids := scalar[[]int64](t, p, `select array_agg(msg_id) from pgmq.read('late_flow', 30, 10)`)
 		if len(ids) != 1 {
@@ -25,7 +27,7 @@ func TestLateCompletionAfterRequeueKeepsTheMessage(t *testing.T) {
 			t.Fatalf("claimed %d, want 1", n)
 		}
 		// The worker goes silent for longer than the timeout + 30 s.
-		exec(t, p, `update pgflow.step_tasks set queued_at = now() - interval '2 hours', started_at = now() - interval '1 hour' where run_id = $1::uuid`, run)
+		testdb.Exec(t, p, `update pgflow.step_tasks set queued_at = now() - interval '2 hours', started_at = now() - interval '1 hour' where run_id = $1::uuid`, run)
 		if n := scalar[int](t, p, `select pgflow.requeue_stalled_tasks()`); n != 1 {
 			t.Fatalf("requeue_stalled_tasks requeued %d, want 1", n)
 		}
@@ -50,7 +52,7 @@ func TestLateCompletionAfterRequeueKeepsTheMessage(t *testing.T) {
 		if n := scalar[int](t, p, `select count(*) from pgflow.start_tasks('late_flow', $1, $2::uuid, 'late_flow')`, again, workerID); n != 1 {
 			t.Fatalf("claimed %d on the second attempt, want 1", n)
 		}
-		exec(t, p, `select count(*) from pgflow.complete_task($1::uuid, 'only', 0, '"on time"')`, run)
+		testdb.Exec(t, p, `select count(*) from pgflow.complete_task($1::uuid, 'only', 0, '"on time"')`, run)
 		if st := scalar[string](t, p, `select status || ' ' || output::text from pgflow.runs where run_id = $1::uuid`, run); st != `completed {"only": "on time"}` {
 			t.Fatalf("run %s, want completed with the second attempt's output", st)
 		}
@@ -58,7 +60,7 @@ func TestLateCompletionAfterRequeueKeepsTheMessage(t *testing.T) {
 			t.Fatal("the completing report did not archive the message")
 		}
 		// A duplicate report for the completed task changes nothing.
-		exec(t, p, `select count(*) from pgflow.complete_task($1::uuid, 'only', 0, '"again"')`, run)
+		testdb.Exec(t, p, `select count(*) from pgflow.complete_task($1::uuid, 'only', 0, '"again"')`, run)
 		if st := scalar[string](t, p, `select status || ' ' || output::text from pgflow.step_tasks where run_id = $1::uuid`, run); st != `completed "on time"` {
 			t.Fatalf("a duplicate report changed the task: %s", st)
 		}

@@ -14,15 +14,15 @@ import (
 // runs in flight and a task started by a 0.16.0 worker.
 func legacyState(t *testing.T, db q) {
 	t.Helper()
-	exec(t, db, `select pgflow.create_flow('Legacy_Flow')`)
-	exec(t, db, `select pgflow.add_step('Legacy_Flow', 'first')`)
-	exec(t, db, `select pgflow.add_step('Legacy_Flow', 'items', array['first'], step_type => 'map')`)
-	exec(t, db, `select pgflow.create_flow('root_map')`)
-	exec(t, db, `select pgflow.add_step('root_map', 'each', step_type => 'map')`)
-	exec(t, db, `select pgflow.start_flow('Legacy_Flow', '{"n": 1}')`)
-	exec(t, db, `select pgflow.start_flow('root_map', '[1, 2, 3]')`)
-	exec(t, db, `insert into pgflow.workers (worker_id, queue_name, function_name) values ('00000000-0000-0000-0000-0000000000aa', 'Legacy_Flow', 'fn')`)
-	exec(t, db, `select count(*) from pgflow.start_tasks('Legacy_Flow', array(select msg_id from pgmq.read('Legacy_Flow', 5, 1)), '00000000-0000-0000-0000-0000000000aa')`)
+	testdb.Exec(t, db, `select pgflow.create_flow('Legacy_Flow')`)
+	testdb.Exec(t, db, `select pgflow.add_step('Legacy_Flow', 'first')`)
+	testdb.Exec(t, db, `select pgflow.add_step('Legacy_Flow', 'items', array['first'], step_type => 'map')`)
+	testdb.Exec(t, db, `select pgflow.create_flow('root_map')`)
+	testdb.Exec(t, db, `select pgflow.add_step('root_map', 'each', step_type => 'map')`)
+	testdb.Exec(t, db, `select pgflow.start_flow('Legacy_Flow', '{"n": 1}')`)
+	testdb.Exec(t, db, `select pgflow.start_flow('root_map', '[1, 2, 3]')`)
+	testdb.Exec(t, db, `insert into pgflow.workers (worker_id, queue_name, function_name) values ('00000000-0000-0000-0000-0000000000aa', 'Legacy_Flow', 'fn')`)
+	testdb.Exec(t, db, `select count(*) from pgflow.start_tasks('Legacy_Flow', array(select msg_id from pgmq.read('Legacy_Flow', 5, 1)), '00000000-0000-0000-0000-0000000000aa')`)
 }
 
 // The upgraded real 0.16.0 baseline has exactly upstream's 0.17.0 catalog.
@@ -115,7 +115,7 @@ func TestRefusedAtomically(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			db := testdb.Baseline(t)
-			exec(t, db.Pool, c.setup)
+			testdb.Exec(t, db.Pool, c.setup)
 			before := fingerprint(t, db.Pool)
 			err := tryMigration(t, db.Pool)
 			if err == nil {

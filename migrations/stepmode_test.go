@@ -54,7 +54,7 @@ func TestStepModeFlow(t *testing.T) {
 		t.Fatal("add_step changed a step-mode flow")
 	}
 
-	exec(t, p, `insert into pgflow.workers (worker_id, queue_name, function_name) values ($1, 'step_flow__fetch', 'fn')`, workerID)
+	testdb.Exec(t, p, `insert into pgflow.workers (worker_id, queue_name, function_name) values ($1, 'step_flow__fetch', 'fn')`, workerID)
 	run := scalar[string](t, p, `select run_id::text from pgflow.start_flow('Step_Flow', '{"url": "x"}')`)
 	ids := scalar[[]int64](t, p, `select array_agg(msg_id) from pgmq.read('step_flow__fetch', 30, 10)`)
 	if len(ids) != 1 {
@@ -69,7 +69,7 @@ func TestStepModeFlow(t *testing.T) {
 	if n := scalar[int](t, p, `select count(*) from pgflow.start_tasks('Step_Flow', $1, $2::uuid, 'step_flow__fetch', 'fetch')`, ids, workerID); n != 1 {
 		t.Fatalf("claimed %d, want 1", n)
 	}
-	exec(t, p, `select pgflow.complete_task($1::uuid, 'fetch', 0, '"page"')`, run)
+	testdb.Exec(t, p, `select pgflow.complete_task($1::uuid, 'fetch', 0, '"page"')`, run)
 	ids = scalar[[]int64](t, p, `select array_agg(msg_id) from pgmq.read('step_flow__store', 30, 10)`)
 	if len(ids) != 1 {
 		t.Fatalf("%d messages on the Store step's queue, want 1", len(ids))
@@ -78,7 +78,7 @@ func TestStepModeFlow(t *testing.T) {
 	if in != `{"fetch": "page"}` {
 		t.Fatalf("Store's input %s", in)
 	}
-	exec(t, p, `select pgflow.complete_task($1::uuid, 'Store', 0, '"saved"')`, run)
+	testdb.Exec(t, p, `select pgflow.complete_task($1::uuid, 'Store', 0, '"saved"')`, run)
 	if st := scalar[string](t, p, `select status from pgflow.runs where run_id = $1::uuid`, run); st != "completed" {
 		t.Fatalf("run %s", st)
 	}
@@ -86,7 +86,7 @@ func TestStepModeFlow(t *testing.T) {
 		t.Fatalf("%d tasks recorded with another queue than their step's", n)
 	}
 
-	exec(t, p, `select pgflow.delete_flow_and_data('Step_Flow')`)
+	testdb.Exec(t, p, `select pgflow.delete_flow_and_data('Step_Flow')`)
 	if n := scalar[int](t, p, `select count(*) from pgmq.list_queues()`); n != 0 {
 		t.Fatalf("%d queues left after delete_flow_and_data", n)
 	}
@@ -122,9 +122,9 @@ func TestOldWorkerFailsAtItsFirstClaim(t *testing.T) {
 	ctx := context.Background()
 	db := testdb.Baseline(t)
 	p := db.Pool
-	exec(t, p, `select pgflow.create_flow('Legacy_Flow')`)
-	exec(t, p, `select pgflow.add_step('Legacy_Flow', 'only')`)
-	exec(t, p, `select pgflow.start_flow('Legacy_Flow', '{}')`)
+	testdb.Exec(t, p, `select pgflow.create_flow('Legacy_Flow')`)
+	testdb.Exec(t, p, `select pgflow.add_step('Legacy_Flow', 'only')`)
+	testdb.Exec(t, p, `select pgflow.start_flow('Legacy_Flow', '{}')`)
 	applyMigration(t, p)
 
 	shape := `{"steps": [` + shapeStep("only") + `]}`
@@ -134,8 +134,8 @@ func TestOldWorkerFailsAtItsFirstClaim(t *testing.T) {
 	if st := scalar[string](t, p, `select pgflow.ensure_flow_compiled('new_flow', $1::jsonb) ->> 'status'`, shape); st != "compiled" {
 		t.Fatalf("0.16.0-style compile of a new flow: %s, want compiled", st)
 	}
-	exec(t, p, `select pgflow.track_worker_function('old-fn')`)
-	exec(t, p, `insert into pgflow.workers (worker_id, queue_name, function_name) values ($1, 'Legacy_Flow', 'old-fn')`, workerID)
+	testdb.Exec(t, p, `select pgflow.track_worker_function('old-fn')`)
+	testdb.Exec(t, p, `insert into pgflow.workers (worker_id, queue_name, function_name) values ($1, 'Legacy_Flow', 'old-fn')`, workerID)
 	ids := scalar[[]int64](t, p, `select array_agg(msg_id) from pgmq.read('Legacy_Flow', 5, 10)`)
 	_, err := p.Exec(ctx, `select * from pgflow.start_tasks(flow_slug => 'Legacy_Flow', msg_ids => $1, worker_id => $2::uuid)`, ids, workerID)
 	if pgCode(err) != "42883" {
@@ -157,11 +157,11 @@ func TestStrayQueuesAreRefused(t *testing.T) {
 	db := testdb.Baseline(t)
 	applyMigration(t, db.Pool)
 	p := db.Pool
-	exec(t, p, `select pgmq.create('stray')`)
+	testdb.Exec(t, p, `select pgmq.create('stray')`)
 	if _, err := p.Exec(ctx, `select pgflow.create_flow('Stray')`); pgCode(err) != "23505" {
 		t.Fatalf("create_flow over a listed queue: %v, want 23505", err)
 	}
-	exec(t, p, `select pgmq.create('shop__pay')`)
+	testdb.Exec(t, p, `select pgmq.create('shop__pay')`)
 	shape := `{"steps": [` + shapeStep("pay") + `]}`
 	if _, err := p.Exec(ctx, `select pgflow.ensure_flow_compiled('shop', $1::jsonb, 'step', null)`, shape); err == nil {
 		t.Fatal("a step queue pgmq lists but no route owns was taken over")
@@ -181,18 +181,18 @@ func TestStrayQueuesAreRefused(t *testing.T) {
 func TestRequeueStalledUsesTheStoredQueue(t *testing.T) {
 	db := testdb.Baseline(t)
 	p := db.Pool
-	exec(t, p, `select pgflow.create_flow('Slow_Flow', timeout => 1)`)
-	exec(t, p, `select pgflow.add_step('Slow_Flow', 'only')`)
-	exec(t, p, `select pgflow.start_flow('Slow_Flow', '{}')`)
-	exec(t, p, `select pgflow.start_flow('Slow_Flow', '{}')`)
+	testdb.Exec(t, p, `select pgflow.create_flow('Slow_Flow', timeout => 1)`)
+	testdb.Exec(t, p, `select pgflow.add_step('Slow_Flow', 'only')`)
+	testdb.Exec(t, p, `select pgflow.start_flow('Slow_Flow', '{}')`)
+	testdb.Exec(t, p, `select pgflow.start_flow('Slow_Flow', '{}')`)
 	applyMigration(t, p)
-	exec(t, p, `insert into pgflow.workers (worker_id, queue_name, function_name) values ($1, 'slow_flow', 'fn')`, workerID)
+	testdb.Exec(t, p, `insert into pgflow.workers (worker_id, queue_name, function_name) values ($1, 'slow_flow', 'fn')`, workerID)
 	stall := func(want int) {
 		ids := scalar[[]int64](t, p, `select coalesce(array_agg(msg_id), '{}') from pgmq.read('slow_flow', 30, 10)`)
 		if n := scalar[int](t, p, `select count(*) from pgflow.start_tasks('Slow_Flow', $1, $2::uuid, 'slow_flow')`, ids, workerID); n != want {
 			t.Fatalf("claimed %d, want %d", n, want)
 		}
-		exec(t, p, `update pgflow.step_tasks set queued_at = now() - interval '2 hours', started_at = now() - interval '1 hour' where status = 'started'`)
+		testdb.Exec(t, p, `update pgflow.step_tasks set queued_at = now() - interval '2 hours', started_at = now() - interval '1 hour' where status = 'started'`)
 	}
 	for i := 1; i <= 3; i++ {
 		stall(2)
@@ -226,8 +226,8 @@ func TestRequeueStalledUsesTheStoredQueue(t *testing.T) {
 
 	// A call that requeues one task archives the messages of the tasks it
 	// marks permanently stalled in the same call.
-	exec(t, p, `update pgflow.step_tasks set permanently_stalled_at = null, requeued_count = 3`)
-	exec(t, p, `update pgflow.step_tasks set requeued_count = 0
+	testdb.Exec(t, p, `update pgflow.step_tasks set permanently_stalled_at = null, requeued_count = 3`)
+	testdb.Exec(t, p, `update pgflow.step_tasks set requeued_count = 0
 	             where task_index = 0 and run_id = (select min(run_id::text)::uuid from pgflow.step_tasks)`)
 	if n := scalar[int](t, p, `select pgflow.requeue_stalled_tasks()`); n != 1 {
 		t.Fatalf("requeued %d, want 1", n)
@@ -248,8 +248,8 @@ func TestLocalRecompileMovesAFlowToStepMode(t *testing.T) {
 	ctx := context.Background()
 	db := testdb.Baseline(t)
 	p := db.Pool
-	exec(t, p, `select pgflow.create_flow('Moving')`)
-	exec(t, p, `select pgflow.add_step('Moving', 'a')`)
+	testdb.Exec(t, p, `select pgflow.create_flow('Moving')`)
+	testdb.Exec(t, p, `select pgflow.add_step('Moving', 'a')`)
 	applyMigration(t, p)
 	shape := `{"steps": [` + shapeStep("a") + `]}`
 	changed := `{"steps": [` + shapeStep("a") + `, ` + shapeStep("b", "a") + `]}`

@@ -3,28 +3,13 @@ package preflight_test
 import (
 	"context"
 	"fmt"
-	"net/url"
 	"strings"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/preflight"
 )
-
-func connect(t *testing.T, dsn string) *pgx.Conn {
-	t.Helper()
-	conn, err := session.Open(context.Background(), dsn, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
-}
 
 // The owner (here a superuser) passes; a role that can read and write the
 // rows but owns nothing is told exactly what it lacks.
@@ -36,29 +21,10 @@ func TestPrivileges(t *testing.T) {
 		t.Fatalf("owner: %v %+v", err, f)
 	}
 
-	role := pgprovider.RandomName("h_upg_writer")
-	const password = "Writer-pw-1b9c"
-	for _, s := range []string{
-		fmt.Sprintf(`create role %s login password '%s'`, role, password),
-		fmt.Sprintf(`grant usage on schema pgflow, pgmq to %s`, role),
-		fmt.Sprintf(`grant select, insert, update, delete on all tables in schema pgflow to %s`, role),
-	} {
-		if _, err := db.Pool.Exec(ctx, s); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() {
-		_, _ = db.Pool.Exec(ctx, `drop owned by `+role)
-		if _, err := db.Pool.Exec(ctx, `drop role `+role); err != nil {
-			t.Errorf("drop role %s: %v", role, err)
-		}
-	})
-	u, err := url.Parse(db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = url.UserPassword(role, password)
-	conn := connect(t, u.String())
+	_, writer := db.PasswordRole(t, "h_upg_writer", "Writer-pw-1b9c",
+		`grant usage on schema pgflow, pgmq to %[1]s`,
+		`grant select, insert, update, delete on all tables in schema pgflow to %[1]s`)
+	conn := testdb.Connect(t, writer)
 	f, err = preflight.Privileges(ctx, conn, -1)
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +61,7 @@ func TestRunInCallersTransaction(t *testing.T) {
 		select pgmq.create('Foo')`); err != nil {
 		t.Fatal(err)
 	}
-	conn := connect(t, db.DSN)
+	conn := testdb.Connect(t, db.DSN)
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)

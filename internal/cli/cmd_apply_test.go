@@ -24,34 +24,9 @@ func runWith(t *testing.T, interactive bool, stdin string, args ...string) resul
 	return result{code, out.String(), errOut.String()}
 }
 
-// inflightSQL drives real 0.16.0's engine into work in flight: a mixed-case
-// flow with a completed step and queued map tasks, a started task.
-const inflightSQL = `
-select pgflow.create_flow('Legacy_Flow');
-select pgflow.add_step('Legacy_Flow', 'first');
-select pgflow.add_step('Legacy_Flow', 'items', array['first'], step_type => 'map');
-select pgflow.create_flow('root_map');
-select pgflow.add_step('root_map', 'each', step_type => 'map');
-select pgflow.start_flow('Legacy_Flow', '{"n": 1}');
-select pgflow.start_flow('root_map', '[1, 2, 3]');
-insert into pgflow.workers (worker_id, queue_name, function_name) values ('00000000-0000-0000-0000-0000000000aa', 'Legacy_Flow', 'fn');
-select count(*) from pgflow.start_tasks('Legacy_Flow', array(select msg_id from pgmq.read('Legacy_Flow', 30, 10)), '00000000-0000-0000-0000-0000000000aa');
-select count(*) from pgflow.complete_task((select run_id from pgflow.runs where flow_slug = 'Legacy_Flow'), 'first', 0, '[1, 2]');
-select count(*) from pgflow.start_tasks('root_map', array(select msg_id from pgmq.read('root_map', 30, 1)), '00000000-0000-0000-0000-0000000000aa');
-`
-
-func inflight(t *testing.T) *testdb.DB {
-	t.Helper()
-	db := testdb.Baseline(t)
-	if _, err := db.Pool.Exec(context.Background(), inflightSQL); err != nil {
-		t.Fatalf("building the in-flight state: %v", err)
-	}
-	return db
-}
-
 func TestApplyCommand(t *testing.T) {
 	ctx := context.Background()
-	db := inflight(t)
+	db := testdb.Inflight(t, 3)
 
 	// Not on a terminal and no --yes: a usage error, nothing done.
 	r := runWith(t, false, "", "--dsn", db.DSN, "apply")
@@ -117,7 +92,7 @@ func TestApplyCommand(t *testing.T) {
 
 func TestApplyCommandBlockerAndDryRun(t *testing.T) {
 	ctx := context.Background()
-	db := inflight(t)
+	db := testdb.Inflight(t, 3)
 
 	// Dry run: reports statements, steps and the lock window; changes nothing.
 	r := runWith(t, false, "", "--dsn", db.DSN, "apply", "--yes", "--dry-run")
@@ -192,7 +167,7 @@ func TestApplyCommandRecordsSupabase(t *testing.T) {
 // TestApplyProgressOffTerminal: a pipeline's log shows apply's steps as they
 // happen (stderr), not only the report at the end.
 func TestApplyProgressOffTerminal(t *testing.T) {
-	db := inflight(t)
+	db := testdb.Inflight(t, 3)
 	r := runWith(t, false, "", "apply", "--dsn", db.DSN, "--yes")
 	if r.code != cli.ExitOK {
 		t.Fatalf("apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)

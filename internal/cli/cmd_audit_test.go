@@ -3,7 +3,6 @@ package cli_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"net/url"
 	"strings"
 	"testing"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -198,32 +196,14 @@ func TestAuditInconclusiveUnderLockExitsFour(t *testing.T) {
 
 func TestAuditNeverPrintsThePassword(t *testing.T) {
 	db := auditDB(t)
-	ctx := context.Background()
-	role := pgprovider.RandomName("h_audit_cli")
 	const password = "Cli-pw-93b2d4-secret"
-	for _, s := range []string{
-		fmt.Sprintf(`create role %s login password '%s'`, role, password),
-		fmt.Sprintf(`grant usage on schema pgflow, pgmq to %s`, role),
-		fmt.Sprintf(`grant select on all tables in schema pgflow, pgmq to %s`, role),
-	} {
-		if _, err := db.Pool.Exec(ctx, s); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() {
-		if _, err := db.Pool.Exec(ctx, `drop owned by `+role); err != nil {
-			t.Errorf("drop owned by %s: %v", role, err)
-		}
-		if _, err := db.Pool.Exec(ctx, `drop role `+role); err != nil {
-			t.Errorf("drop role %s: %v", role, err)
-		}
-	})
-	u, err := url.Parse(db.DSN)
+	role, good := db.PasswordRole(t, "h_audit_cli", password,
+		`grant usage on schema pgflow, pgmq to %[1]s`,
+		`grant select on all tables in schema pgflow, pgmq to %[1]s`)
+	u, err := url.Parse(good)
 	if err != nil {
 		t.Fatal(err)
 	}
-	u.User = url.UserPassword(role, password)
-	good := u.String()
 	u.Path = "/no_such_database_h_audit"
 	bad := u.String()
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
 // TestQuiesceSaysWhatItLeavesStarted: tasks started by a worker that died
@@ -20,7 +21,8 @@ import (
 func TestQuiesceSaysWhatItLeavesStarted(t *testing.T) {
 	db := quiesceDB(t)
 	ctx := context.Background()
-	sqlExec(t, db, inflightSQL, `update pgflow.workers set last_heartbeat_at = now() - interval '2 hours' where worker_id = '00000000-0000-0000-0000-0000000000aa'`,
+	db.Exec(t, testdb.InflightStatements(3)...)
+	sqlExec(t, db, `update pgflow.workers set last_heartbeat_at = now() - interval '2 hours' where worker_id = '00000000-0000-0000-0000-0000000000aa'`,
 		`update pgflow.step_tasks set queued_at = now() - interval '3 hours', started_at = now() - interval '2 hours' where status = 'started'`)
 	var started int
 	if err := db.Pool.QueryRow(ctx, `select count(*) from pgflow.step_tasks where status = 'started'`).Scan(&started); err != nil {

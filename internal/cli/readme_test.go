@@ -111,7 +111,7 @@ func TestReadmeExamples(t *testing.T) {
 		if len(block) == 0 {
 			continue
 		}
-		db, empty := inflight(t), testdb.Empty(t)
+		db, empty := testdb.Inflight(t, 3), testdb.Empty(t)
 		env := map[string]string{"URL": db.DSN, "DSN": db.DSN, "EMPTY_URL": empty.DSN, "PGFLOW_UPGRADE_DSN": db.DSN}
 		// The fleet examples' targets file: the block's database.
 		if err := os.WriteFile("targets.txt", []byte("app "+db.DSN+"\n"), 0o600); err != nil {

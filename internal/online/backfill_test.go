@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
@@ -21,12 +22,12 @@ import (
 // next run continues from block 2, fills exactly those, and ends upgraded.
 func TestBackfillResumesByBlock(t *testing.T) {
 	ctx := context.Background()
-	db := inflight(t)
+	db := testdb.Inflight(t, 400)
 	before, err := fingerprint.Take(ctx, db.Pool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn := connect(t, db)
+	conn := testdb.Connect(t, db.DSN)
 	stopOnlineAt(t, conn, online.PointBatch)
 	p, ok, err := online.ReadProgress(ctx, db.Pool)
 	if err != nil || !ok {
@@ -57,8 +58,8 @@ func TestBackfillResumesByBlock(t *testing.T) {
 // is left behind the cursor, and the run ends upgraded.
 func TestBackfillCoversRowsMovedBehindTheCursor(t *testing.T) {
 	ctx := context.Background()
-	db := inflight(t)
-	conn := connect(t, db)
+	db := testdb.Inflight(t, 400)
+	conn := testdb.Connect(t, db.DSN)
 	stopOnlineAt(t, conn, online.PointBatch) // blocks 0 and 1 swept
 	// Room in block 0: remove some of its (filled) rows and vacuum, so the
 	// free space map offers block 0 to the next non-HOT update.
@@ -92,8 +93,8 @@ func TestBackfillCoversRowsMovedBehindTheCursor(t *testing.T) {
 // ends with queue_name = lower(flow_slug) and the catalog is 0.17.0's.
 func TestBackfillUnderConcurrentWrites(t *testing.T) {
 	ctx := context.Background()
-	db := inflight(t)
-	conn := connect(t, db)
+	db := testdb.Inflight(t, 400)
+	conn := testdb.Connect(t, db.DSN)
 	var batches atomic.Int32
 	stop := make(chan struct{})
 	var stopOnce sync.Once
@@ -155,7 +156,7 @@ func TestBackfillUnderConcurrentWrites(t *testing.T) {
 // preflight's), and the database is exactly as before the run.
 func TestOnlineDuplicateMessageIDsFoundByIndexBuild(t *testing.T) {
 	ctx := context.Background()
-	db := inflight(t)
+	db := testdb.Inflight(t, 400)
 	if _, err := db.Pool.Exec(ctx, `update pgflow.step_tasks set message_id = (select min(message_id) from pgflow.step_tasks where flow_slug = 'root_map')
 		where flow_slug = 'root_map' and task_index in (5, 6) and run_id = '00000000-0000-0000-0000-000000000002'`); err != nil {
 		t.Fatal(err)
@@ -165,7 +166,7 @@ func TestOnlineDuplicateMessageIDsFoundByIndexBuild(t *testing.T) {
 		t.Fatal(err)
 	}
 	cat016 := readCatalog(t, db.Pool)
-	conn := connect(t, db)
+	conn := testdb.Connect(t, db.DSN)
 	var phases []string
 	rep, err := online.Apply(ctx, conn, online.Options{BatchSize: 50, Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
 		phases = append(phases, p)

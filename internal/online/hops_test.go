@@ -27,7 +27,7 @@ func TestOnlineHopsFrom0160ToNewest(t *testing.T) {
 		t.Fatal(err)
 	}
 	theirs := db.Clone(t)
-	res, err := online.Apply(ctx, connect(t, db), online.Options{BatchSize: 50,
+	res, err := online.Apply(ctx, testdb.Connect(t, db.DSN), online.Options{BatchSize: 50,
 		Switch: upgrade.Options{PgflowMigrations: testdb.PgflowInstalledCopy(t, 27)}})
 	if err != nil || res.Outcome != upgrade.OutcomeApplied {
 		t.Fatalf("online: %v (%s: %s)", err, res.Outcome, res.Message)

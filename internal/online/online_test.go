@@ -13,58 +13,11 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 )
-
-// inflight returns a fresh real pgflow 0.16.0 database with runs in flight,
-// driven through its own engine: a mixed-case flow (queue 'Legacy_Flow',
-// 0.17.0 queue_name 'legacy_flow'), a root map of 400 tasks (about ten
-// blocks: backfill batches of one block at --batch-size 7), started, completed, retried and failed tasks.
-func inflight(t *testing.T) *testdb.DB {
-	t.Helper()
-	db := testdb.Baseline(t)
-	ctx := context.Background()
-	items := make([]string, 400) // about ten blocks of step_tasks
-	for i := range items {
-		items[i] = fmt.Sprint(i)
-	}
-	for _, s := range []string{
-		`select pgflow.create_flow('Legacy_Flow')`,
-		`select pgflow.add_step('Legacy_Flow', 'first')`,
-		`select pgflow.add_step('Legacy_Flow', 'items', array['first'], step_type => 'map')`,
-		`select pgflow.create_flow('root_map', max_attempts => 2, base_delay => 0)`,
-		`select pgflow.add_step('root_map', 'each', step_type => 'map')`,
-		`select pgflow.start_flow('Legacy_Flow', '{"n": 1}', '00000000-0000-0000-0000-000000000001')`,
-		`select pgflow.start_flow('root_map', '[` + strings.Join(items, ",") + `]', '00000000-0000-0000-0000-000000000002')`,
-		`select pgflow.start_flow('root_map', '[4]', '00000000-0000-0000-0000-000000000003')`,
-		`insert into pgflow.workers (worker_id, queue_name, function_name) values ('00000000-0000-0000-0000-0000000000aa', 'Legacy_Flow', 'fn')`,
-		`select count(*) from pgflow.start_tasks('Legacy_Flow', array(select msg_id from pgmq.read('Legacy_Flow', 30, 10)), '00000000-0000-0000-0000-0000000000aa')`,
-		`select count(*) from pgflow.complete_task('00000000-0000-0000-0000-000000000001', 'first', 0, '[1, 2]')`,
-		`select count(*) from pgflow.start_tasks('root_map', array(select msg_id from pgmq.read('root_map', 30, 60)), '00000000-0000-0000-0000-0000000000aa')`,
-		`select count(*) from pgflow.fail_task('00000000-0000-0000-0000-000000000002', 'each', 0, 'retry me')`,
-		`select count(*) from pgflow.complete_task('00000000-0000-0000-0000-000000000002', 'each', 1, '"one"')`,
-		`select count(*) from pgflow.fail_task('00000000-0000-0000-0000-000000000003', 'each', 0, 'boom')`,
-	} {
-		if _, err := db.Pool.Exec(ctx, s); err != nil {
-			t.Fatalf("building the in-flight state: %s: %v", s, err)
-		}
-	}
-	return db
-}
-
-func connect(t *testing.T, db *testdb.DB) *pgx.Conn {
-	t.Helper()
-	conn, err := session.Open(context.Background(), db.DSN, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
-}
 
 func mustShape(t *testing.T, db *testdb.DB) online.Shape {
 	t.Helper()
@@ -130,7 +83,7 @@ func checkUpgraded(t *testing.T, db *testdb.DB, before *fingerprint.Fingerprint)
 		t.Fatal(err)
 	}
 	sameCatalog(t, "after apply --online, against pgflow 0.17.0", want, readCatalog(t, db.Pool))
-	conn := connect(t, db)
+	conn := testdb.Connect(t, db.DSN)
 	v, err := upgrade.Verify(ctx, conn)
 	if err != nil {
 		t.Fatal(err)
@@ -209,12 +162,12 @@ var allPoints = []string{online.PointPreflight, online.PointExpand, online.Point
 
 func TestApplyOnlineInflight(t *testing.T) {
 	ctx := context.Background()
-	db := inflight(t)
+	db := testdb.Inflight(t, 400)
 	before, err := fingerprint.Take(ctx, db.Pool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn := connect(t, db)
+	conn := testdb.Connect(t, db.DSN)
 	rep, err := online.Apply(ctx, conn, online.Options{BatchSize: 7})
 	if err != nil {
 		t.Fatalf("apply --online: %v (%+v)", err, rep)
@@ -245,8 +198,8 @@ func TestApplyOnlineInflight(t *testing.T) {
 // from the insert triggers, and the switch then ends at 0.17.0 exactly.
 func TestZeroSixteenEngineDuringOnline(t *testing.T) {
 	ctx := context.Background()
-	db := inflight(t)
-	conn := connect(t, db)
+	db := testdb.Inflight(t, 400)
+	conn := testdb.Connect(t, db.DSN)
 	for _, point := range []string{online.PointBatch, online.PointSwitch} {
 		stopOnlineAt(t, conn, point)
 		flow := "Late_" + strings.ReplaceAll(point, ".", "_")
@@ -282,13 +235,13 @@ func TestRollbackOnline(t *testing.T) {
 	for _, stopAt := range allPoints[2:] { // from the first batch on, something is there to undo
 		t.Run(stopAt, func(t *testing.T) {
 			ctx := context.Background()
-			db := inflight(t)
+			db := testdb.Inflight(t, 400)
 			before, err := fingerprint.Take(ctx, db.Pool)
 			if err != nil {
 				t.Fatal(err)
 			}
 			cat016 := readCatalog(t, db.Pool)
-			conn := connect(t, db)
+			conn := testdb.Connect(t, db.DSN)
 			stopOnlineAt(t, conn, stopAt)
 			if s := mustShape(t, db); !s.Started() {
 				t.Fatalf("nothing of the online upgrade is there after stopping at %s: %+v", stopAt, s)
@@ -327,8 +280,8 @@ func TestRollbackOnline(t *testing.T) {
 // gives the same catalog; a half-made shape is refused, not rewritten.
 func TestMigrationFileOnPreparedShape(t *testing.T) {
 	ctx := context.Background()
-	db := inflight(t)
-	conn := connect(t, db)
+	db := testdb.Inflight(t, 400)
+	conn := testdb.Connect(t, db.DSN)
 	stopOnlineAt(t, conn, online.PointSwitch)
 	if s := mustShape(t, db); !s.Prepared() || s.Triggers != 2 {
 		t.Fatalf("not prepared: %+v", s)
@@ -347,7 +300,7 @@ func TestMigrationFileOnPreparedShape(t *testing.T) {
 	sameCatalog(t, "the file run by hand on the prepared shape", want, readCatalog(t, db.Pool))
 
 	// A column that is there without the rest is refused, not rewritten.
-	db2 := inflight(t)
+	db2 := testdb.Inflight(t, 400)
 	if _, err := db2.Pool.Exec(ctx, `alter table pgflow.step_tasks add column queue_name text`); err != nil {
 		t.Fatal(err)
 	}
@@ -356,8 +309,8 @@ func TestMigrationFileOnPreparedShape(t *testing.T) {
 		t.Fatalf("file on a half-made shape: %v", err)
 	}
 	// Prepared but one index invalid (a killed CONCURRENTLY build): refused.
-	db3 := inflight(t)
-	stopOnlineAt(t, connect(t, db3), online.PointSwitch)
+	db3 := testdb.Inflight(t, 400)
+	stopOnlineAt(t, testdb.Connect(t, db3.DSN), online.PointSwitch)
 	if _, err := db3.Pool.Exec(ctx, `update pg_index set indisvalid = false where indexrelid = 'pgflow.idx_steps_normalized_slug'::regclass`); err != nil {
 		t.Fatal(err)
 	}
@@ -374,12 +327,12 @@ func TestResumeOnlineFromEveryPoint(t *testing.T) {
 	for _, stopAt := range allPoints {
 		t.Run(stopAt, func(t *testing.T) {
 			ctx := context.Background()
-			db := inflight(t)
+			db := testdb.Inflight(t, 400)
 			before, err := fingerprint.Take(ctx, db.Pool)
 			if err != nil {
 				t.Fatal(err)
 			}
-			conn := connect(t, db)
+			conn := testdb.Connect(t, db.DSN)
 			stopOnlineAt(t, conn, stopAt)
 			shape := mustShape(t, db)
 			switch stopAt {
@@ -416,8 +369,8 @@ func TestResumeOnlineFromEveryPoint(t *testing.T) {
 // with a message naming it, not retried into "already exists".
 func TestOnlineRefusesForeignCheck(t *testing.T) {
 	ctx := context.Background()
-	db := inflight(t)
-	conn := connect(t, db)
+	db := testdb.Inflight(t, 400)
+	conn := testdb.Connect(t, db.DSN)
 	stopOnlineAt(t, conn, online.PointCheck)
 	if _, err := db.Pool.Exec(ctx, `alter table pgflow.step_tasks add constraint `+online.OnlineCheck+` check (queue_name <> '') not valid`); err != nil {
 		t.Fatal(err)
@@ -436,8 +389,8 @@ func TestOnlineRefusesForeignCheck(t *testing.T) {
 // the audit check's findings and rolls the online upgrade back.
 func TestOnlineIndexDuplicatesRefused(t *testing.T) {
 	ctx := context.Background()
-	db := inflight(t)
-	conn := connect(t, db)
+	db := testdb.Inflight(t, 400)
+	conn := testdb.Connect(t, db.DSN)
 	rep, err := online.Apply(ctx, conn, online.Options{Hooks: online.Hooks{At: func(ctx context.Context, _ uint32, p string) error {
 		if p != online.PointIndex {
 			return nil
@@ -470,8 +423,8 @@ func TestOnlineIndexDuplicatesRefused(t *testing.T) {
 // state has (same oids: reused, not rebuilt under the locks).
 func TestSwitchReusesPreparedShape(t *testing.T) {
 	ctx := context.Background()
-	db := inflight(t)
-	conn := connect(t, db)
+	db := testdb.Inflight(t, 400)
+	conn := testdb.Connect(t, db.DSN)
 	stopOnlineAt(t, conn, online.PointSwitch)
 	const q = `select (select relfilenode::text from pg_class where oid = 'pgflow.step_tasks'::regclass) || ' ' ||
 		string_agg(to_regclass('pgflow.' || n)::oid::text, ' ' order by n)

@@ -15,7 +15,6 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/oldworker"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
@@ -34,25 +33,6 @@ func testCtx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-func connect(t *testing.T, db *testdb.DB) *pgx.Conn {
-	t.Helper()
-	conn, err := session.Open(context.Background(), db.DSN, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
-}
-
-func exec(t *testing.T, db *testdb.DB, sqls ...string) {
-	t.Helper()
-	for _, s := range sqls {
-		if _, err := db.Pool.Exec(context.Background(), s); err != nil {
-			t.Fatalf("%s: %v", s, err)
-		}
-	}
 }
 
 // scene is a real 0.16.0 database with live simulated 0.16.0 workers (two
@@ -77,7 +57,7 @@ func newScene(t *testing.T, block bool) *scene {
 	if block {
 		s.released = make(chan struct{})
 	}
-	exec(t, s.db,
+	s.db.Exec(t,
 		`insert into pgflow.worker_functions (function_name, enabled, start_mode) values ('idle-fn', false, 'http'), ('spare-fn', true, 'process')`,
 		`select cron.alter_job(job_id => (select jobid from cron.job where jobname = 'pgflow_cleanup_logs'), active => false)`,
 		// In this database, as pg_cron records a job scheduled from the
@@ -104,7 +84,7 @@ func newScene(t *testing.T, block bool) *scene {
 		}
 		s.workers = append(s.workers, w)
 	}
-	exec(t, s.db, fmt.Sprintf(`select count(*) from (select pgflow.start_flow('%s', jsonb_build_object('i', g)) from generate_series(1, 12) g) x`, flow))
+	s.db.Exec(t, fmt.Sprintf(`select count(*) from (select pgflow.start_flow('%s', jsonb_build_object('i', g)) from generate_series(1, 12) g) x`, flow))
 	for _, w := range s.workers {
 		s.wg.Add(1)
 		go func(w *oldworker.Worker) {

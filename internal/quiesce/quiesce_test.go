@@ -22,7 +22,7 @@ func TestApplyQuiesce(t *testing.T) {
 	ctx := testCtx(t)
 	s := newScene(t, false)
 	before := snapshot(t, s.db)
-	conn := connect(t, s.db)
+	conn := testdb.Connect(t, s.db.DSN)
 
 	var sawPaused bool
 	q := quiesceOpts()
@@ -91,7 +91,7 @@ func TestQuiesceInterrupted(t *testing.T) {
 		t.Run(point, func(t *testing.T) {
 			s := newScene(t, false)
 			before := snapshot(t, s.db)
-			conn := connect(t, s.db)
+			conn := testdb.Connect(t, s.db.DSN)
 			ctx, cancel := context.WithCancel(testCtx(t))
 			defer cancel()
 			q := quiesceOpts()
@@ -144,7 +144,7 @@ func TestQuiesceCrashResumeUndo(t *testing.T) {
 				ctx := testCtx(t)
 				s := newScene(t, false)
 				before := snapshot(t, s.db)
-				conn := connect(t, s.db)
+				conn := testdb.Connect(t, s.db.DSN)
 				q := quiesceOpts()
 				q.Hooks.Crash = true
 				q.Hooks.At = func(ctx context.Context, p string) error {
@@ -212,7 +212,7 @@ func TestQuiesceDrainTimeout(t *testing.T) {
 	ctx := testCtx(t)
 	s := newScene(t, true)
 	before := snapshot(t, s.db)
-	conn := connect(t, s.db)
+	conn := testdb.Connect(t, s.db.DSN)
 	q := quiesceOpts()
 	q.DrainTimeout = 500 * time.Millisecond
 	rep, err := upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: q})
@@ -234,7 +234,7 @@ func TestQuiesceDryRun(t *testing.T) {
 	ctx := testCtx(t)
 	s := newScene(t, false)
 	before := snapshot(t, s.db)
-	conn := connect(t, s.db)
+	conn := testdb.Connect(t, s.db.DSN)
 	rep, err := upgrade.Apply(ctx, conn, upgrade.Options{DryRun: true, LockRetries: 5, Quiesce: quiesceOpts()})
 	if err != nil {
 		t.Fatalf("apply --quiesce --dry-run: %v", err)
@@ -263,8 +263,8 @@ func TestQuiesceNothingToPause(t *testing.T) {
 	ctx := testCtx(t)
 	db := testdb.Baseline(t)
 	db.DropCron(t)
-	exec(t, db, `delete from pgflow.worker_functions`)
-	conn := connect(t, db)
+	db.Exec(t, `delete from pgflow.worker_functions`)
+	conn := testdb.Connect(t, db.DSN)
 	rep, err := upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: quiesceOpts()})
 	if err != nil {
 		t.Fatalf("apply --quiesce without pg_cron and functions: %v", err)
@@ -280,9 +280,9 @@ func TestQuiesceNoAlterJob(t *testing.T) {
 	ctx := testCtx(t)
 	db := testdb.Baseline(t)
 	db.DetachFromExtension(t, "pg_cron", `function cron.alter_job(bigint, text, text, text, text, boolean)`)
-	exec(t, db, `drop function cron.alter_job(bigint, text, text, text, text, boolean)`)
+	db.Exec(t, `drop function cron.alter_job(bigint, text, text, text, text, boolean)`)
 	before := snapshot(t, db)
-	conn := connect(t, db)
+	conn := testdb.Connect(t, db.DSN)
 	res, err := upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: quiesceOpts()})
 	if !errors.Is(err, quiesce.ErrCronAPI) || res.Outcome != upgrade.OutcomeRefused {
 		t.Fatalf("without cron.alter_job: %v", err)
@@ -298,7 +298,7 @@ func TestQuiesceNoAlterJob(t *testing.T) {
 func TestQuiesceInterruptedMidQuery(t *testing.T) {
 	s := newScene(t, false)
 	before := snapshot(t, s.db)
-	conn := connect(t, s.db)
+	conn := testdb.Connect(t, s.db.DSN)
 	ctx, cancel := context.WithCancel(testCtx(t))
 	defer cancel()
 	blocker, err := s.db.Pool.Begin(ctx)
@@ -326,7 +326,7 @@ func TestQuiesceInterruptedMidQuery(t *testing.T) {
 	t.Logf("apply's connection closed by the cancel: %v", conn.IsClosed())
 	blocker.Rollback(context.Background())
 	sameValues(t, before, snapshot(t, s.db), "after an interrupt mid-query")
-	other := connect(t, s.db)
+	other := testdb.Connect(t, s.db.DSN)
 	if recorded(t, other) != nil || state(t, other) != versions.SchemaBaseline {
 		t.Fatal("still recorded, or upgraded")
 	}
@@ -388,7 +388,7 @@ func TestQuiesceRealCronAlterJob(t *testing.T) {
 		t.Fatalf("cron.alter_job is not the extension's (%v)", err)
 	}
 	before := snapshot(t, s.db)
-	conn := connect(t, s.db)
+	conn := testdb.Connect(t, s.db.DSN)
 	rep, err := upgrade.Apply(testCtx(t), conn, upgrade.Options{Quiesce: quiesceOpts()})
 	if err != nil || !rep.Report.Quiesce.Restored {
 		t.Fatalf("apply --quiesce on the real pg_cron: %v", err)

@@ -48,19 +48,9 @@ func startWorker(t *testing.T, db *testdb.DB, step, function string) *worker.Wor
 	return w
 }
 
-func connect(t *testing.T, dsn string) *pgx.Conn {
-	t.Helper()
-	conn, err := session.Open(context.Background(), dsn, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
-}
-
 func read(t *testing.T, dsn string, opts routes.Options) *routes.Report {
 	t.Helper()
-	rep, err := routes.Read(context.Background(), connect(t, dsn), opts)
+	rep, err := routes.Read(context.Background(), testdb.Connect(t, dsn), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,26 +79,19 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func exec(t *testing.T, db *testdb.DB, sql string, args ...any) {
-	t.Helper()
-	if _, err := db.Pool.Exec(context.Background(), sql, args...); err != nil {
-		t.Fatalf("%s: %v", sql, err)
-	}
-}
-
 // TestStepRouteWithoutWorker: a step-mode flow whose second step has no
 // worker: its message waits and the route fails, naming flow, step, queue,
 // count and what to deploy; once that step's worker runs, nothing fails.
 // The flow-mode flow migrated from 0.16.0 is one route for all its steps.
 func TestStepRouteWithoutWorker(t *testing.T) {
 	db := testdb.Baseline(t)
-	exec(t, db, `select pgflow.create_flow('legacy')`)
-	exec(t, db, `select pgflow.add_step('legacy', 'a')`)
-	exec(t, db, `select pgflow.add_step('legacy', 'b', array['a'])`)
+	testdb.Exec(t, db.Pool, `select pgflow.create_flow('legacy')`)
+	testdb.Exec(t, db.Pool, `select pgflow.add_step('legacy', 'a')`)
+	testdb.Exec(t, db.Pool, `select pgflow.add_step('legacy', 'b', array['a'])`)
 	testdb.Migrate(t, db.Pool) // as upstream's own migration would: no record of ours
 
 	fetch := startWorker(t, db, "fetch", "fetch-fn")
-	exec(t, db, `select pgflow.start_flow('img', '{}'::jsonb)`)
+	testdb.Exec(t, db.Pool, `select pgflow.start_flow('img', '{}'::jsonb)`)
 	// fetch completes; resize's message is sent to img__resize and waits.
 	waitFor(t, "resize's message", func() bool {
 		var n int
@@ -178,18 +161,18 @@ func TestStepRouteWithoutWorker(t *testing.T) {
 // it is counted, not failed. A stopped or silent worker is not live.
 func TestLegacyWorkers(t *testing.T) {
 	db := testdb.Baseline(t)
-	exec(t, db, `select pgflow.create_flow('legacy')`)
-	exec(t, db, `select pgflow.add_step('legacy', 'a')`)
-	exec(t, db, `insert into pgflow.workers (queue_name, worker_id, function_name, started_at, last_heartbeat_at)
+	testdb.Exec(t, db.Pool, `select pgflow.create_flow('legacy')`)
+	testdb.Exec(t, db.Pool, `select pgflow.add_step('legacy', 'a')`)
+	testdb.Exec(t, db.Pool, `insert into pgflow.workers (queue_name, worker_id, function_name, started_at, last_heartbeat_at)
 		values ('legacy', gen_random_uuid(), 'old-fn', now() - interval '1 hour', now() - interval '1 hour')`)
 	testdb.Migrate(t, db.Pool, `
 		create schema pgflow_upgrade;
 		create table pgflow_upgrade.schema_revisions (version text primary key, name text not null, applied_at timestamptz not null default now());
 		insert into pgflow_upgrade.schema_revisions (version, name) values ('20261203100000', 'pgflow_private_step_queues')`)
 	// Still heartbeating after the upgrade; one more that stopped, one silent.
-	exec(t, db, `update pgflow.workers set last_heartbeat_at = now()`)
-	exec(t, db, `insert into pgflow.workers (queue_name, worker_id, function_name, stopped_at) values ('legacy', gen_random_uuid(), 'stopped-fn', now())`)
-	exec(t, db, `insert into pgflow.workers (queue_name, worker_id, function_name, last_heartbeat_at) values ('legacy', gen_random_uuid(), 'silent-fn', now() - interval '10 minutes')`)
+	testdb.Exec(t, db.Pool, `update pgflow.workers set last_heartbeat_at = now()`)
+	testdb.Exec(t, db.Pool, `insert into pgflow.workers (queue_name, worker_id, function_name, stopped_at) values ('legacy', gen_random_uuid(), 'stopped-fn', now())`)
+	testdb.Exec(t, db.Pool, `insert into pgflow.workers (queue_name, worker_id, function_name, last_heartbeat_at) values ('legacy', gen_random_uuid(), 'silent-fn', now() - interval '10 minutes')`)
 
 	rep := read(t, db.DSN, routes.Options{})
 	if rep.UpgradedAt == nil {
@@ -207,13 +190,13 @@ func TestLegacyWorkers(t *testing.T) {
 
 	// A 0.17.1+ database records versions: an old one is a 0.16.0 worker
 	// whenever it started.
-	exec(t, db, `alter table pgflow.workers add column pgflow_version text`)
-	exec(t, db, `update pgflow.workers set started_at = now(), pgflow_version = '0.16.0' where function_name = 'old-fn'`)
+	testdb.Exec(t, db.Pool, `alter table pgflow.workers add column pgflow_version text`)
+	testdb.Exec(t, db.Pool, `update pgflow.workers set started_at = now(), pgflow_version = '0.16.0' where function_name = 'old-fn'`)
 	rep = read(t, db.DSN, routes.Options{})
 	if r := route(t, rep, "legacy", ""); !rep.VersionsRecorded || r.State != routes.StateLegacyOnly || !strings.Contains(r.Workers[0].LegacyReason, "records pgflow 0.16.0") {
 		t.Fatalf("route: %+v", r)
 	}
-	exec(t, db, `insert into pgflow.workers (queue_name, worker_id, function_name, pgflow_version) values ('legacy', gen_random_uuid(), 'new-fn', '0.17.1')`)
+	testdb.Exec(t, db.Pool, `insert into pgflow.workers (queue_name, worker_id, function_name, pgflow_version) values ('legacy', gen_random_uuid(), 'new-fn', '0.17.1')`)
 	rep = read(t, db.DSN, routes.Options{})
 	if r := route(t, rep, "legacy", ""); r.State != routes.StateOK || len(rep.Findings) != 0 || rep.LegacyBeside != 1 || len(r.Workers) != 2 {
 		t.Fatalf("route: %+v, findings %+v, legacy beside %d", r, rep.Findings, rep.LegacyBeside)
@@ -225,17 +208,17 @@ func TestLegacyWorkers(t *testing.T) {
 // unknown, not a failure; no grant at all is an error that keeps its SQLSTATE.
 func TestReadOnlyRoleAndUnreadableQueue(t *testing.T) {
 	db := testdb.Baseline(t)
-	exec(t, db, `select pgflow.create_flow('legacy')`)
-	exec(t, db, `select pgflow.add_step('legacy', 'a')`)
+	testdb.Exec(t, db.Pool, `select pgflow.create_flow('legacy')`)
+	testdb.Exec(t, db.Pool, `select pgflow.add_step('legacy', 'a')`)
 	testdb.Migrate(t, db.Pool)
 	role, roDSN := db.LoginRole(t, "routes_ro", "")
 	ident := pgx.Identifier{role}.Sanitize()
 
-	if _, err := routes.Read(context.Background(), connect(t, roDSN), routes.Options{}); !routes.Inconclusive(err) || sqlstate(err) != "42501" {
+	if _, err := routes.Read(context.Background(), testdb.Connect(t, roDSN), routes.Options{}); !routes.Inconclusive(err) || sqlstate(err) != "42501" {
 		t.Fatalf("without grants: %v (SQLSTATE %q), want an inconclusive 42501", err, sqlstate(err))
 	}
-	exec(t, db, `grant usage on schema pgflow, pgmq to `+ident)
-	exec(t, db, `grant select on all tables in schema pgflow, pgmq to `+ident)
+	testdb.Exec(t, db.Pool, `grant usage on schema pgflow, pgmq to `+ident)
+	testdb.Exec(t, db.Pool, `grant select on all tables in schema pgflow, pgmq to `+ident)
 	startWorker(t, db, "fetch", "fetch-fn") // creates img's queues after the grant
 	rep := read(t, roDSN, routes.Options{})
 	if r := route(t, rep, "legacy", ""); r.State != routes.StateIdle || r.Error != "" {
@@ -253,7 +236,7 @@ func TestReadOnlyRoleAndUnreadableQueue(t *testing.T) {
 // TestNotUpgraded: a 0.16.0 database has no routes.
 func TestNotUpgraded(t *testing.T) {
 	db := testdb.Baseline(t)
-	if _, err := routes.Read(context.Background(), connect(t, db.DSN), routes.Options{}); !errors.Is(err, routes.ErrNoRoutes) {
+	if _, err := routes.Read(context.Background(), testdb.Connect(t, db.DSN), routes.Options{}); !errors.Is(err, routes.ErrNoRoutes) {
 		t.Fatalf("got %v, want ErrNoRoutes", err)
 	}
 }
@@ -282,9 +265,9 @@ func (r *recorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndDa
 // database is unchanged.
 func TestReadSendsOnlySelectsInAReadOnlyTransaction(t *testing.T) {
 	db := testdb.Baseline(t)
-	exec(t, db, `select pgflow.create_flow('legacy')`)
-	exec(t, db, `select pgflow.add_step('legacy', 'a')`)
-	exec(t, db, `select pgflow.start_flow('legacy', '{}'::jsonb)`)
+	testdb.Exec(t, db.Pool, `select pgflow.create_flow('legacy')`)
+	testdb.Exec(t, db.Pool, `select pgflow.add_step('legacy', 'a')`)
+	testdb.Exec(t, db.Pool, `select pgflow.start_flow('legacy', '{}'::jsonb)`)
 	testdb.Migrate(t, db.Pool, `
 		create schema pgflow_upgrade;
 		create table pgflow_upgrade.schema_revisions (version text primary key, name text not null, applied_at timestamptz not null default now());

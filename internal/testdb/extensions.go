@@ -2,13 +2,10 @@ package testdb
 
 import (
 	"context"
-	"fmt"
 	"net/url"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 )
 
 // DetachFromExtension takes objects out of extension ext (ALTER EXTENSION
@@ -49,26 +46,5 @@ func (db *DB) DropCron(t testing.TB) {
 // test ends, the role's privileges in db are dropped, then the role.
 func (db *DB) LoginRole(t testing.TB, prefix, attrs string, grants ...string) (role, dsn string) {
 	t.Helper()
-	ctx := context.Background()
-	role = pgprovider.RandomName(prefix)
-	ident := pgx.Identifier{role}.Sanitize()
-	if _, err := db.Pool.Exec(ctx, "create role "+ident+" login "+attrs); err != nil {
-		t.Fatalf("testdb: creating role %s: %v", role, err)
-	}
-	t.Cleanup(func() {
-		if _, err := db.Pool.Exec(context.Background(), "drop owned by "+ident+"; drop role "+ident); err != nil {
-			t.Errorf("testdb: dropping role %s: %v", role, err)
-		}
-	})
-	for _, g := range grants {
-		if _, err := db.Pool.Exec(ctx, fmt.Sprintf(g, ident)); err != nil {
-			t.Fatalf("testdb: %s: %v", fmt.Sprintf(g, ident), err)
-		}
-	}
-	u, err := url.Parse(db.DSN)
-	if err != nil {
-		t.Fatalf("testdb: %v", err)
-	}
-	u.User = url.User(role)
-	return role, u.String()
+	return db.loginRole(t, prefix, attrs, func(name, _ string) *url.Userinfo { return url.User(name) }, "", grants)
 }

@@ -38,7 +38,7 @@ func TestApplyPreflightRefusals(t *testing.T) {
 				t.Fatal(err)
 			}
 			before := testdb.State(t, db.Pool)
-			rep, err := upgrade.Apply(ctx, connect(t, db), fastOpts())
+			rep, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), fastOpts())
 			if !errors.Is(err, upgrade.ErrPreflight) || rep.Outcome != upgrade.OutcomeRefused {
 				t.Fatalf("apply: %v (outcome %s), want a preflight refusal", err, rep.Outcome)
 			}
@@ -66,7 +66,7 @@ func TestApplyPreflightRefusals(t *testing.T) {
 // and verify.
 func TestUpgradedElsewhereIs017(t *testing.T) {
 	ctx := testCtx(t)
-	db := inflightDB(t)
+	db := testdb.Inflight(t, 3)
 	all, err := migrations.All()
 	if err != nil {
 		t.Fatal(err)
@@ -78,16 +78,16 @@ func TestUpgradedElsewhereIs017(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := testdb.State(t, db.Pool)
-	rep, err := upgrade.Apply(ctx, connect(t, db), fastOpts())
+	rep, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), fastOpts())
 	if err != nil || rep.Outcome != upgrade.OutcomeAlreadyApplied || !strings.Contains(rep.Message, "not applied by this tool") {
 		t.Fatalf("apply on 0.17.0: %v %s %q", err, rep.Outcome, rep.Message)
 	}
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "apply on 0.17.0")
-	st, err := upgrade.Status(ctx, connect(t, db))
+	st, err := upgrade.Status(ctx, testdb.Connect(t, db.DSN))
 	if err != nil || len(st.Pending) != 0 || st.NeedsAttention() {
 		t.Fatalf("status: %v %+v", err, st)
 	}
-	vr, err := upgrade.Verify(ctx, connect(t, db))
+	vr, err := upgrade.Verify(ctx, testdb.Connect(t, db.DSN))
 	if err != nil || !vr.OK {
 		t.Fatalf("verify: %v %+v", err, vr)
 	}

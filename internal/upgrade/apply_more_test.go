@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -19,7 +18,6 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
@@ -30,11 +28,11 @@ import (
 
 func TestApplyDryRunChangesNothing(t *testing.T) {
 	ctx := testCtx(t)
-	db := inflightDB(t)
+	db := testdb.Inflight(t, 3)
 	before := testdb.State(t, db.Pool)
 	opts := fastOpts()
 	opts.DryRun = true
-	rep, err := upgrade.Apply(ctx, connect(t, db), opts)
+	rep, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
 	if err != nil {
 		t.Fatalf("dry run: %v (%s)", err, rep.Message)
 	}
@@ -66,7 +64,7 @@ func TestApplyDryRunChangesNothing(t *testing.T) {
 		t.Fatalf("lock window %dms shorter than the statements it contains (%dms)", rep.Report.LockWindowMS, stmts)
 	}
 	// And the real thing still works afterwards.
-	if rep, err := upgrade.Apply(ctx, connect(t, db), fastOpts()); err != nil || rep.Outcome != upgrade.OutcomeApplied {
+	if rep, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), fastOpts()); err != nil || rep.Outcome != upgrade.OutcomeApplied {
 		t.Fatalf("apply after dry run: %v %s", err, rep.Outcome)
 	}
 }
@@ -89,7 +87,7 @@ func TestApplyRefusesTamperedMigration(t *testing.T) {
 	before := testdb.State(t, db.Pool)
 	opts := fastOpts()
 	opts.Verify = func() error { return migrations.VerifyFS(tampered) }
-	rep, err := upgrade.Apply(ctx, connect(t, db), opts)
+	rep, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
 	if !errors.Is(err, upgrade.ErrIntegrity) || !errors.Is(err, migrations.ErrChecksumMismatch) {
 		t.Fatalf("apply of a tampered migration: %v", err)
 	}
@@ -117,7 +115,7 @@ func TestApplyRecordsSupabaseMigration(t *testing.T) {
 	db := testdb.Baseline(t) // with the Supabase ledger of the 23 0.16.0 migrations
 	opts := fastOpts()
 	opts.SupabaseDir = supabaseDir(t)
-	rep, err := upgrade.Apply(ctx, connect(t, db), opts)
+	rep, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
 	if err != nil {
 		t.Fatalf("apply: %v", err)
 	}
@@ -143,7 +141,7 @@ func TestApplyRefusesSupabaseDirWithoutTheFile(t *testing.T) {
 	before := testdb.State(t, db.Pool)
 	opts := fastOpts()
 	opts.SupabaseDir = t.TempDir()
-	rep, err := upgrade.Apply(ctx, connect(t, db), opts)
+	rep, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
 	if !errors.Is(err, upgrade.ErrSupabaseDir) || rep.Outcome != upgrade.OutcomeRefused {
 		t.Fatalf("apply with an empty --supabase-dir: %v (%s)", err, rep.Outcome)
 	}
@@ -160,7 +158,7 @@ func TestApplyWithoutSupabaseTable(t *testing.T) {
 	}
 	opts := fastOpts()
 	opts.SupabaseDir = supabaseDir(t)
-	rep, err := upgrade.Apply(context.Background(), connect(t, db), opts)
+	rep, err := upgrade.Apply(context.Background(), testdb.Connect(t, db.DSN), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,7 +171,7 @@ func TestApplyWithoutSupabaseTable(t *testing.T) {
 // holds it; exactly one migrates.
 func TestApplyConcurrent(t *testing.T) {
 	ctx := testCtx(t)
-	db := inflightDB(t)
+	db := testdb.Inflight(t, 3)
 
 	held := make(chan struct{})
 	release := make(chan struct{})
@@ -194,12 +192,12 @@ func TestApplyConcurrent(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		rep1, err1 = upgrade.Apply(ctx, connect(t, db), first)
+		rep1, err1 = upgrade.Apply(ctx, testdb.Connect(t, db.DSN), first)
 	}()
 	<-held
 
 	// One try, no waiting: exits cleanly, nothing changed.
-	rep2, err2 := upgrade.Apply(ctx, connect(t, db), fastOpts())
+	rep2, err2 := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), fastOpts())
 	if !errors.Is(err2, upgrade.ErrUpgradeLocked) || rep2.Outcome != upgrade.OutcomeLockBusy {
 		t.Fatalf("second apply without wait: %v %s", err2, rep2.Outcome)
 	}
@@ -221,7 +219,7 @@ func TestApplyConcurrent(t *testing.T) {
 				close(waiting)
 			}
 		}
-		rep3, err3 = upgrade.Apply(ctx, connect(t, db), o)
+		rep3, err3 = upgrade.Apply(ctx, testdb.Connect(t, db.DSN), o)
 	}()
 	<-waiting
 	releaseOnce.Do(func() { close(release) })
@@ -244,10 +242,10 @@ func TestApplyConcurrent(t *testing.T) {
 // timeout per try.
 func TestApplyLockRetriesThenGivesUp(t *testing.T) {
 	ctx := testCtx(t)
-	db := inflightDB(t)
+	db := testdb.Inflight(t, 3)
 	before := testdb.State(t, db.Pool)
 
-	holder := connect(t, db)
+	holder := testdb.Connect(t, db.DSN)
 	holderTx, err := holder.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -263,7 +261,7 @@ func TestApplyLockRetriesThenGivesUp(t *testing.T) {
 	// each statement allowed to wait 20 lock timeouts of apply. A failure
 	// means it was blocked for longer than any single apply attempt.
 	const applyLockTimeout = 100 * time.Millisecond
-	probe := connect(t, db)
+	probe := testdb.Connect(t, db.DSN)
 	if _, err := probe.Exec(ctx, fmt.Sprintf(`set lock_timeout = '%dms'`, (20*applyLockTimeout).Milliseconds())); err != nil {
 		t.Fatal(err)
 	}
@@ -303,7 +301,7 @@ func TestApplyLockRetriesThenGivesUp(t *testing.T) {
 			retries = append(retries, e.Detail)
 		}
 	}
-	rep, err := upgrade.Apply(ctx, connect(t, db), opts)
+	rep, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
 	close(stop)
 	pw.Wait()
 
@@ -349,7 +347,7 @@ func TestApplyLockRetriesThenGivesUp(t *testing.T) {
 func TestApplyKilledAtEveryStatement(t *testing.T) {
 	testdb.SkipIfShort(t, "The backend is terminated before each statement of the migration in turn (and before the post-conditions,...")
 	ctx := testCtx(t)
-	db := inflightDB(t) // the baseline has the Supabase ledger (fixture stand-in)
+	db := testdb.Inflight(t, 3) // the baseline has the Supabase ledger (fixture stand-in)
 	before := testdb.State(t, db.Pool)
 	all, err := migrations.All()
 	if err != nil {
@@ -410,7 +408,7 @@ func TestApplyKilledAtEveryStatement(t *testing.T) {
 		}
 		testdb.SameState(t, before, testdb.State(t, db.Pool), "kill at "+point+": the database is not the baseline")
 	}
-	rep, err := upgrade.Apply(ctx, connect(t, db), fastOpts())
+	rep, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), fastOpts())
 	if err != nil || rep.Outcome != upgrade.OutcomeApplied {
 		t.Fatalf("rerun after %d kills: %v %s", len(points), err, rep.Outcome)
 	}
@@ -449,7 +447,7 @@ func TestLockPlanMatchesMigrationFile(t *testing.T) {
 func TestStatusAndVerify(t *testing.T) {
 	ctx := testCtx(t)
 	db := testdb.Baseline(t)
-	conn := connect(t, db)
+	conn := testdb.Connect(t, db.DSN)
 
 	st, err := upgrade.Status(ctx, conn)
 	if err != nil {
@@ -511,30 +509,11 @@ func TestStatusAndVerify(t *testing.T) {
 func TestApplyRefusesRoleWithoutOwnership(t *testing.T) {
 	ctx := testCtx(t)
 	db := testdb.Baseline(t)
-	role := pgprovider.RandomName("h_upg_writer")
-	const password = "Writer-pw-5d2e"
-	for _, s := range []string{
-		fmt.Sprintf(`create role %s login password '%s'`, role, password),
-		fmt.Sprintf(`grant usage on schema pgflow, pgmq to %s`, role),
-		fmt.Sprintf(`grant select, insert, update, delete on all tables in schema pgflow to %s`, role),
-	} {
-		if _, err := db.Pool.Exec(ctx, s); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() {
-		_, _ = db.Pool.Exec(ctx, `drop owned by `+role)
-		if _, err := db.Pool.Exec(ctx, `drop role `+role); err != nil {
-			t.Errorf("drop role %s: %v", role, err)
-		}
-	})
+	role, writer := db.PasswordRole(t, "h_upg_writer", "Writer-pw-5d2e",
+		`grant usage on schema pgflow, pgmq to %[1]s`,
+		`grant select, insert, update, delete on all tables in schema pgflow to %[1]s`)
 	before := testdb.State(t, db.Pool)
-	u, err := url.Parse(db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = url.UserPassword(role, password)
-	conn, err := session.Open(ctx, u.String(), session.Test)
+	conn, err := session.Open(ctx, writer, session.Test)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -555,8 +534,8 @@ func TestApplyRefusesRoleWithoutOwnership(t *testing.T) {
 // off and retries; the application's statement succeeds.
 func TestApplyBacksOffFromDeadlock(t *testing.T) {
 	ctx := testCtx(t)
-	db := inflightDB(t)
-	app := connect(t, db)
+	db := testdb.Inflight(t, 3)
+	app := testdb.Connect(t, db.DSN)
 	appTx, err := app.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -566,7 +545,7 @@ func TestApplyBacksOffFromDeadlock(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	applyConn := connect(t, db)
+	applyConn := testdb.Connect(t, db.DSN)
 	pid := applyConn.PgConn().PID()
 	opts := fastOpts()
 	opts.LockTimeout = 30 * time.Second // longer than deadlock_timeout: the detector decides
@@ -610,7 +589,7 @@ func TestApplyBacksOffFromDeadlock(t *testing.T) {
 
 // Ctrl-C in the middle of the migration: rolled back, reported as interrupted.
 func TestApplyInterrupted(t *testing.T) {
-	db := inflightDB(t)
+	db := testdb.Inflight(t, 3)
 	before := testdb.State(t, db.Pool)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -621,7 +600,7 @@ func TestApplyInterrupted(t *testing.T) {
 		}
 		return nil
 	}
-	rep, err := upgrade.Apply(ctx, connect(t, db), opts)
+	rep, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
 	if !errors.Is(err, context.Canceled) || rep.Outcome != upgrade.OutcomeInterrupted {
 		t.Fatalf("interrupted apply: %v %s", err, rep.Outcome)
 	}
@@ -641,7 +620,7 @@ func TestApplyPreflightInconclusive(t *testing.T) {
 			return nil, err
 		},
 	}}}
-	rep, err := upgrade.Apply(ctx, connect(t, db), opts)
+	rep, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
 	if !errors.Is(err, upgrade.ErrInconclusive) || rep.Outcome != upgrade.OutcomeInconclusive {
 		t.Fatalf("apply with a slow preflight check: %v %s", err, rep.Outcome)
 	}
@@ -653,7 +632,7 @@ func TestApplyPreflightInconclusive(t *testing.T) {
 // still printed; nothing changed.
 func TestApplyRefusesDuplicateMessageIDs(t *testing.T) {
 	ctx := testCtx(t)
-	db := inflightDB(t)
+	db := testdb.Inflight(t, 3)
 	tag, err := db.Pool.Exec(ctx, `
 		update pgflow.step_tasks t set message_id = o.message_id
 		  from (select message_id from pgflow.step_tasks
@@ -664,7 +643,7 @@ func TestApplyRefusesDuplicateMessageIDs(t *testing.T) {
 		t.Fatalf("making a duplicate: %v %d", err, tag.RowsAffected())
 	}
 	before := testdb.State(t, db.Pool)
-	rep, err := upgrade.Apply(ctx, connect(t, db), fastOpts())
+	rep, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), fastOpts())
 	if !errors.Is(err, upgrade.ErrPreflight) || rep.Outcome != upgrade.OutcomeRefused {
 		t.Fatalf("apply with a duplicate message id: %v %s", err, rep.Outcome)
 	}

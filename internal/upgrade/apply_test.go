@@ -16,7 +16,7 @@ func fastOpts() upgrade.Options {
 
 func TestApplyInflight(t *testing.T) {
 	ctx := testCtx(t)
-	db := inflightDB(t)
+	db := testdb.Inflight(t, 3)
 	var flowsBefore, tasksBefore int
 	if err := db.Pool.QueryRow(ctx, `select (select count(*) from pgflow.flows), (select count(*) from pgflow.step_tasks)`).Scan(&flowsBefore, &tasksBefore); err != nil {
 		t.Fatal(err)
@@ -25,7 +25,7 @@ func TestApplyInflight(t *testing.T) {
 		t.Fatalf("inflight has %d flows and %d tasks; the test needs both", flowsBefore, tasksBefore)
 	}
 
-	rep, err := upgrade.Apply(ctx, connect(t, db), fastOpts())
+	rep, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), fastOpts())
 	if err != nil {
 		t.Fatalf("apply: %v\n%+v", err, rep)
 	}
@@ -62,7 +62,7 @@ func TestApplyInflight(t *testing.T) {
 
 	// A rerun is a no-op that says so.
 	before := testdb.State(t, db.Pool)
-	rep2, err := upgrade.Apply(ctx, connect(t, db), fastOpts())
+	rep2, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), fastOpts())
 	if err != nil {
 		t.Fatalf("rerun: %v", err)
 	}
@@ -74,7 +74,7 @@ func TestApplyInflight(t *testing.T) {
 	}
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "rerun")
 
-	vr, err := upgrade.Verify(ctx, connect(t, db))
+	vr, err := upgrade.Verify(ctx, testdb.Connect(t, db.DSN))
 	if err != nil || !vr.OK {
 		t.Fatalf("verify after apply: %v %+v", err, vr)
 	}
@@ -82,13 +82,13 @@ func TestApplyInflight(t *testing.T) {
 
 func TestApplyRefusesCaseAliases(t *testing.T) {
 	ctx := testCtx(t)
-	db := inflightDB(t)
+	db := testdb.Inflight(t, 3)
 	// Directly, as the engine would not stop it: two slugs that differ only in case.
 	if _, err := db.Pool.Exec(ctx, `insert into pgflow.flows (flow_slug) values ('Foo'), ('foo')`); err != nil {
 		t.Fatal(err)
 	}
 	before := testdb.State(t, db.Pool)
-	rep, err := upgrade.Apply(ctx, connect(t, db), fastOpts())
+	rep, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), fastOpts())
 	if !errors.Is(err, upgrade.ErrPreflight) {
 		t.Fatalf("apply: %v, want ErrPreflight (%+v)", err, rep)
 	}

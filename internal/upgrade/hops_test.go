@@ -98,7 +98,7 @@ func hopApply(t *testing.T, db *testdb.DB, opts upgrade.Options, reached string)
 		t.Fatal(err)
 	}
 	theirs := db.Clone(t)
-	res, err := upgrade.Apply(ctx, connect(t, db), opts)
+	res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
 	if err != nil || res.Outcome != upgrade.OutcomeApplied {
 		t.Fatalf("apply: %v (%s: %s)", err, res.Outcome, res.Message)
 	}
@@ -188,7 +188,7 @@ func TestApplyHopsTelemetryOff(t *testing.T) {
 	opts := fastOpts()
 	opts.PgflowMigrations = testdb.PgflowInstalledCopy(t, 27)
 	opts.TelemetryOff = true
-	res, err := upgrade.Apply(testCtx(t), connect(t, db), opts)
+	res, err := upgrade.Apply(testCtx(t), testdb.Connect(t, db.DSN), opts)
 	if err != nil || res.Outcome != upgrade.OutcomeApplied || !strings.Contains(res.Report.Telemetry, "telemetry off") {
 		t.Fatalf("apply: %v (%s: %s)", err, res.Outcome, res.Message)
 	}
@@ -218,7 +218,7 @@ func TestApplyHopsRefusesMissingOrAlteredFile(t *testing.T) {
 			before := testdb.State(t, db.Pool)
 			opts := fastOpts()
 			opts.PgflowMigrations = dir
-			res, err := upgrade.Apply(testCtx(t), connect(t, db), opts)
+			res, err := upgrade.Apply(testCtx(t), testdb.Connect(t, db.DSN), opts)
 			if !errors.Is(err, c.want) || res.Outcome != upgrade.OutcomeRefused ||
 				!strings.Contains(err.Error(), f.Name) || !strings.Contains(err.Error(), "h1:"+f.Hash) {
 				t.Fatalf("got %v (%s)", err, res.Outcome)
@@ -233,7 +233,7 @@ func TestApplyHopsRefusesMissingOrAlteredFile(t *testing.T) {
 func TestApplyHopsWithoutFilesAndTo0170(t *testing.T) {
 	t.Run("no files", func(t *testing.T) {
 		db := testdb.Upstream(t, "0.16.0")
-		res, err := upgrade.Apply(testCtx(t), connect(t, db), fastOpts())
+		res, err := upgrade.Apply(testCtx(t), testdb.Connect(t, db.DSN), fastOpts())
 		if err != nil || res.Outcome != upgrade.OutcomeApplied || res.Report.VersionNow != "0.17.0" ||
 			!strings.Contains(res.Message, "needs upstream's files 25-27") || !strings.Contains(res.Message, "--pgflow-migrations") {
 			t.Fatalf("apply: %v (%s: %s)", err, res.Outcome, res.Message)
@@ -295,7 +295,7 @@ func TestApplyHopsRemovesPrebuiltOnFailure(t *testing.T) {
 					return nil
 				}
 			}
-			res, err := upgrade.Apply(testCtx(t), connect(t, db), opts)
+			res, err := upgrade.Apply(testCtx(t), testdb.Connect(t, db.DSN), opts)
 			if dry != (err == nil) {
 				t.Fatalf("apply: %v (%s: %s)", err, res.Outcome, res.Message)
 			}
@@ -317,13 +317,13 @@ func TestApplyHopsRemovesPrebuiltOnFailure(t *testing.T) {
 // out (a plan of no hops), and without it apply has nothing to do.
 func TestApplyTelemetryOffAtNewest(t *testing.T) {
 	db := testdb.Upstream(t, versions.Newest)
-	res, err := upgrade.Apply(testCtx(t), connect(t, db), fastOpts())
+	res, err := upgrade.Apply(testCtx(t), testdb.Connect(t, db.DSN), fastOpts())
 	if err != nil || res.Outcome != upgrade.OutcomeAlreadyApplied || !strings.Contains(res.Message, "nothing to do") {
 		t.Fatalf("apply: %v (%s: %s)", err, res.Outcome, res.Message)
 	}
 	opts := fastOpts()
 	opts.TelemetryOff = true
-	res, err = upgrade.Apply(testCtx(t), connect(t, db), opts)
+	res, err = upgrade.Apply(testCtx(t), testdb.Connect(t, db.DSN), opts)
 	if err != nil || res.Outcome != upgrade.OutcomeApplied {
 		t.Fatalf("apply --telemetry off: %v (%s: %s)", err, res.Outcome, res.Message)
 	}

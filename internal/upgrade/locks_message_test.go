@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
@@ -25,7 +26,7 @@ import (
 //   - who the holder is: its user and its application_name, quoted.
 func TestLockErrorTellsTheTruth(t *testing.T) {
 	ctx := testCtx(t)
-	db := inflightDB(t)
+	db := testdb.Inflight(t, 3)
 
 	const app = "billing worker, v2"
 	holder, err := session.OpenWith(ctx, db.DSN, session.Options{Purpose: session.Application, Name: app})
@@ -47,7 +48,7 @@ func TestLockErrorTellsTheTruth(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	conn := connect(t, db)
+	conn := testdb.Connect(t, db.DSN)
 	var deadlockMS float64
 	if err := conn.QueryRow(ctx, `select extract(epoch from current_setting('deadlock_timeout')::interval) * 1000`).Scan(&deadlockMS); err != nil {
 		t.Fatal(err)
@@ -135,8 +136,8 @@ func TestBlockerNamesTheBackend(t *testing.T) {
 // server keeps pg_stat_activity's rows of a transaction's first read).
 func TestLockHoldersSeeNewSessionsInATransaction(t *testing.T) {
 	ctx := testCtx(t)
-	db := inflightDB(t)
-	conn := connect(t, db)
+	db := testdb.Inflight(t, 3)
+	conn := testdb.Connect(t, db.DSN)
 	tx, err := conn.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)

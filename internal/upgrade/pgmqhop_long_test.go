@@ -37,7 +37,7 @@ func TestLongApplyPGMQOnUpstream016(t *testing.T) {
 		}
 	}
 
-	rep, err := audit.Run(ctx, connect(t, db), audit.Options{Checks: []string{"pgmq.update_path", "backup.pgdump_pgmq"}})
+	rep, err := audit.Run(ctx, testdb.Connect(t, db.DSN), audit.Options{Checks: []string{"pgmq.update_path", "backup.pgdump_pgmq"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +62,7 @@ func TestLongApplyPGMQOnUpstream016(t *testing.T) {
 	opts := fastOpts()
 	opts.PGMQ = testdb.PGMQNewest
 	opts.PgflowMigrations = testdb.PgflowInstalledCopy(t, 27)
-	res, err := upgrade.Apply(ctx, connect(t, db), opts)
+	res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
 	if err != nil || res.Outcome != upgrade.OutcomeApplied {
 		t.Fatalf("apply --pgmq: %s %v: %s", res.Outcome, err, res.Message)
 	}
@@ -115,14 +115,14 @@ func TestLongPGMQHopOrder(t *testing.T) {
 
 		opts := fastOpts()
 		opts.PGMQ = testdb.PGMQNewest
-		res, err := upgrade.Apply(ctx, connect(t, db), opts)
+		res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
 		if err != nil {
 			t.Fatalf("A: %v", err)
 		}
 		a = append(a, time.Duration(res.Report.LockWindowMS)*time.Millisecond)
 
 		// B: the pgmq hop by hand first, on pgflow 0.16.0.
-		conn := connect(t, second)
+		conn := testdb.Connect(t, second.DSN)
 		start := time.Now()
 		tx, err := conn.Begin(ctx)
 		if err != nil {

@@ -17,14 +17,14 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
-// pgmqDB is inflightDB (whose Legacy_Flow is mixed case) with upstream's
+// pgmqDB is testdb.Inflight (whose Legacy_Flow is mixed case) with upstream's
 // example flow analyzeWebsite defined through pgflow's own functions and
 // one run of it in flight (website claimed by a 0.16.0 worker): two queues
 // whose pgmq.meta names do not match their tables.
 func pgmqDB(t *testing.T) *testdb.DB {
 	t.Helper()
 	testdb.RequirePGMQVersion(t, testdb.PGMQNewest)
-	db := inflightDB(t)
+	db := testdb.Inflight(t, 3)
 	ctx := context.Background()
 	if err := fixtures.CreateAnalyzeWebsite(ctx, db.Pool); err != nil {
 		t.Fatal(err)
@@ -89,7 +89,7 @@ func TestApplyPGMQOnMixedCaseQueues(t *testing.T) {
 
 	opts := fastOpts()
 	opts.PGMQ = testdb.PGMQNewest
-	res, err := upgrade.Apply(ctx, connect(t, db), opts)
+	res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
 	if err != nil || res.Outcome != upgrade.OutcomeApplied {
 		t.Fatalf("apply --pgmq: %s %v: %s", res.Outcome, err, res.Message)
 	}
@@ -175,14 +175,14 @@ func TestApplyPGMQRefusalsAndDryRun(t *testing.T) {
 	} {
 		opts := fastOpts()
 		opts.PGMQ = c.target
-		res, err := upgrade.Apply(ctx, connect(t, db), opts)
+		res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
 		if !errors.Is(err, c.want) || res.Outcome != upgrade.OutcomeRefused || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("--pgmq %s: %s %v, want refused with %v saying %q", c.target, res.Outcome, err, c.want, c.says)
 		}
 	}
 	opts := fastOpts()
 	opts.PGMQ, opts.DryRun = testdb.PGMQNewest, true
-	res, err := upgrade.Apply(ctx, connect(t, db), opts)
+	res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
 	if err != nil || res.Outcome != upgrade.OutcomeDryRun || len(res.Report.PGMQ.Repairs) != 2 || res.Report.PGMQ.ClaimChecked != 3 {
 		t.Fatalf("dry run: %s %v %+v", res.Outcome, err, res.Report.PGMQ)
 	}
@@ -206,12 +206,12 @@ func TestApplyPGMQRefusalsAndDryRun(t *testing.T) {
 func TestApplyPGMQAlone(t *testing.T) {
 	ctx := testCtx(t)
 	db := pgmqDB(t)
-	if res, err := upgrade.Apply(ctx, connect(t, db), fastOpts()); err != nil || res.Outcome != upgrade.OutcomeApplied {
+	if res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), fastOpts()); err != nil || res.Outcome != upgrade.OutcomeApplied {
 		t.Fatalf("the pgflow hop: %s %v", res.Outcome, err)
 	}
 	opts := fastOpts()
 	opts.PGMQ = testdb.PGMQNewest
-	res, err := upgrade.Apply(ctx, connect(t, db), opts)
+	res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
 	if err != nil || res.Outcome != upgrade.OutcomeApplied {
 		t.Fatalf("the pgmq hop alone: %s %v: %s", res.Outcome, err, res.Message)
 	}
@@ -226,7 +226,7 @@ func TestApplyPGMQAlone(t *testing.T) {
 	if v := db.PGMQVersion(t); v != testdb.PGMQNewest {
 		t.Fatalf("pgmq %s", v)
 	}
-	res, err = upgrade.Apply(ctx, connect(t, db), opts)
+	res, err = upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
 	if err != nil || res.Outcome != upgrade.OutcomeAlreadyApplied {
 		t.Fatalf("a second run: %s %v: %s", res.Outcome, err, res.Message)
 	}
@@ -239,10 +239,10 @@ func TestApplyPGMQAlone(t *testing.T) {
 func TestApplyPGMQLocksAreBounded(t *testing.T) {
 	ctx := testCtx(t)
 	db := pgmqDB(t)
-	if res, err := upgrade.Apply(ctx, connect(t, db), fastOpts()); err != nil || res.Outcome != upgrade.OutcomeApplied {
+	if res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), fastOpts()); err != nil || res.Outcome != upgrade.OutcomeApplied {
 		t.Fatalf("the pgflow hop: %s %v", res.Outcome, err)
 	}
-	holder := connect(t, db)
+	holder := testdb.Connect(t, db.DSN)
 	tx, err := holder.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -253,7 +253,7 @@ func TestApplyPGMQLocksAreBounded(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() {
-		other := connect(t, db)
+		other := testdb.Connect(t, db.DSN)
 		// Meanwhile a worker on another queue keeps reading, each read
 		// bounded: it must never fail by waiting behind the hop.
 		deadline := time.Now().Add(1500 * time.Millisecond)
@@ -268,7 +268,7 @@ func TestApplyPGMQLocksAreBounded(t *testing.T) {
 	}()
 	opts := fastOpts()
 	opts.PGMQ, opts.LockTimeout, opts.LockRetries = testdb.PGMQNewest, 200*time.Millisecond, 2
-	res, err := upgrade.Apply(ctx, connect(t, db), opts)
+	res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
 	var tle *upgrade.TableLockError
 	if res.Outcome != upgrade.OutcomeLockBusy || !errors.As(err, &tle) || tle.Table != "q_root_map" || len(tle.Blockers) == 0 {
 		t.Fatalf("apply --pgmq behind a worker's transaction: %s %v", res.Outcome, err)

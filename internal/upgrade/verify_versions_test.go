@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions/versiontest"
@@ -16,7 +17,7 @@ func TestVerifyOnUpstream017Versions(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx := testCtx(t)
 			db := versiontest.DB(t, versions.MustLookup(name))
-			vr, err := upgrade.Verify(ctx, connect(t, db))
+			vr, err := upgrade.Verify(ctx, testdb.Connect(t, db.DSN))
 			if err != nil || !vr.OK {
 				t.Fatalf("verify: %v %+v", err, vr)
 			}
@@ -33,7 +34,7 @@ func TestVerifyOnUpstream017Versions(t *testing.T) {
 			if _, err := db.Pool.Exec(ctx, `create index my_runs_idx on pgflow.runs (flow_slug)`); err != nil {
 				t.Fatal(err)
 			}
-			vr, err = upgrade.Verify(ctx, connect(t, db))
+			vr, err = upgrade.Verify(ctx, testdb.Connect(t, db.DSN))
 			if err != nil || !vr.OK {
 				t.Fatalf("verify with an index of the user's: %v %+v", err, vr)
 			}
