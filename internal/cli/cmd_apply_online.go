@@ -161,15 +161,15 @@ func writeOnlineTable(w io.Writer, where string, res *upgrade.Result[*online.Rep
 		fmt.Fprintln(w)
 		var rows [][]string
 		for _, p := range rep.Phases {
-			rows = append(rows, []string{string(p.Phase), fmt.Sprint(p.DurationMS), p.Detail})
+			rows = append(rows, []string{phaseLabel(p.Phase, p.Detail), fmt.Sprint(p.DurationMS), p.Detail})
 		}
 		if err := writeTable(w, []string{"phase", "ms", "detail"}, rows); err != nil {
 			return err
 		}
 	}
 	b := rep.Backfill
-	fmt.Fprintf(w, "backfill: %d rows in %d batches (%d passes, %.0f rows/s, longest batch %d ms, %d rows retried as locked, %d ms waiting for replicas)\n",
-		b.Rows, b.Batches, b.Passes, b.Rate, b.LongestMS, b.SkippedLocked, b.ReplicaWaitMS)
+	fmt.Fprintf(w, "backfill: %d rows in %d batches (%s, %.0f rows/s, longest batch %d ms, %d rows retried as locked, %d ms waiting for replicas)\n",
+		b.Rows, b.Batches, passText(b), b.Rate, b.LongestMS, b.SkippedLocked, b.ReplicaWaitMS)
 	for _, l := range rep.Locks {
 		fmt.Fprintf(w, "lock window %s: %d ms (%d attempt(s))\n", l.Step, l.WindowMS, l.Attempts)
 	}
@@ -215,4 +215,18 @@ func writeOnlineStatus(w io.Writer, info *online.StatusInfo) {
 	s := info.Shape
 	fmt.Fprintf(w, "  queue_name columns %d/2, insert triggers %d/2, is_valid_queue_name %v, checks %d/4 (validated %d), unique indexes %d/3 (valid %d)\n",
 		s.Columns, s.Triggers, s.Function, s.Checks, s.ChecksValid, len(s.Indexes), len(s.IndexesValid))
+}
+
+// passText says which backfill pass this run worked on, as status numbers
+// them, and whether it finished it.
+func passText(b online.BackfillStats) string {
+	switch {
+	case b.Pass == 0:
+		return "no pass of step_tasks in this run"
+	case b.Passes == 0:
+		return fmt.Sprintf("pass %d, not finished", b.Pass)
+	case b.Passes == 1:
+		return fmt.Sprintf("pass %d, finished", b.Pass)
+	}
+	return fmt.Sprintf("%d passes finished, the last pass %d", b.Passes, b.Pass)
 }

@@ -123,7 +123,11 @@ func (a *App) onlineProgress() (func(online.Event), func()) {
 	return func(e online.Event) {
 		switch {
 		case e.Done:
-			hb.say("", "  %s done in %s", e.Phase, e.Elapsed.Round(time.Millisecond))
+			hb.say("", "  %s done in %s", phaseLabel(e.Phase, e.Detail), e.Elapsed.Round(time.Millisecond))
+		case e.Phase == online.PhaseNone:
+			// Not a phase of the upgrade (the preflight before it, a lock
+			// retry, an autovacuum cancelled): its detail names it.
+			hb.say(e.Detail, "- %s", e.Detail)
 		case e.Phase == online.PhaseBackfill && e.Total > 0:
 			pct := 100 * float64(e.Rows) / float64(e.Total)
 			line := fmt.Sprintf("backfill %d / ~%d rows (%.0f%%), %.0f rows/s: %s", e.Rows, e.Total, min(pct, 100), e.Rate, e.Detail)
@@ -136,4 +140,16 @@ func (a *App) onlineProgress() (func(online.Event), func()) {
 			hb.say(string(e.Phase)+": "+e.Detail, "- %s: %s", e.Phase, e.Detail)
 		}
 	}, hb.stop
+}
+
+// phaseLabel names an online step for a person: its phase, or, outside
+// the phases ("none"), what the detail says it is (the preflight).
+func phaseLabel(p online.Phase, detail string) string {
+	if p != online.PhaseNone {
+		return string(p)
+	}
+	if name, _, ok := strings.Cut(detail, ":"); ok && !strings.Contains(name, " ") {
+		return name
+	}
+	return "online"
 }

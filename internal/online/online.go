@@ -134,10 +134,13 @@ type LockWindow struct {
 
 // BackfillStats is what this run's backfill did.
 type BackfillStats struct {
-	Steps         int64   `json:"steps"` // pgflow.steps rows filled
-	Rows          int64   `json:"rows"`  // pgflow.step_tasks rows filled
-	Batches       int64   `json:"batches"`
-	Passes        int     `json:"passes"`
+	Steps   int64 `json:"steps"` // pgflow.steps rows filled
+	Rows    int64 `json:"rows"`  // pgflow.step_tasks rows filled
+	Batches int64 `json:"batches"`
+	Passes  int   `json:"passes"` // passes this run finished
+	// Pass is the pass this run worked on last (the one status shows; 0:
+	// this run did not backfill step_tasks).
+	Pass          int     `json:"pass"`
 	SkippedLocked int64   `json:"skipped_locked"` // rows busy in an application transaction, retried
 	ReplicaWaitMS int64   `json:"replica_wait_ms"`
 	Rate          float64 `json:"rate"`

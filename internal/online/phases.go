@@ -131,6 +131,7 @@ func (e *engine) backfill(ctx context.Context) error {
 		p.Pass++
 	}
 	pass := int(p.Pass)
+	e.rep.Backfill.Pass = pass
 	clean := blk == 0 // this run sees the whole pass
 	if end == 0 {
 		if end, err = e.startPass(ctx, pass); err != nil {
