@@ -120,6 +120,9 @@ func (a *App) applyAction(c *ucli.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := toFlag(c); err != nil {
+		return err
+	}
 	yes, dry := c.Bool("yes"), c.Bool("dry-run")
 	if !yes && !a.Interactive {
 		return usageErrorf("apply changes the database and locks the pgflow tables: pass --yes (pipelines), or run it on a terminal to confirm")
@@ -208,6 +211,21 @@ func telemetryFlag(c *ucli.Context) (off bool, err error) {
 	default:
 		return false, usageErrorf("--telemetry takes off (opt out) or on (upstream's default), not %q", v)
 	}
+}
+
+// toFlag checks --to: a release apply ends at, 0.17.0 or later.
+func toFlag(c *ucli.Context) error {
+	if !c.IsSet("to") {
+		return nil
+	}
+	r, err := versions.LookupRelease(c.String("to"))
+	if err != nil {
+		return usageErrorf("--to: %v", err)
+	}
+	if least, _ := versions.LookupRelease(versions.R0_17_0); r.Files < least.Files {
+		return usageErrorf("--to %s: apply upgrades to 0.17.0 or later (0.17.0, 0.17.1, %s)", r.Name, versions.Newest)
+	}
+	return nil
 }
 
 // writePlan prints the plan hop by hop.

@@ -21,7 +21,7 @@ func TestApplyPlanToNewest(t *testing.T) {
 	if r := run(t, env, "apply", "--yes", "--telemetry", "maybe", "--pgflow-migrations", dir); r.code != cli.ExitUsage {
 		t.Fatalf("--telemetry maybe: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	if r := run(t, env, "apply", "--yes", "--to", "0.16.0"); r.code != cli.ExitFindings || !strings.Contains(r.stdout+r.stderr, "older than 0.17.0") {
+	if r := run(t, env, "apply", "--yes", "--to", "0.16.0"); r.code != cli.ExitUsage || !strings.Contains(r.stdout+r.stderr, "0.17.0 or later") {
 		t.Fatalf("--to 0.16.0: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	r := run(t, env, "apply", "--yes", "--pgflow-migrations", dir)

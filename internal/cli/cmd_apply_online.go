@@ -50,6 +50,9 @@ func (a *App) applyOnlineAction(c *ucli.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := toFlag(c); err != nil {
+		return err
+	}
 	t, err := a.resolveTarget(c, "apply", false)
 	if err != nil {
 		return err

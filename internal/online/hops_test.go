@@ -19,10 +19,24 @@ import (
 // upstream's files 25-27 from the user's copy; the end is the newest
 // release's catalog, with the rows and messages upstream's own files
 // leave, and all 27 files in the ledger.
-func TestOnlineHopsFrom0160ToNewest(t *testing.T) {
+func TestOnlineHopsFrom0160ToNewest(t *testing.T) { onlineToNewest(t, "0.16.0") }
+
+// The same from every release users sit at.
+func TestLongOnlineHopsFromEveryRelease(t *testing.T) {
+	testdb.SkipUnlessLong(t, "apply --online from upstream's 0.14.1, 0.17.0 and 0.17.1 (work in flight) ends at the newest release")
+	for _, from := range []string{"0.14.1", "0.17.0", "0.17.1"} {
+		t.Run(from, func(t *testing.T) { onlineToNewest(t, from) })
+	}
+}
+
+func onlineToNewest(t *testing.T, release string) {
 	t.Logf("components: %s", testdb.UpstreamComponents())
 	ctx := context.Background()
-	db := testdb.Upstream(t, "0.16.0")
+	db := testdb.Upstream(t, release)
+	rel, err := versions.LookupRelease(release)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := fixtures.LoadInflightRuns(ctx, db.Pool); err != nil {
 		t.Fatal(err)
 	}
@@ -32,10 +46,10 @@ func TestOnlineHopsFrom0160ToNewest(t *testing.T) {
 	if err != nil || res.Outcome != upgrade.OutcomeApplied {
 		t.Fatalf("online: %v (%s: %s)", err, res.Outcome, res.Message)
 	}
-	if sw := res.Report.Switch.Report; sw.VersionNow != versions.Newest || len(sw.HopsApplied) != 3 {
-		t.Fatalf("switch reached %s, hops %v", sw.VersionNow, sw.HopsApplied)
+	if sw := res.Report.Switch; sw == nil || sw.Report.VersionNow != versions.Newest {
+		t.Fatalf("switch: %+v", sw)
 	}
-	theirs.PushUpstream(t, 23, 27)
+	theirs.PushUpstream(t, rel.Files, 27)
 	for _, schema := range []string{"pgflow", "pgflow_telemetry"} {
 		w, err := catalog.Read(ctx, theirs.Pool, schema)
 		if err != nil {

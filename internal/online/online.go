@@ -158,6 +158,9 @@ type Report struct {
 	Locks      []LockWindow        `json:"locks"`
 	// LongestLockWindowMS over the expand, check and switch transactions.
 	LongestLockWindowMS int64 `json:"longest_lock_window_ms"`
+	// CatchUp: the transaction that took an older release to 0.16.0
+	// first (upstream's files, upgrade.Apply; catchup.go).
+	CatchUp *upgrade.Result[*upgrade.Report] `json:"catch_up,omitempty"`
 	// Switch: the result of the switch transaction (upgrade.Apply).
 	Switch  *upgrade.Result[*upgrade.Report] `json:"switch,omitempty"`
 	TotalMS int64                            `json:"total_ms"`
@@ -239,6 +242,9 @@ func (e *engine) run(ctx context.Context) error {
 	}
 	defer release()
 
+	if err := e.catchUp(ctx); err != nil {
+		return err
+	}
 	s, err := Detect(ctx, e.conn)
 	if err != nil {
 		return err

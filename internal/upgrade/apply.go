@@ -515,7 +515,11 @@ func (a *applyRun) migrate() error {
 
 // postChecks runs the post-conditions (Checks) in the transaction.
 func (a *applyRun) postChecks() error {
-	out, err := RunChecks(a.ctx, a.tx, true)
+	var out []CheckOutcome
+	var err error
+	if a.plan == nil || a.plan.ReachedFiles >= ownHopFile {
+		out, err = RunChecks(a.ctx, a.tx, true) // 0.17's checks
+	}
 	if err == nil && a.plan != nil {
 		var o CheckOutcome
 		if o, err = a.reachedCheck(); err == nil {
@@ -701,7 +705,7 @@ func (a *applyRun) admit() error {
 		if err := a.planHops(from); err != nil {
 			return err
 		}
-		if len(a.plan.Hops) == 0 && from >= ownHopFile && !(a.opts.TelemetryOff && from >= 26) {
+		if len(a.plan.Hops) == 0 && (from >= ownHopFile || from >= a.target.Files) && !(a.opts.TelemetryOff && from >= 26) {
 			if a.pgmq != nil {
 				// pgflow is where its hops go: the pgmq hop alone.
 				a.pgmqOnly, r.Pending = true, nil

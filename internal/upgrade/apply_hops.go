@@ -20,7 +20,9 @@ const (
 // ErrTarget: --to names a release this apply cannot end at.
 var ErrTarget = errors.New("not a release apply can upgrade to")
 
-// resolveTarget reads Options.To (default upstream's newest).
+// resolveTarget reads Options.To (default upstream's newest). The CLI
+// accepts 0.17.0 and later; apply --online asks for 0.16.0 first from an
+// older release (its phases start there).
 func resolveTarget(to string) (versions.Release, error) {
 	if to == "" {
 		to = versions.Newest
@@ -28,9 +30,6 @@ func resolveTarget(to string) (versions.Release, error) {
 	r, err := versions.LookupRelease(to)
 	if err != nil {
 		return r, fmt.Errorf("%w: %w", ErrTarget, err)
-	}
-	if r.Files < ownHopFile {
-		return r, fmt.Errorf("%w: %s is older than 0.17.0; apply upgrades to 0.17.0 or later (--to 0.17.0, 0.17.1, %s)", ErrTarget, r.Name, versions.Newest)
 	}
 	return r, nil
 }
