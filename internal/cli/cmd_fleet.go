@@ -150,6 +150,9 @@ type fleetRun struct {
 }
 
 func (a *App) fleetAction(c *ucli.Context, command string, pass []string) error {
+	if c.IsSet("dsn") {
+		return usageErrorf("fleet %s takes its databases from --targets FILE, not --dsn (a file of one line will do)", command)
+	}
 	all, err := a.readTargets(c.String("targets"))
 	if err != nil {
 		return err

@@ -207,6 +207,12 @@ func TestFleetUsage(t *testing.T) {
 		!strings.Contains(r.stdout, "### No answer (1)") {
 		t.Errorf("open targets file: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
 	}
+	// The single command's flags reach every target as typed: its own
+	// check of them answers (a usage error is the target's, exit 2).
+	r = run(t, nil, "fleet", "apply", "--yes", "--telemetry", "maybe", "--targets", open, "--format", "json")
+	if e := entry(t, report(t, r), "gone"); r.code != cli.ExitUsage || !strings.Contains(e["cause"].(string), "--telemetry") {
+		t.Errorf("--telemetry maybe: exit %d, %v", r.code, e)
+	}
 	for _, c := range []struct {
 		args []string
 		want string
@@ -217,6 +223,7 @@ func TestFleetUsage(t *testing.T) {
 		{[]string{"fleet", "audit", "--targets", open, "--parallel", "0"}, "--parallel"},
 		{[]string{"audit", "--format", "markdown"}, "must be table or json"},
 		{[]string{"fleet", "report"}, "ledger"},
+		{[]string{"fleet", "status", "--targets", open, "--dsn", "postgres://x@h/d"}, "not --dsn"},
 	} {
 		if r := run(t, nil, c.args...); r.code != cli.ExitUsage || !strings.Contains(r.stderr, c.want) {
 			t.Errorf("%v: exit %d, want 2 with %q:\n%s", c.args, r.code, c.want, r.stderr)

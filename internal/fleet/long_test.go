@@ -31,7 +31,8 @@ type longTarget struct {
 // 0.17.0 files, 4 at upstream's newest release, 4 at 0.14.1) and one
 // unreachable target and one with a wrong password. fleet audit groups
 // them by state and exits with the worst code; fleet apply --canary 1
-// --parallel 4 killed with SIGKILL in the middle, rerun, stops at the
+// --parallel 4 (with the user's copy of upstream's files and --telemetry
+// off, given to every target) killed with SIGKILL in the middle, rerun, stops at the
 // failure limit; a rerun without the limit finishes: every upgradable
 // database upgraded, the targets done before skipped, nothing lost (every
 // row and message of every database the same before and after).
@@ -49,7 +50,7 @@ func TestLongFleet50(t *testing.T) {
 	}
 	add("clean", 15, true, legacy)
 	add("blocked", 2, false, blocked)
-	add("v0141", 4, false, func(t *testing.T) *testdb.DB { return testdb.Upstream(t, "0.14.1") })
+	add("v0141", 4, true, func(t *testing.T) *testdb.DB { return testdb.Upstream(t, "0.14.1") })
 	add("upgraded", 3, true, upgraded)
 	add("up0170", 2, true, func(t *testing.T) *testdb.DB { return testdb.Upstream(t, "0.17.0") })
 	add("newest", 4, true, func(t *testing.T) *testdb.DB { return testdb.Upstream(t, testdb.NewestRelease) })
@@ -100,7 +101,10 @@ func TestLongFleet50(t *testing.T) {
 
 	// Apply, killed in the middle.
 	ledger := filepath.Join(t.TempDir(), "ledger.json")
-	args := []string{"fleet", "apply", "--yes", "--targets", targets, "--ledger", ledger, "--canary", "1", "--parallel", "4", "--format", "json"}
+	// The user's copy of upstream's files takes 0.14.1 and 0.17.0 to the
+	// newest release too; --telemetry off opts every target out.
+	args := []string{"fleet", "apply", "--yes", "--targets", targets, "--ledger", ledger, "--canary", "1", "--parallel", "4", "--format", "json",
+		"--pgflow-migrations", testdb.PgflowInstalledCopy(t, 27), "--telemetry", "off"}
 	killAfter(t, args, ledger, 8)
 	killedAt := countDone(ledger)
 
