@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -41,6 +42,26 @@ type App struct {
 	dsnSeen string
 	// warnedPin: the note about a pooler that refuses search_path is printed once.
 	warnedPin bool
+	// parsing is held from the start of Run until the command's action
+	// starts (see urfaveMu).
+	parsing *parseLock
+}
+
+// urfaveMu serialises what urfave/cli v2 does before a command's action
+// starts: while it sets up and parses it writes package-level values (the
+// help flag and help command every app shares), so two Apps of one
+// process (a fleet's targets, run in-process) must not parse at the same
+// time. Their actions run in parallel.
+var urfaveMu sync.Mutex
+
+// parseLock is urfaveMu as one Run holds it: released once, when the
+// action starts or, for help and usage errors, when Run returns.
+type parseLock struct{ once sync.Once }
+
+func (p *parseLock) release() {
+	if p != nil { // nil: an App driven without Run (tests of the parser)
+		p.once.Do(urfaveMu.Unlock)
+	}
 }
 
 // Run executes args (args[0] is the program name) and returns the exit code.
@@ -52,6 +73,9 @@ func (a *App) Run(ctx context.Context, args []string) int {
 		a.Stdin = strings.NewReader("")
 	}
 	defer a.reportPeakRSS()
+	urfaveMu.Lock()
+	a.parsing = &parseLock{}
+	defer a.parsing.release()
 	app := a.build()
 	line, err := normalizeArgs(app, args) // flags.go
 	if err == nil {

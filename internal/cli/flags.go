@@ -69,6 +69,12 @@ func (a *App) prepareCommands(cmds []*ucli.Command, parent string) {
 			}
 			return nil
 		}
+		if act := cmd.Action; act != nil {
+			cmd.Action = func(c *ucli.Context) error {
+				a.parsing.release() // app.go: urfave's parsing is over
+				return act(c)
+			}
+		}
 		cmd.OnUsageError = func(_ *ucli.Context, err error, _ bool) error {
 			return usageErrorf("%s: %s", strings.TrimPrefix(path, "pgflow-upgrade "), flagError(err))
 		}
