@@ -111,3 +111,19 @@ func TestLongStoppedClientResumedIsExplained(t *testing.T) {
 		t.Fatalf("the rerun: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }
+
+// TestOnlineLockFailureNamesHolders: apply --online's own lock attempts
+// (before its switch) give up on a session that holds pgflow.steps; the
+// message names that session (pid, user, application, transaction age),
+// as apply's does. Before, it said only "locks not obtained in N attempts".
+func TestOnlineLockFailureNamesHolders(t *testing.T) {
+	db := testdb.Baseline(t)
+	db.HoldLock(t, "select pg_catalog.set_config('application_name', 'the-lock-holder', true); lock table pgflow.steps in access share mode")
+	r := run(t, nil, "--dsn", db.DSN, "apply", "--online", "--yes", "--lock-retries", "1", "--lock-timeout", "100ms")
+	out := flat(r.stdout + r.stderr)
+	t.Logf("exit %d\n%s", r.code, r.stdout+r.stderr)
+	if r.code != cli.ExitFindings || !strings.Contains(out, "locks not obtained in 2 attempts") ||
+		!strings.Contains(out, "the sessions holding locks on the pgflow tables now") || !strings.Contains(out, `"the-lock-holder"`) {
+		t.Errorf("exit %d; the lock failure does not name its holder", r.code)
+	}
+}

@@ -489,13 +489,36 @@ func (e *engine) ddlTx(ctx context.Context, step string, fn func(tx pgx.Tx) erro
 	var ex *pgretry.ExhaustedError
 	if errors.As(err, &ex) {
 		e.res.Outcome = upgrade.OutcomeLockBusy
-		return fmt.Errorf("online %s: locks not obtained in %d attempts, each waiting at most %s (lock_timeout); nothing of this step was changed: %w",
-			step, ex.Attempts, e.opts.LockTimeout, ex.Err)
+		return fmt.Errorf("online %s: locks not obtained in %d attempts, each waiting at most %s (lock_timeout)%s; nothing of this step was changed: %w",
+			step, ex.Attempts, e.opts.LockTimeout, e.holders(ctx), ex.Err)
 	}
 	if err == nil {
 		e.lockWindow(step, attempts, time.Since(held))
 	}
 	return err
+}
+
+// holders names the sessions that hold a lock on the tables the online
+// steps alter, read when the attempts are spent (best effort: "" when there
+// are none or they cannot be read), as apply's own lock error does.
+func (e *engine) holders(ctx context.Context) string {
+	var parts []string
+	for _, table := range append([]string{"flows"}, Tables...) {
+		// Every mode conflicts with ACCESS EXCLUSIVE: every holder is listed.
+		hs, err := upgrade.LockHolders(ctx, e.conn, table, "access exclusive")
+		if err != nil || len(hs) == 0 {
+			continue
+		}
+		names := make([]string, len(hs))
+		for i, h := range hs {
+			names[i] = h.String()
+		}
+		parts = append(parts, "pgflow."+table+": "+strings.Join(names, "; "))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "; the sessions holding locks on the pgflow tables now (end or cancel them, or wait for them, then run apply --online again): " + strings.Join(parts, "; ")
 }
 
 func shortErr(err error) string {
