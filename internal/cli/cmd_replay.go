@@ -18,9 +18,11 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/junit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/rehearsal"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
 // `fixtures replay` and `fixtures capture` (docs/fixtures.md).
@@ -41,6 +43,7 @@ func (a *App) fixturesReplayCommand() *ucli.Command {
 			&ucli.DurationFlag{Name: "max-lock-window", Usage: "with --from: fail capture-upgrade-survives when the transactional apply holds its locks longer than `DURATION` (the figure is always reported)"},
 			&ucli.DurationFlag{Name: "max-wait", Usage: "with --from: fail capture-online-survives when the probe (a read and an update of a task row every 10 ms) waits longer than `DURATION` during apply --online (always reported)"},
 			&ucli.StringFlag{Name: "calibration-out", Usage: "with --from: write the rehearsal's measured sizes and timings to `FILE`, for `audit --calibration FILE`"},
+			&ucli.StringFlag{Name: "pgmq", Usage: "with --from: rehearse apply --pgmq `VERSION` (the pgmq hop after pgflow's, one transaction): its lock window measured on the capture, pgmq's queue list compared with the repairs it reports"},
 		},
 		Action: a.fixturesReplay,
 	}
@@ -154,7 +157,12 @@ type replayPlan struct {
 func newReplayPlan(c *ucli.Context) (*replayPlan, error) {
 	p := &replayPlan{
 		from:      c.String("from"),
-		rehearsal: &rehearsal.Rehearsal{MaxLockWindow: c.Duration("max-lock-window"), MaxWait: c.Duration("max-wait")},
+		rehearsal: &rehearsal.Rehearsal{MaxLockWindow: c.Duration("max-lock-window"), MaxWait: c.Duration("max-wait"), PGMQ: c.String("pgmq")},
+	}
+	if v := p.rehearsal.PGMQ; v != "" {
+		if _, err := pgmqver.Parse(v); err != nil {
+			return nil, usageErrorf("--pgmq: %v", err)
+		}
 	}
 	if p.rehearsal.MaxLockWindow < 0 || p.rehearsal.MaxWait < 0 {
 		return nil, usageErrorf("--max-lock-window and --max-wait must be positive durations (e.g. 2s, 500ms)")
@@ -168,7 +176,7 @@ func newReplayPlan(c *ucli.Context) (*replayPlan, error) {
 		p.captured = captured
 		all = rehearsal.Scenarios(p.rehearsal)
 	} else {
-		for _, f := range []string{"max-lock-window", "max-wait", "calibration-out"} {
+		for _, f := range []string{"max-lock-window", "max-wait", "calibration-out", "pgmq"} {
 			if c.IsSet(f) {
 				return nil, usageErrorf("--%s needs --from CAPTURE: it budgets or records the rehearsal of a captured database", f)
 			}
@@ -257,6 +265,11 @@ func (a *App) runReplayScenarios(ctx context.Context, srv *pgprovider.Server, pl
 		a.describeCapture(plan.from, plan.captured)
 		r.Baseline = func(ctx context.Context, conn *pgx.Conn) error {
 			return capture.RestoreFile(ctx, conn, plan.from, capture.DefaultLimits)
+		}
+	}
+	if v := plan.rehearsal.PGMQ; v != "" {
+		r.Upgrade = func(ctx context.Context, db *scenario.DB) (*upgrade.Result[*upgrade.Report], error) {
+			return scenario.ApplyWith(ctx, db, upgrade.Options{PGMQ: v})
 		}
 	}
 	if _, err := r.Template(ctx); err != nil {

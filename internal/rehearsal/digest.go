@@ -41,8 +41,10 @@ type digest struct {
 }
 
 // takeDigest writes the digest of db's current state under a new
-// temporary directory (removed by close).
-func takeDigest(ctx context.Context, pool *pgxpool.Pool) (*digest, error) {
+// temporary directory (removed by close). Without queueList, pgmq's queue
+// list is left to the caller (the pgmq hop renames mixed-case names on
+// purpose; survives compares the list with its report).
+func takeDigest(ctx context.Context, pool *pgxpool.Pool, queueList bool) (*digest, error) {
 	dir, err := os.MkdirTemp("", "pgflow-upgrade-digest-")
 	if err != nil {
 		return nil, fmt.Errorf("digest: %w", err)
@@ -59,8 +61,10 @@ func takeDigest(ctx context.Context, pool *pgxpool.Pool) (*digest, error) {
 					from: pgx.Identifier{"pgflow", name}.Sanitize(), columns: cols, key: key})
 			}
 		}
-		d.tables = append(d.tables, &digestTable{label: fingerprint.QueueList, from: "pgmq.list_queues()",
-			columns: []string{"queue_name", "is_partitioned", "is_unlogged", "created_at"}, key: []string{"queue_name"}})
+		if queueList {
+			d.tables = append(d.tables, &digestTable{label: fingerprint.QueueList, from: "pgmq.list_queues()",
+				columns: []string{"queue_name", "is_partitioned", "is_unlogged", "created_at"}, key: []string{"queue_name"}})
+		}
 		queues, err := capture.QueueNames(ctx, tx)
 		if err != nil {
 			return err

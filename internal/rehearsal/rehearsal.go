@@ -11,9 +11,12 @@ package rehearsal
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
@@ -32,6 +35,10 @@ type Rehearsal struct {
 	// MaxWait fails capture-online-survives when the probe (a SELECT and an
 	// UPDATE of one task row every 10 ms, lock_timeout 5 s) waits longer.
 	MaxWait time.Duration
+	// PGMQ: the runner's upgrade also runs the pgmq hop to this version
+	// (fixtures replay --from FILE --pgmq VERSION): pgmq's queue list is
+	// then compared with what the hop reports it renamed.
+	PGMQ string
 
 	mu sync.Mutex
 	m  Measurements
@@ -103,7 +110,13 @@ func (r *Rehearsal) survives(ctx context.Context, env *scenario.Env) error {
 		return err
 	}
 	var rep *upgrade.Result[*upgrade.Report]
-	rows, err := keeps(ctx, db, "the upgrade", func() error {
+	var queuesBefore []string
+	if r.PGMQ != "" {
+		if queuesBefore, err = queueList(ctx, db); err != nil {
+			return err
+		}
+	}
+	rows, err := keeps(ctx, db, "the upgrade", r.PGMQ == "", func() error {
 		var err error
 		if rep, err = env.Upgrade(ctx, db); err != nil {
 			return fmt.Errorf("the upgrade failed: %w", err)
@@ -112,6 +125,15 @@ func (r *Rehearsal) survives(ctx context.Context, env *scenario.Env) error {
 	})
 	if err != nil {
 		return err
+	}
+	if r.PGMQ != "" {
+		if err := sameQueues(ctx, db, queuesBefore, rep); err != nil {
+			return err
+		}
+		if p := rep.Report.PGMQ; p != nil {
+			env.Notef("pgmq %s → %s in the same transaction: %d queue(s), %d pgmq.meta name(s) made to match their tables, claim path checked on %d before and %d after the commit",
+				p.From, p.To, p.Queues, len(p.Repairs), p.ClaimChecked, p.ClaimCheckedAfter)
+		}
 	}
 	if err := scenario.VerifyUpgraded(ctx, db); err != nil {
 		return err
@@ -136,7 +158,7 @@ func (r *Rehearsal) onlineSurvives(ctx context.Context, env *scenario.Env) error
 	p := &waitprobe.Probe{ApplicationName: "pgflow-upgrade replay probe"}
 	var rep *upgrade.Result[*online.Report]
 	var took time.Duration
-	rows, err := keeps(ctx, db, "apply --online", func() error {
+	rows, err := keeps(ctx, db, "apply --online", true, func() error {
 		pctx, stop := context.WithCancel(ctx)
 		defer stop()
 		ready := make(chan struct{})
@@ -190,8 +212,8 @@ func (r *Rehearsal) onlineSurvives(ctx context.Context, env *scenario.Env) error
 // keeps runs upgrade between two digests of db and checks that every
 // pre-existing row and message is still there, unchanged, and that the
 // new columns hold the right values. It returns the rows compared.
-func keeps(ctx context.Context, db *scenario.DB, what string, upgrade func() error) (int64, error) {
-	d, err := takeDigest(ctx, db.Pool)
+func keeps(ctx context.Context, db *scenario.DB, what string, queueList bool, upgrade func() error) (int64, error) {
+	d, err := takeDigest(ctx, db.Pool, queueList)
 	if err != nil {
 		return 0, err
 	}
@@ -269,5 +291,54 @@ func captureDrains(ctx context.Context, env *scenario.Env) error {
 		return fmt.Errorf("%d runs still started after the drain (%d stuck by design)", still, len(rep.Stuck))
 	}
 	env.Notef("%d in-flight runs, %d tasks completed, %d stuck by design (permanently stalled)", open, rep.Completed, len(rep.Stuck))
+	return nil
+}
+
+// queueList is pgmq's queue list, one line a queue: name, partitioned,
+// unlogged, created_at (UTC).
+func queueList(ctx context.Context, db *scenario.DB) ([]string, error) {
+	rows, err := db.Pool.Query(ctx, `select q.queue_name::text || ' ' || q.is_partitioned || ' ' || q.is_unlogged || ' ' ||
+			pg_catalog.to_char(q.created_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US')
+		from pgmq.list_queues() q order by q.queue_name`)
+	if err != nil {
+		return nil, fmt.Errorf("listing pgmq's queues: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("listing pgmq's queues: %w", err)
+	}
+	return out, nil
+}
+
+// sameQueues: pgmq's queue list after the pgmq hop is the one before with
+// exactly the hop's reported repairs (a name renamed to lower case, or a
+// duplicate spelling removed), nothing else.
+func sameQueues(ctx context.Context, db *scenario.DB, before []string, rep *upgrade.Result[*upgrade.Report]) error {
+	repairs := map[string]upgrade.PGMQRepair{}
+	if rep != nil && rep.Report.PGMQ != nil {
+		for _, x := range rep.Report.PGMQ.Repairs {
+			repairs[x.Queue] = x
+		}
+	}
+	var want []string
+	for _, line := range before {
+		name, rest, _ := strings.Cut(line, " ")
+		x, ok := repairs[name]
+		switch {
+		case !ok:
+			want = append(want, line)
+		case strings.HasPrefix(x.Action, "renamed"):
+			want = append(want, strings.ToLower(name)+" "+rest)
+		}
+	}
+	slices.Sort(want)
+	after, err := queueList(ctx, db)
+	if err != nil {
+		return err
+	}
+	slices.Sort(after)
+	if !slices.Equal(want, after) {
+		return fmt.Errorf("pgmq's queue list after the pgmq hop is not the one before with the hop's %d reported repair(s):\nwant %v\ngot  %v", len(repairs), want, after)
+	}
 	return nil
 }
