@@ -99,6 +99,18 @@ func TestFleetApplyStaged(t *testing.T) {
 	for name, fp := range fps {
 		sameRows(t, name, fp, dbs[name])
 	}
+
+	// fleet verify and fleet status read what the single commands read.
+	r = run(t, nil, "fleet", "verify", "--targets", targets, "--format", "json")
+	doc = report(t, r)
+	if r.code != cli.ExitOK || entry(t, doc, "c2")["verdict"] != "PASS" || len(doc["groups"].([]any)) != 1 {
+		t.Errorf("fleet verify: exit %d\n%s", r.code, r.stdout)
+	}
+	r = run(t, nil, "fleet", "status", "--targets", targets, "--format", "json")
+	doc = report(t, r)
+	if single := run(t, nil, "status", "--dsn", c1.DSN); r.code != single.code || entry(t, doc, "c1")["release"] == "" {
+		t.Errorf("fleet status: exit %d, the single status %d\n%s", r.code, single.code, r.stdout)
+	}
 }
 
 // TestFleetApplyResumeAfterKill: a fleet apply is killed with SIGKILL
@@ -144,6 +156,12 @@ func TestFleetApplyResumeAfterKill(t *testing.T) {
 	}
 	killedAt := countDone(ledger)
 	t.Logf("killed with %d of %d targets recorded done", killedAt, n)
+	// The killed run's ledger as a report: what was done, what was running
+	// (unfinished, exit 4), nothing claimed for the rest.
+	rep := run(t, nil, "fleet", "report", "--format", "json", ledger)
+	if doc := report(t, rep); rep.code == cli.ExitOK || entry(t, doc, "t5")["verdict"] != "NOT RUN" {
+		t.Errorf("report of the killed run's ledger: exit %d\n%s", rep.code, rep.stdout)
+	}
 
 	r := run(t, nil, args...)
 	doc := report(t, r)

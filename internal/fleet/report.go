@@ -14,6 +14,7 @@ const (
 	VerdictUnreachable = "UNREACHABLE" // no answer from the database (exit 3 before its catalog was read)
 	VerdictNotStarted  = "NOT STARTED"
 	VerdictMissing     = "NOT RUN" // in the targets file, in no ledger given to `fleet report`
+	VerdictUnfinished  = "UNFINISHED"  // running when its run's ledger was last written
 )
 
 // Exit codes as the command line defines them (internal/cli/exit.go).
@@ -132,6 +133,11 @@ func Build(command string, targets []TargetRef, entries []Entry, stopped []strin
 			e = Entry{Name: t.Name, Line: t.Line, Database: t.Database, Status: StatusNotStarted, Verdict: VerdictMissing,
 				ExitCode: exitInconclusive, Cause: "no ledger given has this target (its shard's ledger is missing)"}
 		}
+		if e.Status == StatusRunning {
+			// A ledger of a run that ended (killed) while this target ran.
+			e.Verdict, e.ExitCode = VerdictUnfinished, exitInconclusive
+			e.Cause = "the run ended while this target ran (killed?): what it did committed or rolled back; rerun with the ledger"
+		}
 		r.Entries = append(r.Entries, e)
 		if e.Status != StatusNotStarted || e.Verdict == VerdictMissing {
 			code = Worst(code, e.ExitCode)
@@ -141,7 +147,7 @@ func Build(command string, targets []TargetRef, entries []Entry, stopped []strin
 		}
 		counts[e.Verdict]++
 		key := e.StateKey()
-		if key == "" || e.Status == StatusNotStarted {
+		if key == "" || e.Status == StatusNotStarted || e.Status == StatusRunning {
 			r.Unreached = append(r.Unreached, e.Name)
 			continue
 		}
