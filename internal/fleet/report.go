@@ -13,8 +13,8 @@ const ReportFormat = "pgflow-upgrade-fleet/1"
 const (
 	VerdictUnreachable = "UNREACHABLE" // no answer from the database (exit 3 before its catalog was read)
 	VerdictNotStarted  = "NOT STARTED"
-	VerdictMissing     = "NOT RUN" // in the targets file, in no ledger given to `fleet report`
-	VerdictUnfinished  = "UNFINISHED"  // running when its run's ledger was last written
+	VerdictMissing     = "NOT RUN"    // in the targets file, in no ledger given to `fleet report`
+	VerdictUnfinished  = "UNFINISHED" // running when its run's ledger was last written
 )
 
 // Exit codes as the command line defines them (internal/cli/exit.go).
