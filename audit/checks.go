@@ -20,6 +20,7 @@ func init() {
 		queueAndWorkerChecks(),
 		sessionChecks(),
 		sizeAndBackupChecks(),
+		planChecks(),
 	)
 }
 

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"ariga.io/atlas/sql/migrate"
 	"github.com/jackc/pgx/v5"
@@ -311,9 +312,11 @@ func InstalledName(i int, name string) string { return fmt.Sprintf("2027010100%0
 
 // PushUpstream runs upstream's files from+1..to on db as `supabase db push`
 // does (each in its own transaction with its ledger row): the reference a
-// test compares an upgrade of a copy of db with.
-func (db *DB) PushUpstream(t testing.TB, from, to int) {
+// test compares an upgrade of a copy of db with. It returns how long each
+// file's transaction took, begin to commit (its locks are held that long).
+func (db *DB) PushUpstream(t testing.TB, from, to int) []time.Duration {
 	t.Helper()
+	var took []time.Duration
 	ctx := context.Background()
 	all := UpstreamReleaseFiles(t, NewestRelease)
 	conn, err := pgx.Connect(ctx, db.DSN)
@@ -322,8 +325,11 @@ func (db *DB) PushUpstream(t testing.TB, from, to int) {
 	}
 	defer conn.Close(ctx)
 	for _, f := range all[from:to] {
+		start := time.Now()
 		if err := pushFile(ctx, conn, f); err != nil {
 			t.Fatalf("testdb: %v", err)
 		}
+		took = append(took, time.Since(start))
 	}
+	return took
 }

@@ -73,18 +73,6 @@ type Plan struct {
 	Copy string `json:"pgflow_migrations,omitempty"`
 }
 
-// upstreamNotes: what upstream's files do beyond replacing functions, for
-// the plan (docs/releases.md has the full lock table).
-var upstreamNotes = map[int][]string{
-	21: {"adds worker_functions' start_mode CHECK (a scan of worker_functions, small)"},
-	22: {"replaces step_tasks' valid_status CHECK (ACCESS EXCLUSIVE on step_tasks and a full scan of it)",
-		"updates runs and step_tasks rows a stricter lifecycle rejects (scans)"},
-	25: {"replaces _assert_step_queue_available and _cascade_force_skip_steps (a force-skip cascade archives every step queue's messages)"},
-	26: {"adds workers.pgflow_version and indexes idx_runs_started_at, idx_workers_started_at, idx_workers_stopped_at (plain CREATE INDEX: writes to runs blocked for the build)",
-		"creates schema pgflow_telemetry and schedules pg_cron job pgflow_telemetry_report (daily: it posts pgflow_telemetry.preview()'s anonymous counts through pg_net; opt out with --telemetry=off, which runs pgflow_telemetry.disable())"},
-	27: {"replaces pgflow_telemetry.report() (posts to a host that resolves); opted-out databases stay opted out"},
-}
-
 // TelemetryNote says what a destination at files n does about telemetry.
 func TelemetryNote(n int, off bool) string {
 	switch {
@@ -125,7 +113,7 @@ func MakePlan(from int, to versions.Release, copy *pgflowfiles.Copy, telemetryOf
 	at := from
 	for i := from + 1; i <= to.Files; i++ {
 		f := all[i-1]
-		h := Hop{From: versions.StateName(i - 1), To: versions.StateName(i), Upstream: f, File: f.Name, Notes: upstreamNotes[i]}
+		h := Hop{From: versions.StateName(i - 1), To: versions.StateName(i), Upstream: f, File: f.Name, Notes: versions.FileNotes(i)}
 		switch {
 		case i == ownHopFile:
 			h.Kind = HopOwn

@@ -126,3 +126,18 @@ func StateName(n int) string {
 	}
 	return fmt.Sprintf("upstream's first %d files (after %s)", n, before.Name)
 }
+
+// fileNotes: what upstream's files do beyond replacing functions, for the
+// plan and the audit (docs/releases.md has the full lock table).
+var fileNotes = map[int][]string{
+	21: {"adds worker_functions' start_mode CHECK (a scan of worker_functions, small)"},
+	22: {"replaces step_tasks' valid_status CHECK (upstream: ACCESS EXCLUSIVE on step_tasks and a full scan; apply validates it beforehand)",
+		"updates the step_tasks rows of skipped steps and failed runs still queued or started (a join over those tasks)"},
+	25: {"replaces _assert_step_queue_available (an owned route's missing pgmq queue is refused from now on) and _cascade_force_skip_steps (a force-skip cascade archives every step queue's messages)"},
+	26: {"adds workers.pgflow_version and indexes idx_runs_started_at, idx_workers_started_at, idx_workers_stopped_at (upstream: plain CREATE INDEX, writes to runs blocked for the build; apply builds them CONCURRENTLY beforehand)",
+		"creates schema pgflow_telemetry and schedules pg_cron job pgflow_telemetry_report (daily: it posts pgflow_telemetry.preview()'s anonymous counts through pg_net; apply --telemetry off opts out with pgflow_telemetry.disable())"},
+	27: {"replaces pgflow_telemetry.report() (posts to a host that resolves); opted-out databases stay opted out"},
+}
+
+// FileNotes says what upstream's file n does beyond replacing functions.
+func FileNotes(n int) []string { return fileNotes[n] }
