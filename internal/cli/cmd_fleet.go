@@ -69,14 +69,20 @@ func fleetFormatFlag() ucli.Flag {
 // target's command as typed (a name single does not have is left out:
 // apply's --to and --telemetry where they exist).
 func (a *App) fleetRunCommand(name, usage string, single *ucli.Command, pass []string) *ucli.Command {
+	// A read-only command answers in minutes; an upgrade (an online
+	// backfill of a large table) may rightly take longer: no limit.
+	timeout, timeoutText := 10*time.Minute, "10m"
+	if name == "apply" {
+		timeout, timeoutText = 0, "none"
+	}
 	flags := []ucli.Flag{
 		&ucli.StringFlag{Name: "targets", Required: true, Usage: "the targets `FILE` (- for standard input): one a line, NAME DSN or a bare DSN, # comments"},
 		&ucli.IntFlag{Name: "parallel", Value: 4, Usage: "targets run at once"},
-		&ucli.DurationFlag{Name: "target-timeout", Value: 10 * time.Minute, Usage: "the longest one target may take (then: exit 4, what it was doing rolled back; 0: no limit)"},
+		&ucli.DurationFlag{Name: "target-timeout", Value: timeout, DefaultText: timeoutText,
+			Usage: "the longest one target may take (then: exit 4, what it was doing rolled back; 0: no limit)"},
 		&ucli.StringFlag{Name: "ledger", Usage: "record every target's outcome in this JSON `FILE` (atomically, after each); a rerun with it resumes"},
 		&ucli.StringFlag{Name: "shard", Usage: "run only shard `I/N` of the targets (by a hash of their names; 1 <= I <= N), for a CI matrix; merge with fleet report"},
 		&ucli.StringFlag{Name: "junit", Usage: "also write one JUnit test case per target to `FILE`"},
-		&ucli.BoolFlag{Name: "verbose", Usage: "a line on stderr for every target as it finishes"},
 		fleetFormatFlag(),
 	}
 	if name == "apply" {
@@ -141,7 +147,6 @@ type fleetRun struct {
 	plan    fleet.Plan
 	timeout time.Duration
 	retry   bool
-	verbose bool
 	ledger  *fleet.Ledger
 
 	progress sync.Mutex
@@ -163,7 +168,7 @@ func (a *App) fleetAction(c *ucli.Context, command string, pass []string) error 
 			return withCode(ExitUsage, err)
 		}
 	}
-	r := &fleetRun{command: command, timeout: c.Duration("target-timeout"), verbose: c.Bool("verbose"),
+	r := &fleetRun{command: command, timeout: c.Duration("target-timeout"),
 		plan: fleet.Plan{Parallel: c.Int("parallel")}}
 	if r.plan.Parallel < 1 || r.timeout < 0 {
 		return usageErrorf("fleet %s: --parallel must be at least 1 and --target-timeout not negative", command)
@@ -252,7 +257,8 @@ func (a *App) readTargets(path string) ([]fleet.Target, error) {
 }
 
 // fleetRecord writes e to the ledger and, when it is an outcome, says so
-// on stderr (with --verbose) as the run goes.
+// on stderr as the run goes (one line a target: a pipeline log shows the
+// fleet moving).
 func (a *App) fleetRecord(r *fleetRun, e fleet.Entry) {
 	if err := r.ledger.Record(e); err != nil {
 		fmt.Fprintf(a.Stderr, "pgflow-upgrade fleet %s: %v\n", r.command, err)
@@ -263,9 +269,6 @@ func (a *App) fleetRecord(r *fleetRun, e fleet.Entry) {
 	r.progress.Lock()
 	defer r.progress.Unlock()
 	r.done++
-	if !r.verbose {
-		return
-	}
 	took := ""
 	if e.StartedAt != nil && e.FinishedAt != nil {
 		took = " in " + e.FinishedAt.Sub(*e.StartedAt).Round(10*time.Millisecond).String()

@@ -230,3 +230,17 @@ func TestFleetUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestFleetTargetTimeout: a target that outlives --target-timeout is a row
+// "did not finish" with exit 4, not an interrupt of the fleet.
+func TestFleetTargetTimeout(t *testing.T) {
+	db := testdb.Baseline(t)
+	r := run(t, nil, "fleet", "audit", "--targets", writeTargets(t, "slow "+db.DSN), "--target-timeout", "1ms", "--format", "json")
+	e := entry(t, report(t, r), "slow")
+	if r.code != cli.ExitInconclusive || !strings.Contains(e["cause"].(string), "--target-timeout 1ms") {
+		t.Errorf("exit %d, %v\n%s", r.code, e, r.stderr)
+	}
+	if !strings.Contains(r.stderr, "fleet audit [1/1] slow") {
+		t.Errorf("no progress line on stderr:\n%s", r.stderr)
+	}
+}
