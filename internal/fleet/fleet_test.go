@@ -125,47 +125,60 @@ func TestFleetAudit(t *testing.T) {
 	}
 	t.Logf("fleet audit:\n%s", tr.stdout)
 
-	t.Run("shards merge into the unsharded report", func(t *testing.T) {
-		one, two := filepath.Join(dir, "1.json"), filepath.Join(dir, "2.json")
-		full := run(t, nil, "fleet", "report", whole)
-		if full.stdout != tr.stdout || full.code != tr.code {
-			t.Errorf("fleet report of the run's ledger (exit %d):\n%s\nthe run (exit %d):\n%s", full.code, full.stdout, tr.code, tr.stdout)
-		}
-		r1 := run(t, nil, "fleet", "audit", "--targets", targets, "--shard", "1/2", "--ledger", one)
-		r2 := run(t, nil, "fleet", "audit", "--targets", targets, "--shard", "2/2", "--ledger", two)
-		if r1.code == cli.ExitUsage || r2.code == cli.ExitUsage {
-			t.Fatalf("shards: %s %s", r1.stderr, r2.stderr)
-		}
-		merged := run(t, nil, "fleet", "report", one, two)
-		if merged.stdout != full.stdout || merged.code != full.code {
-			t.Errorf("merged shards (exit %d):\n%s\nunsharded (exit %d):\n%s", merged.code, merged.stdout, full.code, full.stdout)
-		}
-		mj, fj := run(t, nil, "fleet", "report", "--format", "json", one, two), run(t, nil, "fleet", "report", "--format", "json", whole)
-		if a, b := withoutTimes(t, mj.stdout), withoutTimes(t, fj.stdout); !reflect.DeepEqual(a, b) {
-			t.Errorf("JSON of the merged shards differs from the unsharded run's:\n%s\n%s", mj.stdout, fj.stdout)
-		}
-		// One shard alone: its targets are reported, the others "not run".
-		half := run(t, nil, "fleet", "report", one)
-		if !strings.Contains(half.stderr, "shard 2/2: no ledger given") || !strings.Contains(half.stdout, "NOT RUN") {
-			t.Errorf("one shard of two:\n%s\n%s", half.stdout, half.stderr)
-		}
-	})
+	t.Run("shards merge into the unsharded report", func(t *testing.T) { checkShards(t, targets, whole, tr) })
+	t.Run("markdown and junit", func(t *testing.T) { checkMarkdownJUnit(t, whole) })
+}
 
-	t.Run("markdown and junit", func(t *testing.T) {
-		junit := filepath.Join(t.TempDir(), "fleet.xml")
-		md := run(t, nil, "fleet", "report", "--format", "markdown", "--junit", junit, whole)
-		if !strings.HasPrefix(md.stdout, "## pgflow-upgrade fleet audit: CANNOT TELL") || !strings.Contains(md.stdout, "### 2 databases in the same state as clean-a") ||
-			!strings.Contains(md.stdout, "| clean-b |") {
-			t.Errorf("markdown:\n%s", md.stdout)
+// checkShards: two shards of targets, each with its ledger, merged by
+// fleet report, print what the unsharded run (tr, its ledger whole) printed.
+func checkShards(t *testing.T, targets, whole string, tr result) {
+	dir := t.TempDir()
+	one, two := filepath.Join(dir, "1.json"), filepath.Join(dir, "2.json")
+	full := run(t, nil, "fleet", "report", whole)
+	if full.stdout != tr.stdout || full.code != tr.code {
+		t.Errorf("fleet report of the run's ledger (exit %d):\n%s\nthe run (exit %d):\n%s", full.code, full.stdout, tr.code, tr.stdout)
+	}
+	r1 := run(t, nil, "fleet", "audit", "--targets", targets, "--shard", "1/2", "--ledger", one)
+	r2 := run(t, nil, "fleet", "audit", "--targets", targets, "--shard", "2/2", "--ledger", two)
+	if r1.code == cli.ExitUsage || r2.code == cli.ExitUsage {
+		t.Fatalf("shards: %s %s", r1.stderr, r2.stderr)
+	}
+	// Both shards have targets: the merge below merges something.
+	for _, r := range []result{r1, r2} {
+		if strings.Contains(r.stderr, ": 0 of the 6 targets") || strings.Contains(r.stderr, ": 6 of the 6 targets") {
+			t.Fatalf("a shard with all or none of the targets:\n%s", r.stderr)
 		}
-		x, err := os.ReadFile(junit)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n := strings.Count(string(x), "<testcase "); n != 6 || strings.Count(string(x), "<failure ") != 3 {
-			t.Errorf("junit: %d test cases, want 6 with 3 failures:\n%s", n, x)
-		}
-	})
+	}
+	merged := run(t, nil, "fleet", "report", one, two)
+	if merged.stdout != full.stdout || merged.code != full.code {
+		t.Errorf("merged shards (exit %d):\n%s\nunsharded (exit %d):\n%s", merged.code, merged.stdout, full.code, full.stdout)
+	}
+	mj, fj := run(t, nil, "fleet", "report", "--format", "json", one, two), run(t, nil, "fleet", "report", "--format", "json", whole)
+	if a, b := withoutTimes(t, mj.stdout), withoutTimes(t, fj.stdout); !reflect.DeepEqual(a, b) {
+		t.Errorf("JSON of the merged shards differs from the unsharded run's:\n%s\n%s", mj.stdout, fj.stdout)
+	}
+	// One shard alone: its targets are reported, the others "not run".
+	half := run(t, nil, "fleet", "report", one)
+	if !strings.Contains(half.stderr, "shard 2/2: no ledger given") || !strings.Contains(half.stdout, "NOT RUN") {
+		t.Errorf("one shard of two:\n%s\n%s", half.stdout, half.stderr)
+	}
+}
+
+// checkMarkdownJUnit: the Markdown report and one JUnit case per target.
+func checkMarkdownJUnit(t *testing.T, whole string) {
+	junit := filepath.Join(t.TempDir(), "fleet.xml")
+	md := run(t, nil, "fleet", "report", "--format", "markdown", "--junit", junit, whole)
+	if !strings.HasPrefix(md.stdout, "## pgflow-upgrade fleet audit: CANNOT TELL") || !strings.Contains(md.stdout, "### 2 databases in the same state as clean-a") ||
+		!strings.Contains(md.stdout, "| clean-b |") {
+		t.Errorf("markdown:\n%s", md.stdout)
+	}
+	x, err := os.ReadFile(junit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(x), "<testcase "); n != 6 || strings.Count(string(x), "<failure ") != 3 {
+		t.Errorf("junit: %d test cases, want 6 with 3 failures:\n%s", n, x)
+	}
 }
 
 func mustJSON(v any) string {
