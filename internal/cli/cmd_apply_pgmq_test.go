@@ -84,3 +84,31 @@ func exec2(t *testing.T, db *testdb.DB, sql string) {
 		t.Fatal(err)
 	}
 }
+
+// A database stopped at pgmq 1.10.1 (pgflow 0.17, queues from before
+// 1.10.0): audit NO-GO and verify FAIL, both naming the broken claim path,
+// status says what to run; apply --pgmq 1.13.1 mends it and verify passes.
+func TestPGMQ1101AuditVerifyStatus(t *testing.T) {
+	testdb.RequirePGMQVersion(t, testdb.PGMQNewest)
+	db := testdb.Baseline(t)
+	exec2(t, db, `select pgflow.create_flow('greet')`)
+	if r := run(t, nil, "--dsn", db.DSN, "apply", "--yes"); r.code != cli.ExitOK {
+		t.Fatalf("pgflow hop: %d %s%s", r.code, r.stdout, r.stderr)
+	}
+	db.UpdatePGMQ(t, "1.10.1")
+	if r := run(t, nil, "--dsn", db.DSN, "audit"); r.code != cli.ExitFindings || !strings.Contains(cellText(r.stdout), "pgmq.claim_path") {
+		t.Errorf("audit on 1.10.1: exit %d\n%s", r.code, r.stdout)
+	}
+	if r := run(t, nil, "--dsn", db.DSN, "verify"); r.code != cli.ExitFindings || !strings.Contains(cellText(r.stdout+r.stderr), "pgmq_claim_path") {
+		t.Errorf("verify on 1.10.1: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := run(t, nil, "--dsn", db.DSN, "status"); !strings.Contains(cellText(r.stdout), "pgmq: extension 1.10.1") || !strings.Contains(cellText(r.stdout), "apply --pgmq 1.13.1") {
+		t.Errorf("status on 1.10.1: exit %d\n%s", r.code, r.stdout)
+	}
+	if r := run(t, nil, "--dsn", db.DSN, "apply", "--yes", "--pgmq", testdb.PGMQNewest); r.code != cli.ExitOK {
+		t.Fatalf("apply --pgmq from 1.10.1: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := run(t, nil, "--dsn", db.DSN, "verify"); r.code != cli.ExitOK {
+		t.Errorf("verify on 1.13.1: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}

@@ -10,7 +10,9 @@ import (
 
 	ucli "github.com/urfave/cli/v2"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/routes"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
@@ -112,6 +114,7 @@ func writeStatus(w io.Writer, where string, st *upgrade.StatusReport, on *online
 	writeBlock(w, "pgflow version: ", versionSummary(st.PgflowVersion)+"; next step: "+statusNextStep(st.PgflowVersion, rr), 2)
 	fmt.Fprintf(w, "status of %s\n", where)
 	fmt.Fprintf(w, "schema state: %s\n", st.State.State)
+	writeBlock(w, "pgmq: ", pgmqStatusLine(st.PGMQ), 2)
 	diffs := st.State.Differences
 	if !verbose && len(diffs) > 10 {
 		diffs = diffs[:10]
@@ -271,4 +274,20 @@ func writeVersion(w io.Writer, d *versions.Detection) {
 		return
 	}
 	fmt.Fprintf(w, "pgflow version: %s\nnext step: %s\n", d.Summary(), d.NextStep)
+}
+
+// pgmqStatusLine names the pgmq found and, when the server offers a newer
+// one, how to take it there.
+func pgmqStatusLine(p audit.PGMQInfo) string {
+	line := p.String()
+	cur, err1 := pgmqver.Parse(p.Version)
+	newest, err2 := pgmqver.Parse(p.Newest)
+	switch {
+	case p.Kind != "extension" || err1 != nil:
+	case pgmqver.BreaksClaim(cur):
+		line += "; pgmq 1.10.0/1.10.1 breaks read, pop and set_vt on queues made before 1.10.0: `pgflow-upgrade apply --pgmq 1.13.1` (audit: pgmq.claim_path)"
+	case err2 == nil && cur.Less(newest):
+		line += "; the server offers " + newest.String() + ": `pgflow-upgrade audit` says whether the update goes through (pgmq.update_path), `pgflow-upgrade apply --pgmq " + newest.String() + "` runs it"
+	}
+	return line
 }

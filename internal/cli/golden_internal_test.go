@@ -184,7 +184,8 @@ func upgradedStatus() *upgrade.StatusReport {
 	return &upgrade.StatusReport{State: versions.SchemaInfo{State: versions.SchemaUpgraded}, PgflowVersion: d, Pending: []string{},
 		Applied:    []upgrade.Revision{{Version: "20261203100000", Name: "pgflow_private_step_queues", AppliedAt: goldenAt}},
 		Migrations: []upgrade.MigrationStatus{{Version: "20261203100000", Name: "pgflow_private_step_queues", Applied: true, Status: "applied 2026-12-04 09:00:00Z"}},
-		AtlasSum:   upgrade.SumStatus{Valid: true}}
+		AtlasSum:   upgrade.SumStatus{Valid: true},
+		PGMQ:       audit.PGMQInfo{Installed: true, Kind: "extension", Version: "1.5.1", Layout: "members", Newest: "1.13.1"}}
 }
 
 func TestGoldenStatus(t *testing.T) {

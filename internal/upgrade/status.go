@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
@@ -58,6 +59,10 @@ type StatusReport struct {
 	// Newer: recorded revisions no embedded migration has: a newer
 	// pgflow-upgrade applied them, and this one refuses to apply.
 	Newer []string `json:"newer_revisions,omitempty"`
+	// PGMQ: the pgmq found, its layout and the newest version the server
+	// offers (the audit's pgmq.update_path says whether the update to it
+	// would go through; apply --pgmq runs it).
+	PGMQ audit.PGMQInfo `json:"pgmq"`
 }
 
 // NeedsAttention: a state apply cannot act on, or tampered migrations.
@@ -86,6 +91,9 @@ func Status(ctx context.Context, conn *pgx.Conn) (*StatusReport, error) {
 		return nil, err
 	}
 	rep.PgflowVersion = rep.State.Version
+	if rep.PGMQ, err = audit.DetectPGMQ(ctx, tx); err != nil {
+		return nil, err
+	}
 	var exists bool
 	if err := tx.QueryRow(ctx, `select pg_catalog.to_regclass('pgflow_upgrade.schema_revisions') is not null`).Scan(&exists); err != nil {
 		return nil, fmt.Errorf("looking for %s: %w", RevisionsTable, err)

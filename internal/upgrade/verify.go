@@ -3,9 +3,12 @@ package upgrade
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
@@ -35,7 +38,41 @@ func Verify(ctx context.Context, conn *pgx.Conn) (*VerifyReport, error) {
 		return nil, fmt.Errorf("verifying the upgraded schema: %w", err)
 	}
 	out = append(out, q)
+	pc, err := pgmqClaimPath(ctx, tx)
+	if err != nil {
+		return nil, fmt.Errorf("verifying pgmq's claim path: %w", err)
+	}
+	out = append(out, pc)
 	return &VerifyReport{OK: len(Failed(out)) == 0, Checks: out}, nil
+}
+
+// pgmqClaimPath: pgmq is not stopped at 1.10.0 or 1.10.1 with queues
+// created before 1.10.0, whose read, pop and set_vt fail (42804): no worker
+// could claim from them, whatever the schema says. Not one of apply's
+// post-conditions: apply --pgmq's own hop runs after them and checks the
+// claim path itself. Catalog and pgmq.meta reads only.
+func pgmqClaimPath(ctx context.Context, q Querier) (CheckOutcome, error) {
+	o := CheckOutcome{ID: "pgmq_claim_path", Title: "pgmq's read, pop and set_vt work on every queue (not pgmq 1.10.0/1.10.1 over older queues)", OK: true}
+	info, err := audit.DetectPGMQ(ctx, q)
+	if err != nil {
+		return o, err
+	}
+	v, perr := pgmqver.Parse(info.Version)
+	if info.Kind != "extension" || perr != nil || !pgmqver.BreaksClaim(v) {
+		o.Detail = "pgmq " + info.String()
+		return o, nil
+	}
+	var n int64
+	var names []string
+	if err := q.QueryRow(ctx, pgmqver.StaleClaimTablesSQL, 5).Scan(&n, &names); err != nil {
+		return o, err
+	}
+	if n > 0 {
+		o.OK = false
+		o.Detail = fmt.Sprintf("pgmq %s: read, pop and set_vt fail (42804) on %d queue(s) created before 1.10.0 (e.g. %s); run `pgflow-upgrade apply --pgmq 1.13.1` (or 1.11.0 or later)",
+			info.Version, n, strings.Join(names, ", "))
+	}
+	return o, nil
 }
 
 // quiesceClosed: no apply --quiesce record is left open. Not one of the
