@@ -310,8 +310,9 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, res *Result[*Repor
 		// After the rollback (below): what was built before the
 		// transaction goes with a failed or dry run.
 		if err != nil || opts.DryRun {
-			err = errors.Join(err, a.dropPrebuilt())
+			err = joinCleanup(err, a.dropPrebuilt())
 		}
+		err = joinCleanup(err, a.releasePrebuild())
 	}()
 	defer a.rollbackUnlessDone()
 	for _, st := range applyPlan {
@@ -336,22 +337,23 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, res *Result[*Repor
 // to the next ones.
 type applyRun struct {
 	*runner
-	conn         *pgx.Conn
-	all          []migrations.Migration // the embedded migrations
-	ledger       *supabaseFile          // the user's copy of upstream's migration, if asked
-	target       versions.Release       // where the plan goes (Options.To)
-	copy         *pgflowfiles.Copy      // the user's copy of upstream's files, if found
-	copyErr      error                  // why the copy given cannot serve (a file missing or altered)
-	plan         *Plan                  // the hops, made by admit
-	preflightRan bool                   // the shared check catalog ran (before the own hop)
-	pre          *prebuilt              // built before the transaction (prebuild.go)
-	tx           pgx.Tx
-	accepted     bool      // admit accepted a state AcceptState vouched for
-	done         bool      // admit found nothing to do: already upgraded
-	lockHeld     time.Time // when the table locks were granted
-	committed    bool      // committed, or rolled back on purpose (dry run)
-	pgmq         *pgmqHop  // apply --pgmq (pgmqhop.go)
-	pgmqOnly     bool      // pgflow has no hop to run: the pgmq hop alone
+	conn          *pgx.Conn
+	all           []migrations.Migration // the embedded migrations
+	ledger        *supabaseFile          // the user's copy of upstream's migration, if asked
+	target        versions.Release       // where the plan goes (Options.To)
+	copy          *pgflowfiles.Copy      // the user's copy of upstream's files, if found
+	copyErr       error                  // why the copy given cannot serve (a file missing or altered)
+	plan          *Plan                  // the hops, made by admit
+	preflightRan  bool                   // the shared check catalog ran (before the own hop)
+	pre           *prebuilt              // built before the transaction (prebuild.go)
+	sessionLocked bool                   // prebuild holds the advisory lock at session level
+	tx            pgx.Tx
+	accepted      bool      // admit accepted a state AcceptState vouched for
+	done          bool      // admit found nothing to do: already upgraded
+	lockHeld      time.Time // when the table locks were granted
+	committed     bool      // committed, or rolled back on purpose (dry run)
+	pgmq          *pgmqHop  // apply --pgmq (pgmqhop.go)
+	pgmqOnly      bool      // pgflow has no hop to run: the pgmq hop alone
 }
 
 // integrity checks the embedded migrations against atlas.sum and finds the

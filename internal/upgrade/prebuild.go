@@ -70,6 +70,17 @@ func (a *applyRun) prebuild() error {
 	if a.copy == nil || a.copyErr != nil {
 		return nil
 	}
+	// The upgrade's advisory lock, at session level, from here until the
+	// run ends (released after dropPrebuilt): another apply neither builds
+	// the same objects nor commits a plan that uses ours while we may still
+	// drop them. Busy: nothing is built, and the transaction's own advisory
+	// lock step waits or says who holds it.
+	if err := a.conn.QueryRow(a.ctx, `select pg_catalog.pg_try_advisory_lock($1)`, AdvisoryLockKey).Scan(&a.sessionLocked); err != nil {
+		return fmt.Errorf("prebuild: taking the upgrade's advisory lock: %w", err)
+	}
+	if !a.sessionLocked {
+		return nil
+	}
 	d, err := versions.Detect(a.ctx, a.conn)
 	if err != nil {
 		return nil // the transaction says what the state is
@@ -171,6 +182,19 @@ func (a *applyRun) prebuildExec(detail, stmt string) error {
 	})
 }
 
+// releasePrebuild gives back the session-level advisory lock prebuild took.
+func (a *applyRun) releasePrebuild() error {
+	if !a.sessionLocked {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), 10*time.Second)
+	defer cancel()
+	if _, err := a.conn.Exec(ctx, `select pg_catalog.pg_advisory_unlock($1)`, AdvisoryLockKey); err != nil {
+		return fmt.Errorf("releasing the upgrade's advisory lock: %w", err)
+	}
+	return nil
+}
+
 // dropPrebuilt removes what prebuild built, after a failed or dry run:
 // the database is at its starting release again. An index the committed
 // transaction made upstream's own is not dropped (the run succeeded).
@@ -228,4 +252,13 @@ func normIndex(s string) string {
 	s = strings.ToLower(strings.TrimSuffix(strings.TrimSpace(s), ";"))
 	s = strings.NewReplacer(`"`, "", " using btree", "", "concurrently ", "").Replace(s)
 	return strings.Join(strings.Fields(s), " ")
+}
+
+// joinCleanup adds a cleanup's error to the run's, leaving the run's error
+// as it is (its type and sentinels) when the cleanup succeeded.
+func joinCleanup(err, cleanup error) error {
+	if cleanup == nil {
+		return err
+	}
+	return errors.Join(err, cleanup)
 }
