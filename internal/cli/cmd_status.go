@@ -13,8 +13,8 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/queueroutes"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/routes"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
@@ -48,7 +48,7 @@ type statusJSON struct {
 	*upgrade.StatusReport
 	Online  *online.StatusInfo  `json:"online,omitempty"`
 	Quiesce *quiesce.StatusInfo `json:"quiesce,omitempty"`
-	// Routes: on a 0.17 database, every queue route (routes.Report).
+	// Routes: on a 0.17 database, every queue route (queueroutes.Report).
 	Routes *routesResult `json:"routes,omitempty"`
 }
 
@@ -80,7 +80,7 @@ func (a *App) statusAction(c *ucli.Context) error {
 	var rr *routesResult
 	if st.State.State == versions.SchemaUpgraded {
 		rr = &routesResult{}
-		rr.Report, err = routes.Read(ctx, conn, routes.Options{StatementTimeout: statusRouteTimeout, ApplicationName: "pgflow-upgrade status"})
+		rr.Report, err = queueroutes.Read(ctx, conn, queueroutes.Options{StatementTimeout: statusRouteTimeout, ApplicationName: "pgflow-upgrade status"})
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -206,7 +206,7 @@ func statusNextStep(d *versions.Detection, rr *routesResult) string {
 // "all steps"), queue, depth (visible / hidden), the oldest message's age
 // and the live workers by function name, with their pgflow version where
 // known.
-func writeRoutesTable(w io.Writer, rep *routes.Report) error {
+func writeRoutesTable(w io.Writer, rep *queueroutes.Report) error {
 	var rows [][]string
 	for _, r := range rep.Routes {
 		depth, age := "-", "-"
@@ -228,9 +228,9 @@ func writeRoutesTable(w io.Writer, rep *routes.Report) error {
 
 // workersCell names a route's live workers, each function once with how
 // many run it; NONE when there is no live worker.
-func workersCell(r routes.Route) string {
+func workersCell(r queueroutes.Route) string {
 	if len(r.Workers) == 0 {
-		if r.State == routes.StateNoWorker {
+		if r.State == queueroutes.StateNoWorker {
 			return "NONE (messages waiting)"
 		}
 		return "none"

@@ -8,7 +8,7 @@ import (
 
 	ucli "github.com/urfave/cli/v2"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/routes"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/queueroutes"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
@@ -33,8 +33,8 @@ func (a *App) verifyCommand() *ucli.Command {
 		Flags: []ucli.Flag{
 			&ucli.BoolFlag{Name: "routes", Usage: "also check that every queue route has a live worker that can claim"},
 			&ucli.DurationFlag{Name: "grace", Usage: "with --routes: how long a message may wait on a route without a worker (default " +
-				fmt.Sprint(routes.GraceHeartbeats) + " heartbeat intervals)"},
-			&ucli.DurationFlag{Name: "heartbeat-interval", Value: routes.DefaultHeartbeatInterval, Usage: "with --routes: the workers' heartbeat interval (pgflow's default 5s); a worker is live within 6 of them"},
+				fmt.Sprint(queueroutes.GraceHeartbeats) + " heartbeat intervals)"},
+			&ucli.DurationFlag{Name: "heartbeat-interval", Value: queueroutes.DefaultHeartbeatInterval, Usage: "with --routes: the workers' heartbeat interval (pgflow's default 5s); a worker is live within 6 of them"},
 			&ucli.DurationFlag{Name: "check-timeout", Value: 30 * time.Second, Usage: "with --routes: statement_timeout of the route read; out of time is exit 4"},
 			&ucli.DurationFlag{Name: "lock-timeout", Value: time.Second, Usage: "with --routes: lock_timeout: the longest the read waits for a lock"},
 			&ucli.BoolFlag{Name: "verbose", Usage: "list every check and every route (JSON always has all)"},
@@ -45,7 +45,7 @@ func (a *App) verifyCommand() *ucli.Command {
 
 // routesResult is the --routes part of verify's document.
 type routesResult struct {
-	*routes.Report
+	*queueroutes.Report
 	// Error: why the routes could not be read (the answer is unknown).
 	Error string `json:"error,omitempty"`
 }
@@ -72,7 +72,7 @@ func (a *App) verifyAction(c *ucli.Context) error {
 	var rr *routesResult
 	if c.Bool("routes") {
 		rr = &routesResult{}
-		rr.Report, err = routes.Read(ctx, conn, routes.Options{
+		rr.Report, err = queueroutes.Read(ctx, conn, queueroutes.Options{
 			HeartbeatInterval: c.Duration("heartbeat-interval"), Grace: c.Duration("grace"),
 			StatementTimeout: c.Duration("check-timeout"), LockTimeout: c.Duration("lock-timeout"),
 			ApplicationName: "pgflow-upgrade verify",
@@ -109,7 +109,7 @@ func (a *App) verifyAction(c *ucli.Context) error {
 }
 
 // verifyExitCode: a failed check or route 1; else a route that could not be
-// read 4 (routes.ErrNoRoutes is not unknown: the schema checks fail then);
+// read 4 (queueroutes.ErrNoRoutes is not unknown: the schema checks fail then);
 // else 0.
 func verifyExitCode(vr *upgrade.VerifyReport, rr *routesResult) int {
 	switch {
@@ -187,7 +187,7 @@ func writeRouteFindings(w io.Writer, rr *routesResult) {
 		writeBlock(w, "  remedy: ", f.Deploy, 4)
 	}
 	for _, r := range rr.Routes {
-		if r.State == routes.StateUnknown {
+		if r.State == queueroutes.StateUnknown {
 			writeBlock(w, "CANNOT TELL route: ", r.Where()+": "+r.Error, 2)
 		}
 	}
@@ -199,7 +199,7 @@ func writeRouteFindings(w io.Writer, rr *routesResult) {
 
 // routesErrorRemedy says what to do when the routes could not be read.
 func routesErrorRemedy(msg string) string {
-	if msg == routes.ErrNoRoutes.Error() {
+	if msg == queueroutes.ErrNoRoutes.Error() {
 		return "apply the upgrade first"
 	}
 	return "grant the role USAGE on schemas pgflow and pgmq and SELECT on their tables (docs/hardening.md), or give it more time with --check-timeout"

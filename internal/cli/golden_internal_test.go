@@ -13,7 +13,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/forecast"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/routes"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/queueroutes"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
@@ -160,18 +160,18 @@ func TestGoldenAudit(t *testing.T) {
 
 // routesReport: a step-mode flow whose resize step has no worker while a
 // message waits, and a flow-mode flow served by two workers.
-func routesReport() *routes.Report {
+func routesReport() *queueroutes.Report {
 	since := goldenAt.Add(-3*time.Minute - 12*time.Second)
 	oldest := goldenAt.Add(-40 * time.Second)
-	rep := &routes.Report{ReadAt: goldenAt, HeartbeatIntervalMS: 5000, LiveWindowMS: 30000, GraceMS: 20000, Routes: []routes.Route{
-		{Flow: "greet", QueueMode: routes.ModeFlow, Queue: "greet", QueueExists: true, Visible: 0, Hidden: 2, OldestEnqueuedAt: &oldest, State: routes.StateOK,
-			Workers: []routes.Worker{{FunctionName: "greet-worker", PgflowVersion: "0.17.1"}, {FunctionName: "greet-worker", PgflowVersion: "0.17.1"}}},
-		{Flow: "img", QueueMode: routes.ModeStep, Step: "fetch", Queue: "img__fetch", QueueExists: true, State: routes.StateOK,
-			Workers: []routes.Worker{{FunctionName: "img-fetch"}}},
-		{Flow: "img", QueueMode: routes.ModeStep, Step: "resize", Queue: "img__resize", QueueExists: true, Visible: 3, OldestEnqueuedAt: &since,
-			Waiting: 3, WaitingSince: &since, State: routes.StateNoWorker, Workers: []routes.Worker{}},
+	rep := &queueroutes.Report{ReadAt: goldenAt, HeartbeatIntervalMS: 5000, LiveWindowMS: 30000, GraceMS: 20000, Routes: []queueroutes.Route{
+		{Flow: "greet", QueueMode: queueroutes.ModeFlow, Queue: "greet", QueueExists: true, Visible: 0, Hidden: 2, OldestEnqueuedAt: &oldest, State: queueroutes.StateOK,
+			Workers: []queueroutes.Worker{{FunctionName: "greet-worker", PgflowVersion: "0.17.1"}, {FunctionName: "greet-worker", PgflowVersion: "0.17.1"}}},
+		{Flow: "img", QueueMode: queueroutes.ModeStep, Step: "fetch", Queue: "img__fetch", QueueExists: true, State: queueroutes.StateOK,
+			Workers: []queueroutes.Worker{{FunctionName: "img-fetch"}}},
+		{Flow: "img", QueueMode: queueroutes.ModeStep, Step: "resize", Queue: "img__resize", QueueExists: true, Visible: 3, OldestEnqueuedAt: &since,
+			Waiting: 3, WaitingSince: &since, State: queueroutes.StateNoWorker, Workers: []queueroutes.Worker{}},
 	}}
-	rep.Findings = []routes.Finding{{Flow: "img", Step: "resize", Queue: "img__resize", State: routes.StateNoWorker, Waiting: 3, Since: &since,
+	rep.Findings = []queueroutes.Finding{{Flow: "img", Step: "resize", Queue: "img__resize", State: queueroutes.StateNoWorker, Waiting: 3, Since: &since,
 		Message: "flow img, step resize, queue img__resize: 3 message(s) waiting since " + since.Format(time.RFC3339) + " and no live worker",
 		Deploy: "deploy a pgflow 0.17 worker for step resize of flow img (step mode: polling queue img__resize; package worker: Config.StepSlug \"resize\"; " +
 			"TypeScript: withStepQueues(flow) with stepSlug \"resize\")"}}
@@ -242,14 +242,14 @@ func TestGoldenVerify(t *testing.T) {
 // TestVerifyExitCodes: a failed check or route 1 before an unknown route 4.
 func TestVerifyExitCodes(t *testing.T) {
 	ok, bad := &upgrade.VerifyReport{OK: true}, &upgrade.VerifyReport{OK: false}
-	failing := &routesResult{Report: &routes.Report{Findings: []routes.Finding{{}}, Unknown: 1}}
-	unknown := &routesResult{Report: &routes.Report{Unknown: 1}}
+	failing := &routesResult{Report: &queueroutes.Report{Findings: []queueroutes.Finding{{}}, Unknown: 1}}
+	unknown := &routesResult{Report: &queueroutes.Report{Unknown: 1}}
 	for _, c := range []struct {
 		vr   *upgrade.VerifyReport
 		rr   *routesResult
 		want int
 	}{
-		{ok, nil, ExitOK}, {bad, nil, ExitFindings}, {ok, &routesResult{Report: &routes.Report{}}, ExitOK},
+		{ok, nil, ExitOK}, {bad, nil, ExitFindings}, {ok, &routesResult{Report: &queueroutes.Report{}}, ExitOK},
 		{ok, failing, ExitFindings}, {ok, unknown, ExitInconclusive}, {bad, unknown, ExitFindings},
 		{ok, &routesResult{Error: "timeout"}, ExitInconclusive},
 	} {

@@ -1,4 +1,4 @@
-// Package routes answers, on a pgflow 0.17 database, "does every queue route
+// Package queueroutes answers, on a pgflow 0.17 database, "does every queue route
 // have a live worker?": one row per route (a flow-mode flow's single queue,
 // or one step of a step-mode flow) with the depth of its queue, the age of
 // its oldest message and the workers that serve it, and the routes where
@@ -15,7 +15,10 @@
 // statement and lock timeouts set LOCAL (session.BeginReadOnly): only SELECTs,
 // one snapshot, safe through a transaction-mode pooler and on a role that can
 // only read.
-package routes
+//
+// (Not worker/routes.go, which resolves a flow's routes in the worker, in Go,
+// without a database call; this package reads the routes a database holds.)
+package queueroutes
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package routes_test
+package queueroutes_test
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/routes"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/queueroutes"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/worker"
@@ -48,16 +48,16 @@ func startWorker(t *testing.T, db *testdb.DB, step, function string) *worker.Wor
 	return w
 }
 
-func read(t *testing.T, dsn string, opts routes.Options) *routes.Report {
+func read(t *testing.T, dsn string, opts queueroutes.Options) *queueroutes.Report {
 	t.Helper()
-	rep, err := routes.Read(context.Background(), testdb.Connect(t, dsn), opts)
+	rep, err := queueroutes.Read(context.Background(), testdb.Connect(t, dsn), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return rep
 }
 
-func route(t *testing.T, rep *routes.Report, flow, step string) routes.Route {
+func route(t *testing.T, rep *queueroutes.Report, flow, step string) queueroutes.Route {
 	t.Helper()
 	for _, r := range rep.Routes {
 		if r.Flow == flow && r.Step == step {
@@ -65,7 +65,7 @@ func route(t *testing.T, rep *routes.Report, flow, step string) routes.Route {
 		}
 	}
 	t.Fatalf("no route %s/%q in %+v", flow, step, rep.Routes)
-	return routes.Route{}
+	return queueroutes.Route{}
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -100,22 +100,22 @@ func TestStepRouteWithoutWorker(t *testing.T) {
 	})
 	_ = fetch
 
-	opts := routes.Options{Grace: 200 * time.Millisecond}
+	opts := queueroutes.Options{Grace: 200 * time.Millisecond}
 	time.Sleep(300 * time.Millisecond)
 	rep := read(t, db.DSN, opts)
 	if len(rep.Routes) != 3 {
 		t.Fatalf("routes: %+v", rep.Routes)
 	}
 	lg := route(t, rep, "legacy", "")
-	if lg.QueueMode != routes.ModeFlow || lg.Queue != "legacy" || lg.StepLabel() != "all steps" || lg.State != routes.StateIdle || !lg.QueueExists {
+	if lg.QueueMode != queueroutes.ModeFlow || lg.Queue != "legacy" || lg.StepLabel() != "all steps" || lg.State != queueroutes.StateIdle || !lg.QueueExists {
 		t.Fatalf("flow-mode route: %+v", lg)
 	}
 	f := route(t, rep, "img", "fetch")
-	if f.Queue != "img__fetch" || f.State != routes.StateOK || len(f.Workers) != 1 || f.Workers[0].FunctionName != "fetch-fn" || f.Workers[0].Legacy {
+	if f.Queue != "img__fetch" || f.State != queueroutes.StateOK || len(f.Workers) != 1 || f.Workers[0].FunctionName != "fetch-fn" || f.Workers[0].Legacy {
 		t.Fatalf("fetch route: %+v", f)
 	}
 	r := route(t, rep, "img", "resize")
-	if r.Queue != "img__resize" || r.State != routes.StateNoWorker || r.Visible != 1 || r.Hidden != 0 || r.Waiting != 1 ||
+	if r.Queue != "img__resize" || r.State != queueroutes.StateNoWorker || r.Visible != 1 || r.Hidden != 0 || r.Waiting != 1 ||
 		r.WaitingSince == nil || r.OldestEnqueuedAt == nil || r.OldestAge(rep.ReadAt) < 200*time.Millisecond {
 		t.Fatalf("resize route: %+v", r)
 	}
@@ -136,7 +136,7 @@ func TestStepRouteWithoutWorker(t *testing.T) {
 	}
 
 	// Within the grace period nothing fails: the message is younger.
-	if rep := read(t, db.DSN, routes.Options{Grace: time.Hour}); len(rep.Findings) != 0 || route(t, rep, "img", "resize").State != routes.StateIdle {
+	if rep := read(t, db.DSN, queueroutes.Options{Grace: time.Hour}); len(rep.Findings) != 0 || route(t, rep, "img", "resize").State != queueroutes.StateIdle {
 		t.Fatalf("within the grace period: %+v", rep.Findings)
 	}
 
@@ -150,7 +150,7 @@ func TestStepRouteWithoutWorker(t *testing.T) {
 	if len(rep.Findings) != 0 {
 		t.Fatalf("findings with both workers: %+v", rep.Findings)
 	}
-	if r := route(t, rep, "img", "resize"); r.State != routes.StateOK || r.Visible+r.Hidden != 0 || r.Workers[0].FunctionName != "resize-fn" {
+	if r := route(t, rep, "img", "resize"); r.State != queueroutes.StateOK || r.Visible+r.Hidden != 0 || r.Workers[0].FunctionName != "resize-fn" {
 		t.Fatalf("resize route: %+v", r)
 	}
 }
@@ -174,12 +174,12 @@ func TestLegacyWorkers(t *testing.T) {
 	testdb.Exec(t, db.Pool, `insert into pgflow.workers (queue_name, worker_id, function_name, stopped_at) values ('legacy', gen_random_uuid(), 'stopped-fn', now())`)
 	testdb.Exec(t, db.Pool, `insert into pgflow.workers (queue_name, worker_id, function_name, last_heartbeat_at) values ('legacy', gen_random_uuid(), 'silent-fn', now() - interval '10 minutes')`)
 
-	rep := read(t, db.DSN, routes.Options{})
+	rep := read(t, db.DSN, queueroutes.Options{})
 	if rep.UpgradedAt == nil {
 		t.Fatal("the record of the upgrade was not read")
 	}
 	r := route(t, rep, "legacy", "")
-	if r.State != routes.StateLegacyOnly || len(r.Workers) != 1 || !r.Workers[0].Legacy || r.Workers[0].Label() != "old-fn (0.16.0)" ||
+	if r.State != queueroutes.StateLegacyOnly || len(r.Workers) != 1 || !r.Workers[0].Legacy || r.Workers[0].Label() != "old-fn (0.16.0)" ||
 		!strings.Contains(r.Workers[0].LegacyReason, "before the 0.17 migration") {
 		t.Fatalf("route: %+v", r)
 	}
@@ -192,13 +192,13 @@ func TestLegacyWorkers(t *testing.T) {
 	// whenever it started.
 	testdb.Exec(t, db.Pool, `alter table pgflow.workers add column pgflow_version text`)
 	testdb.Exec(t, db.Pool, `update pgflow.workers set started_at = now(), pgflow_version = '0.16.0' where function_name = 'old-fn'`)
-	rep = read(t, db.DSN, routes.Options{})
-	if r := route(t, rep, "legacy", ""); !rep.VersionsRecorded || r.State != routes.StateLegacyOnly || !strings.Contains(r.Workers[0].LegacyReason, "records pgflow 0.16.0") {
+	rep = read(t, db.DSN, queueroutes.Options{})
+	if r := route(t, rep, "legacy", ""); !rep.VersionsRecorded || r.State != queueroutes.StateLegacyOnly || !strings.Contains(r.Workers[0].LegacyReason, "records pgflow 0.16.0") {
 		t.Fatalf("route: %+v", r)
 	}
 	testdb.Exec(t, db.Pool, `insert into pgflow.workers (queue_name, worker_id, function_name, pgflow_version) values ('legacy', gen_random_uuid(), 'new-fn', '0.17.1')`)
-	rep = read(t, db.DSN, routes.Options{})
-	if r := route(t, rep, "legacy", ""); r.State != routes.StateOK || len(rep.Findings) != 0 || rep.LegacyBeside != 1 || len(r.Workers) != 2 {
+	rep = read(t, db.DSN, queueroutes.Options{})
+	if r := route(t, rep, "legacy", ""); r.State != queueroutes.StateOK || len(rep.Findings) != 0 || rep.LegacyBeside != 1 || len(r.Workers) != 2 {
 		t.Fatalf("route: %+v, findings %+v, legacy beside %d", r, rep.Findings, rep.LegacyBeside)
 	}
 }
@@ -214,21 +214,21 @@ func TestReadOnlyRoleAndUnreadableQueue(t *testing.T) {
 	role, roDSN := db.LoginRole(t, "routes_ro", "")
 	ident := pgx.Identifier{role}.Sanitize()
 
-	if _, err := routes.Read(context.Background(), testdb.Connect(t, roDSN), routes.Options{}); !routes.Inconclusive(err) || sqlstate(err) != "42501" {
+	if _, err := queueroutes.Read(context.Background(), testdb.Connect(t, roDSN), queueroutes.Options{}); !queueroutes.Inconclusive(err) || sqlstate(err) != "42501" {
 		t.Fatalf("without grants: %v (SQLSTATE %q), want an inconclusive 42501", err, sqlstate(err))
 	}
 	testdb.Exec(t, db.Pool, `grant usage on schema pgflow, pgmq to `+ident)
 	testdb.Exec(t, db.Pool, `grant select on all tables in schema pgflow, pgmq to `+ident)
 	startWorker(t, db, "fetch", "fetch-fn") // creates img's queues after the grant
-	rep := read(t, roDSN, routes.Options{})
-	if r := route(t, rep, "legacy", ""); r.State != routes.StateIdle || r.Error != "" {
+	rep := read(t, roDSN, queueroutes.Options{})
+	if r := route(t, rep, "legacy", ""); r.State != queueroutes.StateIdle || r.Error != "" {
 		t.Fatalf("legacy route: %+v", r)
 	}
 	// fetch has a live worker: its depth does not matter; resize's does.
-	if r := route(t, rep, "img", "fetch"); r.State != routes.StateOK || r.Error == "" {
+	if r := route(t, rep, "img", "fetch"); r.State != queueroutes.StateOK || r.Error == "" {
 		t.Fatalf("fetch route: %+v", r)
 	}
-	if r := route(t, rep, "img", "resize"); r.State != routes.StateUnknown || !strings.Contains(r.Error, "42501") || rep.Unknown != 1 {
+	if r := route(t, rep, "img", "resize"); r.State != queueroutes.StateUnknown || !strings.Contains(r.Error, "42501") || rep.Unknown != 1 {
 		t.Fatalf("resize route: %+v (unknown %d)", r, rep.Unknown)
 	}
 }
@@ -236,7 +236,7 @@ func TestReadOnlyRoleAndUnreadableQueue(t *testing.T) {
 // TestNotUpgraded: a 0.16.0 database has no routes.
 func TestNotUpgraded(t *testing.T) {
 	db := testdb.Baseline(t)
-	if _, err := routes.Read(context.Background(), testdb.Connect(t, db.DSN), routes.Options{}); !errors.Is(err, routes.ErrNoRoutes) {
+	if _, err := queueroutes.Read(context.Background(), testdb.Connect(t, db.DSN), queueroutes.Options{}); !errors.Is(err, queueroutes.ErrNoRoutes) {
 		t.Fatalf("got %v, want ErrNoRoutes", err)
 	}
 }
@@ -285,7 +285,7 @@ func TestReadSendsOnlySelectsInAReadOnlyTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	rep, err := routes.Read(context.Background(), conn, routes.Options{Grace: time.Millisecond})
+	rep, err := queueroutes.Read(context.Background(), conn, queueroutes.Options{Grace: time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -304,5 +304,5 @@ func TestReadSendsOnlySelectsInAReadOnlyTransaction(t *testing.T) {
 			t.Errorf("a statement that is not a SELECT: %q", s)
 		}
 	}
-	testdb.SameState(t, before, testdb.State(t, db.Pool), "routes.Read")
+	testdb.SameState(t, before, testdb.State(t, db.Pool), "queueroutes.Read")
 }
