@@ -8,21 +8,20 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
-// The catalog, in output order. IDs are stable: scripts and apply's output
-// refer to them. The data checks name the 0.17.0 migration statement their
-// finding would make fail (the migration runs in one transaction, so any of
-// them fails it whole).
-func init() {
-	catalog = slices.Concat(
-		installedChecks(),
-		pgmqVersionChecks(),
-		migrationBlockerChecks(),
-		queueAndWorkerChecks(),
-		sessionChecks(),
-		sizeAndBackupChecks(),
-		planChecks(),
-	)
-}
+// allChecks is every check, in output order. IDs are stable: scripts and
+// apply's output refer to them. The data checks name the 0.17.0 migration
+// statement their finding would make fail (the migration runs in one
+// transaction, so any of them fails it whole).
+var allChecks = slices.Concat(
+	installedChecks(),
+	pgmqVersionChecks(),
+	migrationBlockerChecks(),
+	queueAndWorkerChecks(),
+	sessionChecks(),
+	sizeAndBackupChecks(),
+	planChecks(),
+	quiesceChecks(),
+)
 
 // installedChecks are what is installed: the pgflow version and schema
 // state, and pgmq.
@@ -200,17 +199,7 @@ func sizeAndBackupChecks() []Check {
 	}
 }
 
-func check(id string) Check {
-	for _, c := range catalog {
-		if c.ID == id {
-			return c
-		}
-	}
-	panic("audit: no check " + id)
-}
-
-func checkSchemaState(ctx context.Context, q Querier, env Env) ([]Finding, error) {
-	c := check("schema.state")
+func checkSchemaState(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
 	s := env.Schema
 	var samples []map[string]any
 	for _, d := range s.Differences {

@@ -17,8 +17,7 @@ var pgmqFunctions = []string{
 	"pgmq.format_table_name(text, text)", // set_vt_batch and 0.17.0's pruning helper
 }
 
-func checkPGMQInstalled(ctx context.Context, q Querier, env Env) ([]Finding, error) {
-	c := check("pgmq.installed")
+func checkPGMQInstalled(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
 	p := env.PGMQ
 	if p.Kind == "" {
 		return []Finding{c.finding(1, "pgmq is not installed (no schema pgmq)", nil)}, nil
@@ -59,8 +58,7 @@ func versionBelow(v string, major, minor int) bool {
 	return a < major || (a == major && b < minor)
 }
 
-func checkFlowQueueMissing(ctx context.Context, q Querier, env Env) ([]Finding, error) {
-	c := check("pgmq.flow_queue_missing")
+func checkFlowQueueMissing(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
 	// pgmq names a queue's tables lower(name): a queue is there when any
 	// listed spelling lowers to it. Up to 0.16.0 (and while an online upgrade
 	// prepares) a flow's queue is lower(flow_slug) (0.16.0 created it as the
@@ -168,8 +166,7 @@ select pg_catalog.jsonb_build_object('queue', p.queue_name, 'table', 'pgmq.' || 
 from problems p
 order by p.queue_name, p.relname, p.problem`
 
-func checkQueuePhysical(ctx context.Context, q Querier, env Env) ([]Finding, error) {
-	c := check("pgmq.queue_physical")
+func checkQueuePhysical(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
 	rows, err := q.Query(ctx, queuePhysicalSQL)
 	if err != nil {
 		return nil, fmt.Errorf("reading the flow queues' tables from pg_catalog: %w", err)
@@ -222,8 +219,7 @@ select (select pg_catalog.count(*) from l),
        pg_catalog.to_jsonb(array(select pg_catalog.jsonb_build_object('queue', m.queue_name) from members m order by m.queue_name limit $1)),
        pg_catalog.to_jsonb(array(select pg_catalog.jsonb_build_object('queue', l.queue_name, 'unlogged', true) from l where l.is_unlogged order by l.queue_name limit $1))`
 
-func checkBackup(ctx context.Context, q Querier, env Env) ([]Finding, error) {
-	c := check("backup.pgdump_pgmq")
+func checkBackup(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
 	var queues, members, unlogged int64
 	var metaDumped bool
 	var samples, unloggedSamples []map[string]any

@@ -40,8 +40,7 @@ func pgmqVersionChecks() []Check {
 	}
 }
 
-func checkClaimPath(ctx context.Context, q Querier, env Env) ([]Finding, error) {
-	c := check("pgmq.claim_path")
+func checkClaimPath(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
 	v, err := pgmqver.Parse(env.PGMQ.Version)
 	if env.PGMQ.Kind != "extension" || err != nil || !pgmqver.BreaksClaim(v) {
 		return nil, nil
@@ -61,8 +60,7 @@ func checkClaimPath(ctx context.Context, q Querier, env Env) ([]Finding, error) 
 	return []Finding{c.finding(n, fmt.Sprintf("pgmq %s: read, pop and set_vt fail (42804) on %d queue(s) created before 1.10.0: no worker can claim from them", env.PGMQ.Version, n), samples)}, nil
 }
 
-func checkUpdatePath(ctx context.Context, q Querier, env Env) ([]Finding, error) {
-	c := check("pgmq.update_path")
+func checkUpdatePath(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
 	p := env.PGMQ
 	info := func(msg string) []Finding {
 		f := c.finding(0, msg, nil)

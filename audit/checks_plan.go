@@ -26,8 +26,7 @@ func planChecks() []Check {
 	}
 }
 
-func checkPlanHops(ctx context.Context, q Querier, env Env) ([]Finding, error) {
-	c := check("plan.hops")
+func checkPlanHops(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
 	d := env.Schema.Version
 	if d == nil || d.Release == nil {
 		return nil, nil

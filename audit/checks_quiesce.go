@@ -10,12 +10,10 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
-// The quiesce inventory is registered here rather than in checks.go so the
-// feature stays in one place: this init runs after checks.go's (the go
-// command hands a package's files to the compiler sorted by name), and it
-// appends to the catalog checks.go built.
-func init() {
-	catalog = append(catalog, Check{
+// quiesceChecks are apply --quiesce's: an open record, and what it would
+// touch (last in allChecks).
+func quiesceChecks() []Check {
+	return []Check{{
 		ID: "quiesce.recorded", Title: "an interrupted apply --quiesce left worker functions disabled and cron jobs paused", Severity: Blocker,
 		Meaning: "apply --quiesce records every worker_functions.enabled value and pgflow cron job active flag in pgflow_upgrade.quiesce before it disables and pauses them, " +
 			"and restores them at its end; a record still open means that run was killed or crashed before its restore: pgflow's workers are not started " +
@@ -23,8 +21,7 @@ func init() {
 		Remedy: "Finish it with `" + quiesce.ResumeCommand(quiesce.ModeApply) + "` (it continues from its phase, upgrades if that is not done, and restores the recorded values), " +
 			"or undo it with `" + quiesce.UndoCommand + "` (restores them without upgrading); `pgflow-upgrade status` shows its phase.",
 		Run: checkQuiesceRecorded,
-	})
-	catalog = append(catalog, Check{
+	}, {
 		ID: "quiesce.inventory", Title: "what apply --quiesce would pause, deprecate and wait for", Severity: Info,
 		Needs: NeedsPgflow,
 		Meaning: "apply --quiesce records and disables every pgflow.worker_functions.enabled value, pauses pgflow's pg_cron jobs with cron.alter_job, " +
@@ -32,11 +29,10 @@ func init() {
 			"These findings list what it would touch; producers outside the database (start_flow callers) it cannot pause.",
 		Remedy: "Nothing to fix: pause the producers yourself (docs/runbook.md, \"apply --quiesce\"), then run apply --quiesce (apply --quiesce --dry-run shows the same list).",
 		Run:    checkQuiesceInventory,
-	})
+	}}
 }
 
-func checkQuiesceInventory(ctx context.Context, q Querier, env Env) ([]Finding, error) {
-	c := check("quiesce.inventory")
+func checkQuiesceInventory(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
 	if env.Schema.State != versions.SchemaBaseline {
 		return nil, nil // only the 0.16.0 baseline is quiesced for the upgrade
 	}
@@ -121,8 +117,7 @@ func listOf(names []string) string {
 // checkQuiesceRecorded reports an open apply --quiesce record with the
 // values it recorded (the ones its restore puts back) and, where this role
 // can read them, the current ones.
-func checkQuiesceRecorded(ctx context.Context, q Querier, env Env) ([]Finding, error) {
-	c := check("quiesce.recorded")
+func checkQuiesceRecorded(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
 	rec, unreadable, err := quiesce.Find(ctx, q)
 	if err != nil {
 		return nil, err

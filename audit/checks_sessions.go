@@ -10,8 +10,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
-func checkLongTransactions(ctx context.Context, q Querier, env Env) ([]Finding, error) {
-	c := check("sessions.long_transactions")
+func checkLongTransactions(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
 	var n, hidden int64
 	var samples []map[string]any
 	err := q.QueryRow(ctx, `
@@ -50,8 +49,7 @@ func checkLongTransactions(ctx context.Context, q Querier, env Env) ([]Finding, 
 	return out, nil
 }
 
-func checkLocksOnPgflow(ctx context.Context, q Querier, env Env) ([]Finding, error) {
-	c := check("sessions.locks_on_pgflow")
+func checkLocksOnPgflow(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
 	var n int64
 	var samples []map[string]any
 	err := q.QueryRow(ctx, `
@@ -90,8 +88,7 @@ type size struct {
 	rows, bytes   int64
 }
 
-func checkSizes(ctx context.Context, q Querier, env Env) ([]Finding, error) {
-	c := check("size.tables")
+func checkSizes(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
 	rows, err := q.Query(ctx, `
 		select n.nspname::text, c.relname::text, c.reltuples::bigint, pg_catalog.pg_total_relation_size(c.oid)
 		from pg_catalog.pg_class c

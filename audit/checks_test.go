@@ -88,8 +88,8 @@ func TestHealthyDatabasesHaveNoBlockers(t *testing.T) {
 			for _, id := range blockerChecks {
 				mustBeOK(t, rep, id)
 			}
-			if len(rep.Checks) != len(audit.Catalog()) {
-				t.Fatalf("%d results for %d checks", len(rep.Checks), len(audit.Catalog()))
+			if len(rep.Checks) != len(audit.Checks()) {
+				t.Fatalf("%d results for %d checks", len(rep.Checks), len(audit.Checks()))
 			}
 			mustBeOK(t, rep, "sessions.locks_on_pgflow")
 			mustBeOK(t, rep, "sessions.long_transactions")
@@ -285,12 +285,12 @@ func TestBackupWarning(t *testing.T) {
 	}
 	defer tx.Rollback(ctx)
 	// A plain pgmq schema is dumped with the database: nothing to say.
-	fs, err := c.Run(ctx, tx, audit.Env{Sample: 5, PGMQ: audit.PGMQInfo{Installed: true, Kind: "schema"}})
+	fs, err := c.Run(ctx, c, tx, audit.Env{Sample: 5, PGMQ: audit.PGMQInfo{Installed: true, Kind: "schema"}})
 	if err != nil || len(fs) != 0 {
 		t.Fatalf("schema pgmq: %v %+v", err, fs)
 	}
 	// As an extension, pg_dump leaves the queues out.
-	fs, err = c.Run(ctx, tx, audit.Env{Sample: 5, PGMQ: audit.PGMQInfo{Installed: true, Kind: "extension", Version: "1.5.1"}})
+	fs, err = c.Run(ctx, c, tx, audit.Env{Sample: 5, PGMQ: audit.PGMQInfo{Installed: true, Kind: "extension", Version: "1.5.1"}})
 	if err != nil || len(fs) != 1 || fs[0].Severity != audit.Warning || fs[0].Count != 1 || !strings.Contains(fs[0].Message, "pg_dump") {
 		t.Fatalf("extension pgmq: %v %+v", err, fs)
 	}

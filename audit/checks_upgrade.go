@@ -14,8 +14,7 @@ import (
 // (queues, workers). Each counts exactly over small tables (flows, steps,
 // workers, pgmq.list_queues()); the one big table is in duplicates.go.
 
-func checkCaseAlias(ctx context.Context, q Querier, env Env) ([]Finding, error) {
-	c := check("flows.case_alias")
+func checkCaseAlias(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
 	var groups, flows int64
 	var samples []map[string]any
 	err := scanTable(ctx, q, "flows", func(int64) (int64, error) {
@@ -43,8 +42,7 @@ func checkCaseAlias(ctx context.Context, q Querier, env Env) ([]Finding, error) 
 		"the unique index on lower(flow_slug) cannot be built", groups, flows), samples)}, nil
 }
 
-func checkStepCaseAlias(ctx context.Context, q Querier, env Env) ([]Finding, error) {
-	c := check("steps.case_alias")
+func checkStepCaseAlias(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
 	var groups, steps int64
 	var samples []map[string]any
 	err := scanTable(ctx, q, "steps", func(int64) (int64, error) {
@@ -102,8 +100,7 @@ select (select pg_catalog.count(*) from b where b.kind = 'flow'),
                   'step_slug', b.step_slug, 'reasons', b.reasons))
          from b order by b.kind, b.flow_slug, b.step_slug nulls first limit $1))`
 
-func checkSlugRule(ctx context.Context, q Querier, env Env) ([]Finding, error) {
-	c := check("slugs.strict_rule")
+func checkSlugRule(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
 	var flows, steps int64
 	var samples []map[string]any
 	err := scanTable(ctx, q, "steps", func(int64) (int64, error) {
@@ -142,8 +139,7 @@ type longFlow struct {
 	steps, tasks bool
 }
 
-func checkQueueNameLength(ctx context.Context, q Querier, env Env) ([]Finding, error) {
-	c := check("flows.queue_name_too_long")
+func checkQueueNameLength(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
 	var long []longFlow
 	err := scanTable(ctx, q, "flows", func(int64) (int64, error) {
 		rows, err := q.Query(ctx, queueNameLengthSQL, versions.MaxQueueNameLength)
@@ -216,8 +212,7 @@ func ownedQueuesSQL(env Env) string {
 	return owned
 }
 
-func checkUnownedQueue(ctx context.Context, q Querier, env Env) ([]Finding, error) {
-	c := check("pgmq.unowned_queue")
+func checkUnownedQueue(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
 	var named, other int64
 	var namedSamples, otherSamples []map[string]any
 	err := scanTable(ctx, q, "flows", func(int64) (int64, error) {
@@ -253,8 +248,7 @@ func checkUnownedQueue(ctx context.Context, q Querier, env Env) ([]Finding, erro
 	return out, nil
 }
 
-func checkQueueCaseSpellings(ctx context.Context, q Querier, env Env) ([]Finding, error) {
-	c := check("pgmq.queue_case_spellings")
+func checkQueueCaseSpellings(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
 	var n int64
 	var samples []map[string]any
 	err := scanTable(ctx, q, "flows", func(int64) (int64, error) {
@@ -282,8 +276,7 @@ func checkQueueCaseSpellings(ctx context.Context, q Querier, env Env) ([]Finding
 		"after the upgrade delete_flow_and_data and step-queue checks raise on such an ambiguous queue", n), samples)}, nil
 }
 
-func checkLegacyWorkers(ctx context.Context, q Querier, env Env) ([]Finding, error) {
-	c := check("workers.legacy_alive")
+func checkLegacyWorkers(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
 	if env.Schema.State == versions.SchemaUpgraded {
 		return nil, nil // no 0.16.0 worker can claim here; live ones are 0.17's
 	}

@@ -56,8 +56,7 @@ limit $3`
 // path is tested without depending on how fast the machine is.
 var dupRangeLimit int
 
-func checkDuplicateMessageID(ctx context.Context, q Querier, env Env) ([]Finding, error) {
-	c := check("tasks.duplicate_message_id")
+func checkDuplicateMessageID(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
 	if env.Schema.State == versions.SchemaUpgraded {
 		return nil, nil // idx_step_tasks_queue_message exists: no pair can repeat
 	}

@@ -166,7 +166,7 @@ func (o Options) withDefaults() Options {
 func selection(opts Options, preflightOnly bool) ([]Check, error) {
 	var out []Check
 	if len(opts.Checks) == 0 {
-		for _, c := range catalog {
+		for _, c := range allChecks {
 			if !preflightOnly || c.Preflight {
 				out = append(out, c)
 			}
@@ -263,7 +263,7 @@ func runAudit(ctx context.Context, conn *pgx.Conn, c Check, env Env, budget time
 	tx, err := session.BeginReadOnly(ctx, conn, budget, min(opts.LockTimeout, budget), opts.ApplicationName)
 	if err == nil {
 		var findings []Finding
-		findings, err = c.Run(ctx, tx, env)
+		findings, err = c.Run(ctx, c, tx, env)
 		_ = tx.Rollback(context.WithoutCancel(ctx)) // read-only: nothing to keep
 		res.Findings = findings
 	}
@@ -312,7 +312,7 @@ func RunPreflight(ctx context.Context, tx pgx.Tx, opts Options) ([]CheckResult, 
 		var findings []Finding
 		err = session.Limits{Statement: opts.CheckTimeout}.Set(ctx, sp)
 		if err == nil {
-			findings, err = c.Run(ctx, sp, env)
+			findings, err = c.Run(ctx, c, sp, env)
 		}
 		// Always roll back: restores statement_timeout, releases the check's
 		// locks, and clears an aborted subtransaction.

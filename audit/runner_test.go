@@ -18,7 +18,7 @@ import (
 // reports the single text value it returns.
 func probe(id, sql string) audit.Check {
 	return audit.Check{ID: id, Title: id, Severity: audit.Info,
-		Run: func(ctx context.Context, q audit.Querier, env audit.Env) ([]audit.Finding, error) {
+		Run: func(ctx context.Context, _ audit.Check, q audit.Querier, env audit.Env) ([]audit.Finding, error) {
 			var v string
 			if err := q.QueryRow(ctx, sql).Scan(&v); err != nil {
 				return nil, err
@@ -150,7 +150,7 @@ func TestBudgets(t *testing.T) {
 	// The total budget: once it is used up, the remaining checks are not run.
 	// (The slow check sleeps in Go, past the whole budget, so the order is certain.)
 	sleeper := audit.Check{ID: "test.sleeps", Title: "sleeps", Severity: audit.Info,
-		Run: func(ctx context.Context, q audit.Querier, env audit.Env) ([]audit.Finding, error) {
+		Run: func(ctx context.Context, _ audit.Check, q audit.Querier, env audit.Env) ([]audit.Finding, error) {
 			time.Sleep(600 * time.Millisecond)
 			return nil, nil
 		}}
@@ -226,7 +226,7 @@ func TestPreflightIsExactAndKeepsTheCallersTransaction(t *testing.T) {
 	for _, r := range results {
 		byID[r.ID] = r
 	}
-	for _, c := range audit.Catalog() {
+	for _, c := range audit.Checks() {
 		if _, ran := byID[c.ID]; ran != c.Preflight {
 			t.Errorf("%s: ran %v, Preflight %v", c.ID, ran, c.Preflight)
 		}

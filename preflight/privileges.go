@@ -24,7 +24,7 @@ const privilegesRemedy = "Run apply as the role that owns the pgflow schema obje
 // which takes ownership (or superuser) and CREATE on the schema; recording
 // the revision for the Supabase CLI takes INSERT on its table.
 func PrivilegesCheck() audit.Check {
-	c := audit.Check{
+	return audit.Check{
 		ID:        PrivilegesCheckID,
 		Title:     "the role running apply may alter the pgflow schema",
 		Severity:  audit.Blocker,
@@ -32,11 +32,10 @@ func PrivilegesCheck() audit.Check {
 		Remedy:    privilegesRemedy,
 		Preflight: true,
 		Needs:     audit.NeedsPgflow,
+		Run: func(ctx context.Context, _ audit.Check, q audit.Querier, env audit.Env) ([]audit.Finding, error) {
+			return Privileges(ctx, q, env.Sample)
+		},
 	}
-	c.Run = func(ctx context.Context, q audit.Querier, env audit.Env) ([]audit.Finding, error) {
-		return Privileges(ctx, q, env.Sample)
-	}
-	return c
 }
 
 // Privileges lists what the current role lacks. It reads the catalog only.

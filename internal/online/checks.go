@@ -63,7 +63,7 @@ func stateCheck() audit.Check {
 		ID: CheckStateID, Title: "pgflow 0.16.0, or 0.16.0 with an unfinished online upgrade", Severity: audit.Blocker, Preflight: true,
 		Meaning: "apply --online starts from the 0.16.0 baseline, or continues its own unfinished run (steps/step_tasks.queue_name, their triggers and checks, pgflow.is_valid_queue_name, the unique indexes); anything else blocks.",
 		Remedy:  "Run `pgflow-upgrade status` and `pgflow-upgrade audit`: a partial schema must be repaired (or rolled back with `pgflow-upgrade apply --rollback-online` when it is an online upgrade's) first.",
-		Run: func(ctx context.Context, q audit.Querier, env audit.Env) ([]audit.Finding, error) {
+		Run: func(ctx context.Context, _ audit.Check, q audit.Querier, env audit.Env) ([]audit.Finding, error) {
 			if baselineOrOnline(env.Schema) {
 				return nil, nil
 			}
@@ -94,7 +94,7 @@ func preparedCheck() audit.Check {
 		ID: CheckPreparedID, Title: "online-prepared shape (columns, validated checks, valid unique indexes)", Severity: audit.Blocker, Preflight: true,
 		Meaning: "The switch starts only from the shape the contract phase prepared; its validated checks and valid unique indexes also prove that no two tasks share a (queue, message id) and no slugs differ only by case.",
 		Remedy:  "Run `pgflow-upgrade apply --online` again: it redoes what is missing.",
-		Run: func(ctx context.Context, q audit.Querier, env audit.Env) ([]audit.Finding, error) {
+		Run: func(ctx context.Context, _ audit.Check, q audit.Querier, env audit.Env) ([]audit.Finding, error) {
 			s, err := Detect(ctx, q)
 			if err != nil {
 				return nil, err
@@ -114,7 +114,7 @@ func finding(id, msg, remedy string) audit.Finding {
 // preflightIDs are audit's Preflight checks without the ones in skip.
 func preflightIDs(skip ...string) []string {
 	var out []string
-	for _, c := range audit.Catalog() {
+	for _, c := range audit.Checks() {
 		if !c.Preflight {
 			continue
 		}

@@ -26,7 +26,7 @@ var DeferredChecks = map[string]string{"tasks.duplicate_message_id": "23505"}
 // preflightChecks: the catalog's Preflight checks minus DeferredChecks.
 func preflightChecks() []string {
 	var ids []string
-	for _, c := range audit.Catalog() {
+	for _, c := range audit.Checks() {
 		if _, deferred := DeferredChecks[c.ID]; c.Preflight && !deferred {
 			ids = append(ids, c.ID)
 		}

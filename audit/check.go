@@ -1,14 +1,16 @@
-// Package audit is the catalog of pre-upgrade checks and their read-only
-// runner (`pgflow-upgrade audit`). `apply` runs the same catalog as
+// Package audit is the list of pre-upgrade checks and their read-only
+// runner (`pgflow-upgrade audit`). `apply` runs the same checks as
 // its preflight, inside its own transaction and under its locks
 // (RunPreflight).
 //
-// # The catalog
+// # The checks
 //
-// Catalog() lists every Check in a fixed order; each has a stable ID (e.g.
-// "flows.case_alias"), a default Severity, what a finding means, what to do
-// about it, and a Run function that issues a few queries through a Querier
-// (a pgx.Tx satisfies it). A check returns Findings; no findings means the
+// Checks() lists every Check in a fixed order (allChecks, written out in
+// checks.go); each is one value: a stable ID (e.g. "flows.case_alias"), a
+// default Severity, what a finding means, what to do about it, and a Run
+// function that is handed the Check itself (so its findings carry its ID,
+// severity and remedy without looking anything up) and issues a few queries
+// through a Querier (a pgx.Tx satisfies it). A check returns Findings; no findings means the
 // check passed. The checks predict every way the real pgflow 0.16.0 →
 // upstream 0.17.0 migration fails or is refused (case-only aliases of flows
 // and of steps, slugs breaking 0.17's stricter rule, lower(flow_slug) over
@@ -158,7 +160,7 @@ const (
 	NeedsPGMQ                            // schema pgmq with list_queues()
 )
 
-// Check is one entry of the catalog.
+// Check is one check: what it is and the function that runs it.
 type Check struct {
 	ID       string
 	Title    string
@@ -168,7 +170,8 @@ type Check struct {
 	// Preflight: apply runs this check, exactly, under its locks.
 	Preflight bool
 	Needs     Requirement
-	Run       func(ctx context.Context, q Querier, env Env) ([]Finding, error)
+	// Run runs the check; c is the check itself (its findings are c's).
+	Run func(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error)
 }
 
 // finding builds a finding of c with its default severity and remedy.
@@ -180,17 +183,17 @@ func (c Check) finding(count int64, msg string, samples []map[string]any) Findin
 		Message: msg, Remedy: c.Remedy, Samples: samples}
 }
 
-// Catalog returns every check in its fixed order.
-func Catalog() []Check {
-	out := make([]Check, len(catalog))
-	copy(out, catalog)
+// Checks returns every check in its fixed order.
+func Checks() []Check {
+	out := make([]Check, len(allChecks))
+	copy(out, allChecks)
 	return out
 }
 
-// IDs lists the check IDs in catalog order.
+// IDs lists the check IDs in their fixed order.
 func IDs() []string {
-	ids := make([]string, len(catalog))
-	for i, c := range catalog {
+	ids := make([]string, len(allChecks))
+	for i, c := range allChecks {
 		ids[i] = c.ID
 	}
 	return ids
@@ -198,7 +201,7 @@ func IDs() []string {
 
 // Lookup returns the check with id, or an error naming the known IDs.
 func Lookup(id string) (Check, error) {
-	for _, c := range catalog {
+	for _, c := range allChecks {
 		if c.ID == id {
 			return c, nil
 		}
@@ -207,6 +210,3 @@ func Lookup(id string) (Check, error) {
 	sort.Strings(known)
 	return Check{}, fmt.Errorf("unknown check %q (known: %s)", id, strings.Join(known, ", "))
 }
-
-// catalog is filled by init in checks.go, in output order.
-var catalog []Check
