@@ -126,11 +126,30 @@ func (a *App) explainOnlineStop(ctx context.Context, t *target, res *upgrade.Res
 	return err
 }
 
+// restarting says whether a failed connection is to a server that is
+// restarting: recovering (57P03), or resetting its sessions. The
+// connection's error is text by then (connect redacts it).
+func restarting(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "(SQLSTATE 57P03)") || strings.Contains(msg, "connection reset by peer") || strings.Contains(msg, "connection refused")
+}
+
+// recoveryWait is how long onlineRemains waits for a server that is
+// recovering from a crash.
+const recoveryWait = 30 * time.Second
+
 // onlineRemains says what an online upgrade that stopped left in the
 // database, read on a new connection (the failed one may be gone), and what
 // to run next.
 func (a *App) onlineRemains(ctx context.Context, t *target, blocked bool) (text string, phase bool) {
 	conn, err := a.connect(context.WithoutCancel(ctx), t)
+	// After a crash the server resets the sessions, then recovers before
+	// it takes new ones (57P03): what remains is worth that wait, up to
+	// recoveryWait.
+	for waited := time.Duration(0); err != nil && restarting(err) && waited < recoveryWait && ctx.Err() == nil; waited += 500 * time.Millisecond {
+		time.Sleep(500 * time.Millisecond)
+		conn, err = a.connect(context.WithoutCancel(ctx), t)
+	}
 	if err != nil {
 		return "; what remains in the database could not be read (" + err.Error() + "): run pgflow-upgrade status", false
 	}
