@@ -302,12 +302,9 @@ func (e *engine) preflightBefore(ctx context.Context) error {
 	}
 	if !res.OK() {
 		e.rep.Blockers = res.Blockers()
-		if len(e.rep.Blockers) == 0 && res.Inconclusive() {
-			e.res.Outcome = upgrade.OutcomeInconclusive
-			return fmt.Errorf("%w: %s", upgrade.ErrInconclusive, res.Summary())
-		}
-		e.res.Outcome = upgrade.OutcomeRefused
-		return fmt.Errorf("%w: %s", upgrade.ErrPreflight, res.Summary())
+		var err error
+		e.res.Outcome, err = upgrade.PreflightRefusal(res)
+		return err
 	}
 	return nil
 }

@@ -494,10 +494,7 @@ func (a *applyRun) runPreflight() error {
 	}
 	if !res.OK() {
 		r.Blockers = res.Blockers()
-		if len(r.Blockers) == 0 && res.Inconclusive() {
-			return a.fail(OutcomeInconclusive, fmt.Errorf("%w: %s", ErrInconclusive, res.Summary()))
-		}
-		return a.fail(OutcomeRefused, fmt.Errorf("%w: %s", ErrPreflight, res.Summary()))
+		return a.fail(PreflightRefusal(res))
 	}
 	return nil
 }

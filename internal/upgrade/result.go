@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
+	"github.com/pgflow-upgrade/pgflow-upgrade/preflight"
 )
 
 // Outcome says how a run ended: the one place a run's outcome is kept
@@ -132,4 +133,15 @@ func Settle[R any](ctx context.Context, conn *pgx.Conn, res *Result[R], err erro
 		err = session.Lost(conn, err)
 	}
 	return err
+}
+
+// PreflightRefusal is the one mapping from a preflight that did not pass
+// (res.OK() is false) to a run's outcome and error, for apply and apply
+// --online alike: inconclusive (ErrInconclusive) when nothing blocks but a
+// check could not answer, refused (ErrPreflight) otherwise.
+func PreflightRefusal(res preflight.Result) (Outcome, error) {
+	if len(res.Blockers()) == 0 && res.Inconclusive() {
+		return OutcomeInconclusive, fmt.Errorf("%w: %s", ErrInconclusive, res.Summary())
+	}
+	return OutcomeRefused, fmt.Errorf("%w: %s", ErrPreflight, res.Summary())
 }
