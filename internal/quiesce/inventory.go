@@ -11,9 +11,11 @@ import (
 )
 
 // UpstreamCronJobs are the jobs pgflow 0.16.0's setup_*_cron functions
-// schedule. Besides them, any job whose command calls pgflow.* (a pruning
+// schedule, and the telemetry report 0.17.1's migration schedules (its
+// command calls pgflow_telemetry.*, which the pattern below does not
+// match). Besides them, any job whose command calls pgflow.* (a pruning
 // job, say) is a pgflow writer and is paused too.
-var UpstreamCronJobs = []string{"pgflow_ensure_workers", "pgflow_cleanup_logs", "pgflow_requeue_stalled_tasks"}
+var UpstreamCronJobs = []string{"pgflow_ensure_workers", "pgflow_cleanup_logs", "pgflow_requeue_stalled_tasks", "pgflow_telemetry_report"}
 
 // DefaultLiveWorker: a worker whose heartbeat is more recent is alive (as
 // the audit's workers.legacy_alive: 12 heartbeats of the 0.16.0 worker).

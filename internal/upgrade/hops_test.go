@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgflowfiles"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
@@ -329,5 +331,37 @@ func TestApplyTelemetryOffAtNewest(t *testing.T) {
 	}
 	if n := scalarOf[int](t, db, `select count(*)::int from cron.job where jobname = 'pgflow_telemetry_report'`); n != 0 {
 		t.Fatalf("%d telemetry jobs left", n)
+	}
+}
+
+// apply --quiesce pauses 0.17.1's telemetry job with pgflow's other jobs
+// while it upgrades, and restores it exactly.
+func TestApplyHopsQuiescePausesTelemetryJob(t *testing.T) {
+	db := testdb.Upstream(t, "0.17.1")
+	active := func() bool {
+		return scalarOf[bool](t, db, `select active from cron.job where jobname = 'pgflow_telemetry_report'`)
+	}
+	if !active() {
+		t.Fatal("upstream's 0.17.1 left the telemetry job inactive")
+	}
+	var sawPaused bool
+	opts := fastOpts()
+	opts.PgflowMigrations = testdb.PgflowInstalledCopy(t, 27)
+	opts.Quiesce = &quiesce.Options{DrainTimeout: 10 * time.Second, Poll: 50 * time.Millisecond, Hooks: quiesce.Hooks{
+		At: func(_ context.Context, point string) error {
+			if point == quiesce.PointPaused {
+				sawPaused = true
+				if active() {
+					t.Errorf("while paused: the telemetry job is active")
+				}
+			}
+			return nil
+		}}}
+	res, err := upgrade.Apply(testCtx(t), testdb.Connect(t, db.DSN), opts)
+	if err != nil || res.Outcome != upgrade.OutcomeApplied || !sawPaused {
+		t.Fatalf("apply --quiesce: %v (%s: %s), paused seen %v", err, res.Outcome, res.Message, sawPaused)
+	}
+	if !active() {
+		t.Fatal("the telemetry job was not restored")
 	}
 }

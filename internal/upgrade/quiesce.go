@@ -45,6 +45,10 @@ func applyQuiesced(ctx context.Context, conn *pgx.Conn, opts Options) (*Result[*
 		case !open && (st.State == versions.SchemaBaseline || (st.State == versions.SchemaPartial && opts.AcceptState != nil)):
 		case !open && st.State == versions.SchemaUpgraded && opts.PGMQ != "":
 			// The pgmq hop alone (pgflow 0.17): its workers are fenced too.
+		case !open && upstreamHopsAhead(st, opts):
+			// A plan of upstream's files from 0.17.x or an older release
+			// (hops.go): quiesced like the 0.16.0 one, the telemetry job
+			// 0.17.1 scheduled paused and restored with pgflow's others.
 		default:
 			res, err := Apply(ctx, conn, opts)
 			if err != nil && !open {
@@ -165,4 +169,18 @@ func UndoQuiesce(ctx context.Context, conn *pgx.Conn) (*Result[*UndoReport], err
 		return res, nil
 	}
 	return res, Settle(ctx, conn, res, err)
+}
+
+// upstreamHopsAhead: the database is at a release below the newest (other
+// than 0.16.0) and apply was given a folder that may hold upstream's files,
+// so its plan may run them.
+func upstreamHopsAhead(st versions.SchemaInfo, opts Options) bool {
+	if opts.PgflowMigrations == "" && opts.SupabaseDir == "" {
+		return false
+	}
+	if (st.State != versions.SchemaUpgraded && st.State != versions.SchemaOlder) || st.Version == nil {
+		return false
+	}
+	r := st.Version.Release
+	return r != nil && !r.AtNewest() && r.Refusal() == ""
 }
