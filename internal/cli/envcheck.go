@@ -63,6 +63,9 @@ func (e *envError) mayPass() bool { return e.rerun != "" }
 // through, or stop on the same timeout again.
 func (e *envError) forOnline() *envError {
 	var pgErr *pgconn.PgError
+	if errors.As(e.err, &pgErr) && pgErr.Code == "53100" {
+		e.hint = diskFullHint(diskFullOnline)
+	}
 	if e.lost {
 		// Each phase commits as it goes: a rerun continues.
 		e.rerun = "then run apply --online again: it continues from where this one stopped"

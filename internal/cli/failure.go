@@ -65,10 +65,7 @@ func explainSQLState(pgErr *pgconn.PgError, command string) *envError {
 		return &envError{cause: "the server is not accepting sessions yet: it is starting up, recovering from a crash, or shutting down",
 			hint: "wait until it accepts connections (pg_isready, or `pgflow-upgrade status`)", rerun: rerun, lost: true}
 	case "53100": // disk_full
-		return &envError{cause: "the server ran out of disk space (" + pgErr.Message + ")",
-			hint: "free space on the volume of the server's data directory or of the tablespace that holds pgflow.step_tasks " +
-				"(select spcname, pg_tablespace_location(oid) from pg_tablespace); the upgrade rewrites step_tasks and builds its indexes, " +
-				"so it needs about the size of pgflow.step_tasks and its indexes free (`pgflow-upgrade audit` reports it), plus room for the WAL"}
+		return &envError{cause: "the server ran out of disk space (" + pgErr.Message + ")", hint: diskFullHint(diskFullApply)}
 	case "53200": // out_of_memory
 		hint := "look at what uses the server's memory: work_mem and maintenance_work_mem (the index builds) against max_connections and the memory of the machine, and other sessions"
 		if strings.Contains(pgErr.Message, "shared memory") {
@@ -89,6 +86,20 @@ func explainSQLState(pgErr *pgconn.PgError, command string) *envError {
 			rerun: rerun, lost: true}
 	}
 	return nil
+}
+
+// What each path needs free on the disk.
+const (
+	diskFullApply  = "the upgrade rewrites step_tasks and builds its indexes"
+	diskFullOnline = "the online backfill writes a new version of every step_tasks row and then builds its unique indexes"
+)
+
+// diskFullHint says what to free on a full disk, for the path that ran
+// into it (what).
+func diskFullHint(what string) string {
+	return "free space on the volume of the server's data directory or of the tablespace that holds pgflow.step_tasks " +
+		"(select spcname, pg_tablespace_location(oid) from pg_tablespace); " + what +
+		", so it needs about the size of pgflow.step_tasks and its indexes free (`pgflow-upgrade audit` reports it), plus room for the WAL"
 }
 
 // idleTimeoutOf says which idle_in_transaction_session_timeout command's

@@ -296,3 +296,56 @@ func TestLongFaultServerCrash(t *testing.T) {
 		})
 	}
 }
+
+// The operator's words on a full disk, as docs/hardening.md quotes them.
+const (
+	diskFullCause       = "the server ran out of disk space ("
+	diskFullHint        = "free space on the volume of the server's data directory or of the tablespace that holds pgflow.step_tasks"
+	diskFullRerun       = "(a rerun fails the same way until then)"
+	diskFullApplyNext   = "next step: fix the cause above first, then run `pgflow-upgrade apply` again"
+	diskFullOnlineAfter = "once the cause is fixed, apply --online continues from there; apply --rollback-online undoes it"
+)
+
+// TestLongFaultDiskFull: the disk fills under apply's rewrite and under the
+// online backfill (pgflow.step_tasks in an 8 MB tablespace on a tmpfs,
+// skipped without root, saying so). Each time: exit 3, the operator's
+// words, nothing lost; once space is freed (the table moved back to
+// pg_default), the rerun upgrades.
+func TestLongFaultDiskFull(t *testing.T) {
+	testdb.SkipUnlessLong(t, "the disk fills under apply and under the online backfill: nothing lost, the message, the rerun")
+	for _, online := range []bool{false, true} {
+		name := "apply"
+		if online {
+			name = "apply --online (backfill)"
+		}
+		t.Run(name, func(t *testing.T) {
+			db, _ := fullDiskDB(t)
+			before, err := fingerprint.Take(context.Background(), db.Pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			args := []string{"--dsn", db.DSN, "apply", "--yes"}
+			if online {
+				args = append(args, "--online")
+			}
+			r := run(t, nil, args...)
+			out := r.stdout + r.stderr
+			t.Logf("exit %d\n%s", r.code, out)
+			if r.code != cli.ExitEnvironment {
+				t.Errorf("exit %d, want %d", r.code, cli.ExitEnvironment)
+			}
+			says(t, out, diskFullCause, "No space left on device", diskFullHint, diskFullRerun)
+			if online {
+				says(t, out, "remains in the database: the online upgrade at phase", diskFullOnlineAfter, "the online backfill writes a new version of every step_tasks row")
+			} else {
+				says(t, out, crashApplyLeft, diskFullApplyNext)
+			}
+			nothingLost(t, db.DSN, before, false, "after the full disk")
+			sqlExec(t, db, "alter table pgflow.step_tasks set tablespace pg_default") // space freed
+			if r := run(t, nil, args...); r.code != cli.ExitOK {
+				t.Fatalf("the rerun with space: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+			}
+			nothingLost(t, db.DSN, before, true, "after the rerun")
+		})
+	}
+}
