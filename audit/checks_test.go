@@ -289,9 +289,15 @@ func TestBackupWarning(t *testing.T) {
 	if err != nil || len(fs) != 0 {
 		t.Fatalf("schema pgmq: %v %+v", err, fs)
 	}
-	// As an extension, pg_dump leaves the queues out.
+	// As an extension 1.5.1, pg_dump leaves the queues out: the count is
+	// the queues whose tables pg_depend shows as extension members (none
+	// on the stand-in, whose pgmq.meta is not marked for pg_dump either).
 	fs, err = c.Run(ctx, c, tx, audit.Env{Sample: 5, PGMQ: audit.PGMQInfo{Installed: true, Kind: "extension", Version: "1.5.1"}})
-	if err != nil || len(fs) != 1 || fs[0].Severity != audit.Warning || fs[0].Count != 1 || !strings.Contains(fs[0].Message, "pg_dump") {
+	members := int64(0)
+	if testdb.PGMQKindInUse() == "extension" {
+		members = 1
+	}
+	if err != nil || len(fs) != 1 || fs[0].Severity != audit.Warning || fs[0].Count != members || !strings.Contains(fs[0].Message, "pg_dump") {
 		t.Fatalf("extension pgmq: %v %+v", err, fs)
 	}
 	// What the live database has, through the runner.

@@ -8,6 +8,7 @@ package migrations_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -56,6 +57,9 @@ var upgradePaths = []upgradePath{
 // upgraded is a fresh real 0.16.0 database upgraded by path.
 func upgraded(t *testing.T, path upgradePath) *pgxpool.Pool {
 	t.Helper()
+	if strings.HasPrefix(path.name, "apply --pgmq") {
+		testdb.RequirePGMQVersion(t, testdb.PGMQNewest) // the real pgmq's update scripts
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	db := testdb.Baseline(t)
