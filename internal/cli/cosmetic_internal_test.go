@@ -39,7 +39,13 @@ func TestOnlineOutputNamesPassAndPreflight(t *testing.T) {
 	ev(online.Event{Phase: online.PhaseNone, Detail: "preflight: the shared check catalog"})
 	ev(online.Event{Phase: online.PhaseNone, Detail: "preflight: the shared check catalog", Done: true})
 	ev(online.Event{Phase: online.PhaseNone, Detail: "expand: busy (lock timeout), attempt 1 of 6, retrying in 200ms"})
+	// The switch's own steps end under their names, the switch under its.
+	ev(online.Event{Phase: online.PhaseSwitch, Detail: "integrity: embedded migrations against atlas.sum", Done: true})
+	ev(online.Event{Phase: online.PhaseSwitch, Detail: "fence and function switch in one short transaction (upgrade.Apply), preflight under its locks", Done: true})
 	stop()
+	if p := progress.String(); !strings.Contains(p, "  switch: integrity done in") || !strings.Contains(p, "\n  switch done in") {
+		t.Errorf("the switch's steps:\n%s", p)
+	}
 	if p := progress.String(); strings.Contains(p, "none") || !strings.Contains(p, "- preflight: the shared check catalog\n") ||
 		!strings.Contains(p, "  preflight done in") || !strings.Contains(p, "- expand: busy") {
 		t.Errorf("progress:\n%s", p)

@@ -127,3 +127,15 @@ func TestOnlineLockFailureNamesHolders(t *testing.T) {
 		t.Errorf("exit %d; the lock failure does not name its holder", r.code)
 	}
 }
+
+// TestApplyPrintsNoWarningAboutNothing: on a 0.16.0 database without
+// queues apply's dry run has no warning to print, so no "warnings (not
+// blocking):" header either (it was printed over a backup warning about
+// "all 0 queue(s)").
+func TestApplyPrintsNoWarningAboutNothing(t *testing.T) {
+	db := testdb.Baseline(t)
+	r := run(t, nil, "--dsn", db.DSN, "apply", "--dry-run", "--yes")
+	if r.code != cli.ExitOK || strings.Contains(r.stdout, "warnings (not blocking):") || strings.Contains(r.stdout, "0 queue(s)") {
+		t.Fatalf("apply --dry-run without queues: exit %d\n%s", r.code, r.stdout)
+	}
+}

@@ -145,10 +145,14 @@ func (a *App) onlineProgress() (func(online.Event), func()) {
 // phaseLabel names an online step for a person: its phase, or, outside
 // the phases ("none"), what the detail says it is (the preflight).
 func phaseLabel(p online.Phase, detail string) string {
-	if p != online.PhaseNone {
+	name, _, ok := strings.Cut(detail, ":")
+	named := ok && name != "" && !strings.Contains(name, " ")
+	switch {
+	case p == online.PhaseSwitch && named:
+		return "switch: " + name // a step of the switch's transaction (apply's own steps)
+	case p != online.PhaseNone:
 		return string(p)
-	}
-	if name, _, ok := strings.Cut(detail, ":"); ok && !strings.Contains(name, " ") {
+	case named:
 		return name
 	}
 	return "online"
