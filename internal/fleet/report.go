@@ -211,6 +211,9 @@ func (r *Report) CountsLine() string {
 	for i, c := range r.Counts {
 		parts[i] = fmt.Sprintf("%d %s", c.Count, c.Verdict)
 	}
+	if len(parts) == 0 {
+		return fmt.Sprintf("%d targets", r.Targets)
+	}
 	return fmt.Sprintf("%d targets: %s", r.Targets, strings.Join(parts, ", "))
 }
 
