@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -138,4 +139,38 @@ func TestApplyPrintsNoWarningAboutNothing(t *testing.T) {
 	if r.code != cli.ExitOK || strings.Contains(r.stdout, "warnings (not blocking):") || strings.Contains(r.stdout, "0 queue(s)") {
 		t.Fatalf("apply --dry-run without queues: exit %d\n%s", r.code, r.stdout)
 	}
+}
+
+// TestRollbackOnlineSessionEndedUnderIt: apply --rollback-online, whose
+// session the server ends while it waits for a table lock, says so as
+// apply does (exit 3, the cause, what to do), not the bare driver error.
+func TestRollbackOnlineSessionEndedUnderIt(t *testing.T) {
+	db := testdb.Baseline(t)
+	stopOnlineAt(t, db, online.PointIndex)
+	db.HoldLock(t, "lock table pgflow.step_tasks in access share mode")
+	ctx := context.Background()
+	done := make(chan bool)
+	go func() {
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) {
+			var ok bool
+			if db.Pool.QueryRow(ctx, `select pg_catalog.pg_terminate_backend(pid) from pg_catalog.pg_stat_activity
+				where datname = pg_catalog.current_database() and application_name like 'pgflow-upgrade%' and wait_event_type = 'Lock'`).Scan(&ok) == nil && ok {
+				done <- true
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		done <- false
+	}()
+	r := run(t, nil, "--dsn", db.DSN, "apply", "--rollback-online", "--yes", "--lock-retries", "50")
+	if !<-done {
+		t.Fatalf("the rollback's backend was never seen waiting for its lock: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	t.Logf("exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r.code != cli.ExitEnvironment {
+		t.Errorf("exit %d, want %d", r.code, cli.ExitEnvironment)
+	}
+	says(t, r.stdout+r.stderr, "an administrator terminated the session", "(then run apply --rollback-online again: it starts over)",
+		"`pgflow-upgrade status` shows where it stands")
 }

@@ -42,6 +42,16 @@ func runExitCode(ctx context.Context, outcome upgrade.Outcome, err error) int {
 // otherwise err with its exit code, already reported (the message also on
 // stderr, unless the run was interrupted).
 func finishRun[R any](a *App, c *ucli.Context, command, where string, res *upgrade.Result[R], err error, table func(io.Writer) error) error {
+	var env *envError
+	if err != nil && c.Context.Err() == nil && !errors.As(err, &env) {
+		// A run its command did not diagnose (--rollback-online,
+		// --undo-quiesce): a lost server, a full disk, said as everywhere
+		// (failure.go).
+		if e := explainFailure(err, command); e != nil {
+			res.Message = e.Error() + "; what its transactions committed stays, the one that was open was rolled back (`pgflow-upgrade status` shows where it stands)"
+			err = e
+		}
+	}
 	code := runExitCode(c.Context, res.Outcome, err)
 	if jsonOutput(c) {
 		if werr := writeCommandJSON(a.Stdout, command, where, code, res); werr != nil {
