@@ -69,12 +69,24 @@ func TestApplyPGMQCommand(t *testing.T) {
 		t.Fatalf("pgflow hop: %d %s%s", r.code, r.stdout, r.stderr)
 	}
 	db2.UpdatePGMQ(t, "1.9.0")
+	// A live worker and an enabled worker function: the fence deprecates
+	// the one and restores the other. The worker's last heartbeat is 57 s
+	// old: live (within a minute) when the fence starts, gone (it never
+	// acknowledges) a few seconds later, so the drain ends without a
+	// minute's wait.
+	exec2(t, db2, `insert into pgflow.workers (worker_id, queue_name, function_name, last_heartbeat_at) values ('00000000-0000-0000-0000-0000000000cc', 'greet', 'greet-fn', now() - interval '57 seconds');
+		insert into pgflow.worker_functions (function_name, enabled) values ('greet-fn', true)`)
 	r = run(t, nil, "--dsn", db2.DSN, "apply", "--yes", "--quiesce", "--pgmq", testdb.PGMQNewest)
 	if r.code != cli.ExitOK || !strings.Contains(cellText(r.stdout), "pgmq: 1.9.0 -> "+testdb.PGMQNewest) || !strings.Contains(cellText(r.stdout+r.stderr), "quiesce") {
 		t.Fatalf("apply --quiesce --pgmq on 0.17: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 	if v := db2.PGMQVersion(t); v != testdb.PGMQNewest {
 		t.Fatalf("pgmq %s", v)
+	}
+	var deprecated, enabled bool
+	if err := db2.Pool.QueryRow(ctx, `select (select deprecated_at is not null from pgflow.workers where function_name = 'greet-fn'),
+		(select enabled from pgflow.worker_functions where function_name = 'greet-fn')`).Scan(&deprecated, &enabled); err != nil || !deprecated || !enabled {
+		t.Fatalf("after --quiesce: worker deprecated %v, function enabled %v (%v)", deprecated, enabled, err)
 	}
 }
 
