@@ -311,6 +311,8 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, res *Result[*Repor
 		// transaction goes with a failed or dry run.
 		if err != nil || opts.DryRun {
 			err = joinCleanup(err, a.dropPrebuilt())
+		} else {
+			err = joinCleanup(err, a.dropUnusedCheck())
 		}
 		err = joinCleanup(err, a.releasePrebuild())
 	}()

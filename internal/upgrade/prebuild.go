@@ -182,6 +182,30 @@ func (a *applyRun) prebuildExec(detail, stmt string) error {
 	})
 }
 
+// dropUnusedCheck removes the prebuilt CHECK after a committed run whose
+// transaction did not swap it in (its plan changed under it): a leftover
+// of this tool's, never upstream's catalog. Looked up first, so a run that
+// used it takes no lock here.
+func (a *applyRun) dropUnusedCheck() error {
+	if a.pre == nil || !a.pre.check {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), time.Minute)
+	defer cancel()
+	var left bool
+	if err := a.conn.QueryRow(ctx, `select exists (select 1 from pg_catalog.pg_constraint
+		where conrelid = pg_catalog.to_regclass('pgflow.step_tasks') and conname = $1)`, prebuildCheckName).Scan(&left); err != nil {
+		return fmt.Errorf("looking for the prebuilt CHECK %s: %w", prebuildCheckName, err)
+	}
+	if !left {
+		return nil
+	}
+	if _, err := a.conn.Exec(ctx, `ALTER TABLE "pgflow"."step_tasks" DROP CONSTRAINT IF EXISTS "`+prebuildCheckName+`"`); err != nil {
+		return fmt.Errorf("removing the unused prebuilt CHECK %s: %w", prebuildCheckName, err)
+	}
+	return nil
+}
+
 // releasePrebuild gives back the session-level advisory lock prebuild took.
 func (a *applyRun) releasePrebuild() error {
 	if !a.sessionLocked {
