@@ -112,7 +112,9 @@ func (a *App) auditAction(c *ucli.Context) error {
 
 	var buf bytes.Buffer
 	if jsonOutput(c) {
-		err = writeJSON(&buf, auditJSON{Target: session.Describe(t.config), Report: rep, Summary: summarize(rep, code), Forecast: fc})
+		sum := summarize(rep, code)
+		sum.Verdict = auditVerdict(code, rep.PgflowVersion, newer)
+		err = writeJSON(&buf, auditJSON{Target: session.Describe(t.config), Report: rep, Summary: sum, Forecast: fc})
 	} else {
 		err = writeAuditTableOf(&buf, session.Describe(t.config), rep, fc, code, c.Bool("verbose"), newer)
 	}
@@ -160,6 +162,9 @@ type auditSummary struct {
 	Errors       int `json:"errors"`
 	Skipped      int `json:"skipped"`
 	ExitCode     int `json:"exit_code"`
+	// Verdict is the first line's word(s): GO only where plain apply starts
+	// from the database (auditVerdict).
+	Verdict string `json:"verdict,omitempty"`
 }
 
 func summarize(rep *audit.Report, code int) auditSummary {

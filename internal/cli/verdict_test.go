@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -117,6 +118,15 @@ func TestVerdictAgreesWithNextStep(t *testing.T) {
 			t.Logf("apply --dry-run: exit %d: %s", dry.code, dryLines[len(dryLines)-1])
 
 			bareGO := strings.HasPrefix(first(audit), "GO:")
+			var doc struct {
+				Summary struct {
+					Verdict string `json:"verdict"`
+				} `json:"summary"`
+			}
+			js := run(t, nil, "--dsn", db.DSN, "--format", "json", "audit")
+			if err := json.Unmarshal([]byte(js.stdout), &doc); err != nil || !strings.HasPrefix(first(audit), doc.Summary.Verdict+":") {
+				t.Errorf("audit's JSON verdict %q (%v) is not its first line's: %s", doc.Summary.Verdict, err, first(audit))
+			}
 			if bareGO && dry.code != cli.ExitOK {
 				t.Errorf("audit says GO, but apply --dry-run exits %d:\n%s\n%s", dry.code, audit.stdout, dry.stderr)
 			}
