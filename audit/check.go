@@ -6,7 +6,8 @@
 // # The checks
 //
 // Checks() lists every Check in a fixed order (allChecks, written out in
-// checks.go); each is one value: a stable ID (e.g. "flows.case_alias"), a
+// checks.go); each is one value, defined beside its function in the file of
+// its family (checks_<family>.go, the family being the ID's prefix): a stable ID (e.g. "flows.case_alias"), a
 // default Severity, what a finding means, what to do about it, and a Run
 // function that is handed the Check itself (so its findings carry its ID,
 // severity and remedy without looking anything up) and issues a few queries
@@ -172,6 +173,13 @@ type Check struct {
 	Needs     Requirement
 	// Run runs the check; c is the check itself (its findings are c's).
 	Run func(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error)
+}
+
+// Family is the check's family: its ID's prefix ("flows" for
+// "flows.case_alias"), which names the file it is defined in.
+func (c Check) Family() string {
+	family, _, _ := strings.Cut(c.ID, ".")
+	return family
 }
 
 // finding builds a finding of c with its default severity and remedy.

@@ -9,35 +9,44 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
-// pgmqVersionChecks are what pgmq's version means for pgflow: a version
-// that breaks the claim path now, and whether the update to the newest
-// pgmq the server offers would go through.
-func pgmqVersionChecks() []Check {
-	return []Check{
-		{
-			ID: "pgmq.claim_path", Title: "pgmq's read, pop and set_vt work on every queue", Severity: Blocker, Preflight: true,
-			Needs: NeedsPGMQ,
-			Meaning: "pgmq 1.10.0 and 1.10.1 add last_read_at to every queue table (last, on the queues that existed) and recreate pgmq.message_record " +
-				"with it in fourth place, while read, pop and set_vt still return the table's row as that type: on every queue created before 1.10.0 " +
-				"they fail (42804; read_with_poll 22007), so no worker can claim a task. 1.11.0 rewrites them. Read from pg_attribute: the queue " +
-				"tables whose columns, in order, are not message_record's.",
-			Remedy: "Update pgmq past 1.10: `pgflow-upgrade apply --pgmq 1.13.1` (or ALTER EXTENSION pgmq UPDATE TO '1.11.0' or later, in a quiet moment: " +
-				"it locks every queue table). Never stop at 1.10.0 or 1.10.1.",
-			Run: checkClaimPath,
-		},
-		{
-			ID: "pgmq.update_path", Title: "the update to the newest pgmq the server offers", Severity: Warning,
-			Needs: NeedsPGMQ,
-			Meaning: "Whether ALTER EXTENSION pgmq UPDATE to the newest version in pg_available_extension_versions would go through, and what it locks. " +
-				"pgmq's 1.9.0 → 1.10.0 step alters pgmq.\"q_<name>\" for each pgmq.meta name as listed, while pgmq creates every queue table as " +
-				"q_<lower(name)>: a queue listed under a mixed-case name (pgflow 0.16.0 lists a flow's queue under its slug as given, e.g. upstream's " +
-				"example flow analyzeWebsite) makes the whole update fail (42P01) and leaves pgmq where it was; the 1.6.0 step also leaves that queue's tables " +
-				"extension members. The update takes ACCESS EXCLUSIVE on every queue and archive table until it commits. Read from pgmq.meta and pg_class.",
-			Remedy: "`pgflow-upgrade apply --pgmq VERSION` renames such pgmq.meta rows to their tables' lower-case names in the same transaction as the update " +
-				"(pgflow 0.17 finds its queues case-insensitively, pgmq's functions lower every name), under bounded locks; see the runbook, \"The pgmq hop\".",
-			Run: checkUpdatePath,
-		},
+// Mismatches lists the pgmq.meta rows pgmq's 1.9.0 → 1.10.0 update step
+// fails on (pgmqver.MismatchedMetaSQL), all of them when limit < 0.
+// apply --pgmq repairs the same list the audit reports.
+func Mismatches(ctx context.Context, q Querier, limit int) ([]pgmqver.Mismatch, error) {
+	var lim any
+	if limit >= 0 {
+		lim = limit
 	}
+	rows, err := q.Query(ctx, pgmqver.MismatchedMetaSQL, lim)
+	if err != nil {
+		return nil, fmt.Errorf("comparing pgmq.meta with the queue tables: %w", err)
+	}
+	defer rows.Close()
+	var out []pgmqver.Mismatch
+	for rows.Next() {
+		var m pgmqver.Mismatch
+		if err := rows.Scan(&m.Name, &m.Table, &m.TableExists, &m.LowerListed); err != nil {
+			return nil, fmt.Errorf("comparing pgmq.meta with the queue tables: %w", err)
+		}
+		out = append(out, m)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("comparing pgmq.meta with the queue tables: %w", err)
+	}
+	return out, nil
+}
+
+// pgmqClaimPath is pgmq.claim_path.
+var pgmqClaimPath = Check{
+	ID: "pgmq.claim_path", Title: "pgmq's read, pop and set_vt work on every queue", Severity: Blocker, Preflight: true,
+	Needs: NeedsPGMQ,
+	Meaning: "pgmq 1.10.0 and 1.10.1 add last_read_at to every queue table (last, on the queues that existed) and recreate pgmq.message_record " +
+		"with it in fourth place, while read, pop and set_vt still return the table's row as that type: on every queue created before 1.10.0 " +
+		"they fail (42804; read_with_poll 22007), so no worker can claim a task. 1.11.0 rewrites them. Read from pg_attribute: the queue " +
+		"tables whose columns, in order, are not message_record's.",
+	Remedy: "Update pgmq past 1.10: `pgflow-upgrade apply --pgmq 1.13.1` (or ALTER EXTENSION pgmq UPDATE TO '1.11.0' or later, in a quiet moment: " +
+		"it locks every queue table). Never stop at 1.10.0 or 1.10.1.",
+	Run: checkClaimPath,
 }
 
 func checkClaimPath(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
@@ -58,6 +67,20 @@ func checkClaimPath(ctx context.Context, c Check, q Querier, env Env) ([]Finding
 		samples = append(samples, map[string]any{"queue": name})
 	}
 	return []Finding{c.finding(n, fmt.Sprintf("pgmq %s: read, pop and set_vt fail (42804) on %d queue(s) created before 1.10.0: no worker can claim from them", env.PGMQ.Version, n), samples)}, nil
+}
+
+// pgmqUpdatePath is pgmq.update_path.
+var pgmqUpdatePath = Check{
+	ID: "pgmq.update_path", Title: "the update to the newest pgmq the server offers", Severity: Warning,
+	Needs: NeedsPGMQ,
+	Meaning: "Whether ALTER EXTENSION pgmq UPDATE to the newest version in pg_available_extension_versions would go through, and what it locks. " +
+		"pgmq's 1.9.0 → 1.10.0 step alters pgmq.\"q_<name>\" for each pgmq.meta name as listed, while pgmq creates every queue table as " +
+		"q_<lower(name)>: a queue listed under a mixed-case name (pgflow 0.16.0 lists a flow's queue under its slug as given, e.g. upstream's " +
+		"example flow analyzeWebsite) makes the whole update fail (42P01) and leaves pgmq where it was; the 1.6.0 step also leaves that queue's tables " +
+		"extension members. The update takes ACCESS EXCLUSIVE on every queue and archive table until it commits. Read from pgmq.meta and pg_class.",
+	Remedy: "`pgflow-upgrade apply --pgmq VERSION` renames such pgmq.meta rows to their tables' lower-case names in the same transaction as the update " +
+		"(pgflow 0.17 finds its queues case-insensitively, pgmq's functions lower every name), under bounded locks; see the runbook, \"The pgmq hop\".",
+	Run: checkUpdatePath,
 }
 
 func checkUpdatePath(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
@@ -123,31 +146,4 @@ func checkUpdatePath(ctx context.Context, c Check, q Querier, env Env) ([]Findin
 		f.Remedy = "The tables of " + strings.Join(damaged, ", ") + " are missing (see pgmq.queue_physical): recreate or drop those queues first. " + f.Remedy
 	}
 	return []Finding{f}, nil
-}
-
-// Mismatches lists the pgmq.meta rows pgmq's 1.9.0 → 1.10.0 update step
-// fails on (pgmqver.MismatchedMetaSQL), all of them when limit < 0.
-// apply --pgmq repairs the same list the audit reports.
-func Mismatches(ctx context.Context, q Querier, limit int) ([]pgmqver.Mismatch, error) {
-	var lim any
-	if limit >= 0 {
-		lim = limit
-	}
-	rows, err := q.Query(ctx, pgmqver.MismatchedMetaSQL, lim)
-	if err != nil {
-		return nil, fmt.Errorf("comparing pgmq.meta with the queue tables: %w", err)
-	}
-	defer rows.Close()
-	var out []pgmqver.Mismatch
-	for rows.Next() {
-		var m pgmqver.Mismatch
-		if err := rows.Scan(&m.Name, &m.Table, &m.TableExists, &m.LowerListed); err != nil {
-			return nil, fmt.Errorf("comparing pgmq.meta with the queue tables: %w", err)
-		}
-		out = append(out, m)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("comparing pgmq.meta with the queue tables: %w", err)
-	}
-	return out, nil
 }

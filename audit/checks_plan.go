@@ -8,22 +8,16 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
-// planChecks describe the road from the release found to upstream's
-// newest: every hop apply would take, what each can fail on, and the
-// telemetry job the destination schedules.
-func planChecks() []Check {
-	return []Check{
-		{
-			ID: "plan.hops", Title: "the plan to upstream's newest release", Severity: Info,
-			Meaning: "apply takes a database from its release to upstream's newest (" + versions.Newest + ") by hops: this tool's own migration for " +
-				"0.16.0 -> 0.17.0, upstream's own files (from your copy, --pgflow-migrations) for the others, all in one guarded transaction. " +
-				"Each hop is listed with what it does and what it can fail on: rows 0.15.1's valid_status CHECK rejects (counted here), " +
-				"0.17.1's need for pg_cron's cron.schedule, and the daily telemetry job 0.17.1 schedules.",
-			Remedy: "Keep pgflow's migration files at hand (npx pgflow install puts them in supabase/migrations) and pass the folder to apply " +
-				"with --pgflow-migrations; decide on telemetry (apply --telemetry off opts out); apply --to 0.17.0 stops after this tool's own hop.",
-			Run: checkPlanHops,
-		},
-	}
+// planHops is plan.hops.
+var planHops = Check{
+	ID: "plan.hops", Title: "the plan to upstream's newest release", Severity: Info,
+	Meaning: "apply takes a database from its release to upstream's newest (" + versions.Newest + ") by hops: this tool's own migration for " +
+		"0.16.0 -> 0.17.0, upstream's own files (from your copy, --pgflow-migrations) for the others, all in one guarded transaction. " +
+		"Each hop is listed with what it does and what it can fail on: rows 0.15.1's valid_status CHECK rejects (counted here), " +
+		"0.17.1's need for pg_cron's cron.schedule, and the daily telemetry job 0.17.1 schedules.",
+	Remedy: "Keep pgflow's migration files at hand (npx pgflow install puts them in supabase/migrations) and pass the folder to apply " +
+		"with --pgflow-migrations; decide on telemetry (apply --telemetry off opts out); apply --to 0.17.0 stops after this tool's own hop.",
+	Run: checkPlanHops,
 }
 
 func checkPlanHops(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {

@@ -56,6 +56,49 @@ limit $3`
 // path is tested without depending on how fast the machine is.
 var dupRangeLimit int
 
+// scale is n*num/den in floating point (ids can be near 2^63), at least 1.
+func scale(n, num, den int64) int64 {
+	v := float64(n) * float64(num) / float64(den)
+	if v < 1 {
+		return 1
+	}
+	if v > float64(1<<62) {
+		return 1 << 62
+	}
+	return int64(v)
+}
+
+// sampleRowsOf runs a query of single jsonb rows and keeps at most n.
+func sampleRowsOf(ctx context.Context, q Querier, n int, sql string, args ...any) ([]map[string]any, error) {
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []map[string]any
+	for rows.Next() {
+		var m map[string]any
+		if err := rows.Scan(&m); err != nil {
+			return nil, err
+		}
+		if len(out) < n {
+			out = append(out, m)
+		}
+	}
+	return out, rows.Err()
+}
+
+// tasksDuplicateMessageID is tasks.duplicate_message_id.
+var tasksDuplicateMessageID = Check{
+	ID: "tasks.duplicate_message_id", Title: "tasks sharing one (queue, message id)", Severity: Blocker, Preflight: true,
+	Needs: NeedsPgflow,
+	Meaning: "0.17.0 fills step_tasks.queue_name with lower(flow_slug) and creates a unique index on (queue_name, message_id) where message_id is not null; " +
+		"the migration fails while two tasks share a pair (e.g. after a queue was dropped and recreated, restarting its ids). " +
+		"Exact: every row with a message id is examined, in message-id ranges of --bound rows.",
+	Remedy: "Decide which task owns the message; set message_id = null on finished tasks that no longer need it (or delete their old runs), then audit again.",
+	Run:    checkDuplicateMessageID,
+}
+
 func checkDuplicateMessageID(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
 	if env.Schema.State == versions.SchemaUpgraded {
 		return nil, nil // idx_step_tasks_queue_message exists: no pair can repeat
@@ -136,36 +179,4 @@ func checkDuplicateMessageID(ctx context.Context, c Check, q Querier, env Env) (
 	}
 	return []Finding{c.finding(pairs, fmt.Sprintf("%d (queue, message id) pair(s) owned by more than one task (%d tasks): "+
 		"the unique index on (queue_name, message_id) cannot be built", pairs, tasks), samples)}, nil
-}
-
-// scale is n*num/den in floating point (ids can be near 2^63), at least 1.
-func scale(n, num, den int64) int64 {
-	v := float64(n) * float64(num) / float64(den)
-	if v < 1 {
-		return 1
-	}
-	if v > float64(1<<62) {
-		return 1 << 62
-	}
-	return int64(v)
-}
-
-// sampleRowsOf runs a query of single jsonb rows and keeps at most n.
-func sampleRowsOf(ctx context.Context, q Querier, n int, sql string, args ...any) ([]map[string]any, error) {
-	rows, err := q.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []map[string]any
-	for rows.Next() {
-		var m map[string]any
-		if err := rows.Scan(&m); err != nil {
-			return nil, err
-		}
-		if len(out) < n {
-			out = append(out, m)
-		}
-	}
-	return out, rows.Err()
 }
