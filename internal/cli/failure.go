@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -122,6 +123,8 @@ func connectionGone(err error) bool {
 	var lost *session.LostError
 	var netErr net.Error
 	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return false // the tool's own deadline or the operator's cancel: said where it happens
 	case errors.As(err, &lost), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF),
 		errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE),
 		errors.As(err, &netErr):

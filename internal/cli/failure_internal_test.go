@@ -43,6 +43,7 @@ func TestExplainFailure(t *testing.T) {
 		{"idle in transaction", &pgconn.PgError{Code: "25P03", Severity: "FATAL", Message: "terminating connection due to idle-in-transaction timeout"},
 			[]string{"idle_in_transaction_session_timeout (6s, set by pgflow-upgrade on apply's transaction", "stopped or starved", "SIGSTOP"}},
 		{"a refusal", errors.New("preflight blockers found"), nil},
+		{"the tool's own deadline", fmt.Errorf("reading: %w", context.DeadlineExceeded), nil},
 		{"a unique violation", &pgconn.PgError{Code: "23505", Message: "duplicate key"}, nil},
 	}
 	for _, c := range cases {
