@@ -49,6 +49,16 @@ transaction on ONE connection:
      (without it, apply prints the supabase migration repair command to run);
   9. commit (--dry-run: roll back, report per-step timings and the lock window).
 
+From any other release (0.14.1, 0.15.x, 0.17.0, 0.17.1) and to --to RELEASE (default
+upstream's newest, ` + versions.Newest + `) apply follows a plan of hops in the same transaction:
+this tool's migration for 0.16.0 -> 0.17.0, upstream's own files for every other hop, read
+from your copy (--pgflow-migrations DIR, default --supabase-dir) and recognised by their
+atlas.sum hash whatever their names (one missing or changed: exit 1 naming it, nothing
+changed); each file is recorded in the Supabase ledger as supabase db push would. 0.17.1's
+indexes are built CONCURRENTLY and 0.15.1's CHECK validated before the transaction. Without
+upstream's files the plan ends at 0.17.0 and says what the rest needs. 0.17.1 schedules
+pgflow's daily telemetry job; --telemetry off opts out (pgflow_telemetry.disable(), same
+transaction). See docs/releases.md.
 Any failure or interruption rolls back everything. Without --yes, apply asks for
 confirmation on a terminal and refuses (exit 2) when not on one.
 --online: the same upgrade without blocking the application (expand, batched and

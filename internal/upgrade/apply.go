@@ -252,6 +252,11 @@ var (
 //  9. the revision also in supabase_migrations.schema_migrations, if present;
 //  10. COMMIT (or ROLLBACK with DryRun).
 //
+// Steps 6-8 follow the plan (hops.go) from the release found to
+// Options.To: upstream's files before and after this tool's migration run
+// in the same transaction, each with its own checks and its Supabase
+// ledger row, after the blocking ones were built beforehand (prebuild.go).
+//
 // Any failure rolls everything back. The result is never nil; its outcome
 // and the error follow the package's rule (checks.go).
 func Apply(ctx context.Context, conn *pgx.Conn, opts Options) (*Result[*Report], error) {
@@ -384,9 +389,11 @@ func (a *applyRun) integrity() error {
 	// found before anything is locked: a wrong folder is a refusal that
 	// changes nothing.
 	a.findCopy()
-	if a.copy != nil && a.copyErr == nil && len(a.copy.Files) >= ownHopFile {
-		// Found by content: recordOwnInLedger names it as push would.
-	} else if opts.SupabaseDir != "" {
+	// Upstream's 0.17.0 file found by content is recorded as push would
+	// (recordOwnInLedger); otherwise the Supabase folder must hold it by
+	// name, as before.
+	byContent := a.copy != nil && a.copyErr == nil && len(a.copy.Files) >= ownHopFile
+	if !byContent && opts.SupabaseDir != "" {
 		if a.ledger, err = findSupabaseMigration(opts.SupabaseDir); err != nil {
 			return a.fail(OutcomeRefused, err)
 		}
