@@ -30,13 +30,17 @@ func pgmqNewestOffered(ctx context.Context, q session.Querier) (string, error) {
 
 // RequirePGMQVersion fails t when the server cannot take pgmq to version,
 // saying what to run: a test of a later pgmq that quietly did not run would
-// count as passing. Only a run that chose the stand-in
-// (PGFLOW_UPGRADE_PGMQ_STANDIN=1) skips it, saying so: the stand-in has no
-// versions.
+// count as passing. Only a run that chose another pgmq skips it, saying so:
+// the stand-in (PGFLOW_UPGRADE_PGMQ_STANDIN=1) has no versions, and
+// templates already updated (PGFLOW_UPGRADE_TEST_PGMQ) do not start at
+// 1.5.1.
 func RequirePGMQVersion(t testing.TB, version string) {
 	t.Helper()
 	if os.Getenv(envPGMQStandIn) == "1" {
 		t.Skipf("needs the real pgmq extension updated to %s; this run uses the project's stand-in (PGFLOW_UPGRADE_PGMQ_STANDIN=1)", version)
+	}
+	if v := os.Getenv(envPGMQVersion); v != "" {
+		t.Skipf("takes pgmq from 1.5.1 to %s itself; this run's templates are already at %s (%s)", version, v, envPGMQVersion)
 	}
 	conn, err := session.Open(context.Background(), Server(t).AdminDSN(), session.Admin)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
@@ -57,7 +58,7 @@ var templatesSource []byte
 func templateSeed() *pgprovider.Seed {
 	h := sha256.New()
 	h.Write(templatesSource)
-	fmt.Fprintln(h, fixtures.InstallDigest(), os.Getenv(envPGMQStandIn), os.Getenv(envNoCron))
+	fmt.Fprintln(h, fixtures.InstallDigest(), os.Getenv(envPGMQStandIn), os.Getenv(envNoCron), os.Getenv(envPGMQVersion))
 	return &pgprovider.Seed{Key: hex.EncodeToString(h.Sum(nil)), Fill: seedTemplates}
 }
 
@@ -227,6 +228,16 @@ func fillFixture(ctx context.Context, conn *pgx.Conn, kind string, c pgprovider.
 		}
 		if info.pgmq, err = install(ctx, conn); err != nil {
 			return err
+		}
+		if v := os.Getenv(envPGMQVersion); v != "" && info.pgmq == fixtures.PGMQExtension {
+			// The whole package on a later pgmq: the templates' pgmq is
+			// updated as an operator would, before anything uses it.
+			if _, err := pgmqver.Parse(v); err != nil {
+				return fmt.Errorf("%s: %w", envPGMQVersion, err)
+			}
+			if _, err := conn.Exec(ctx, `alter extension pgmq update to '`+v+`'`); err != nil {
+				return fmt.Errorf("%s=%s: alter extension pgmq update: %w (%s)", envPGMQVersion, v, err, pgmqSetupHint)
+			}
 		}
 	}
 	if kind == tplBaseline {

@@ -51,6 +51,9 @@ var (
 const (
 	envPGMQStandIn = "PGFLOW_UPGRADE_PGMQ_STANDIN"
 	envNoCron      = "PGFLOW_UPGRADE_NO_CRON"
+	// envPGMQVersion: the templates' real pgmq is updated to this version
+	// (e.g. 1.13.1) before anything uses it, to run a package on it.
+	envPGMQVersion = "PGFLOW_UPGRADE_TEST_PGMQ"
 )
 
 // Main opens the server, runs the tests, and removes everything it made,
@@ -189,6 +192,8 @@ func announceComponents(ctx context.Context) error {
 	switch {
 	case os.Getenv(envPGMQStandIn) == "1":
 		pgmqLine = "pgmq: the project's stand-in (PGFLOW_UPGRADE_PGMQ_STANDIN=1)"
+	case pgmqVersion != "" && os.Getenv(envPGMQVersion) != "":
+		pgmqLine = "pgmq: real extension " + pgmqVersion + " updated to " + os.Getenv(envPGMQVersion) + " in the templates (" + envPGMQVersion + ")"
 	case pgmqVersion != "" && newest != pgmqVersion:
 		pgmqLine = "pgmq: real extension " + pgmqVersion + " (update scripts up to " + newest + " installed; a test that updates says so)"
 	case pgmqVersion != "":
