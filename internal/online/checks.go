@@ -67,7 +67,7 @@ func stateCheck() audit.Check {
 			if baselineOrOnline(env.Schema) {
 				return nil, nil
 			}
-			s, err := Detect(ctx, q)
+			s, err := ReadShape(ctx, q)
 			if err != nil {
 				return nil, err
 			}
@@ -95,7 +95,7 @@ func preparedCheck() audit.Check {
 		Meaning: "The switch starts only from the shape the contract phase prepared; its validated checks and valid unique indexes also prove that no two tasks share a (queue, message id) and no slugs differ only by case.",
 		Remedy:  "Run `pgflow-upgrade apply --online` again: it redoes what is missing.",
 		Run: func(ctx context.Context, _ audit.Check, q audit.Querier, env audit.Env) ([]audit.Finding, error) {
-			s, err := Detect(ctx, q)
+			s, err := ReadShape(ctx, q)
 			if err != nil {
 				return nil, err
 			}

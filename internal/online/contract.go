@@ -60,7 +60,7 @@ func (e *engine) backfillSteps(ctx context.Context) error {
 // catalog has it already; an INVALID index left by a killed CONCURRENTLY
 // build is dropped (concurrently) and built again.
 func (e *engine) contract(ctx context.Context) error {
-	s, err := Detect(ctx, e.conn)
+	s, err := ReadShape(ctx, e.conn)
 	if err != nil {
 		return err
 	}

@@ -245,7 +245,7 @@ func (e *engine) run(ctx context.Context) error {
 	if err := e.catchUp(ctx); err != nil {
 		return err
 	}
-	s, err := Detect(ctx, e.conn)
+	s, err := ReadShape(ctx, e.conn)
 	if err != nil {
 		return err
 	}
@@ -362,7 +362,7 @@ func (e *engine) switchOptions() upgrade.Options {
 	}
 	o.Preflight = po
 	o.AcceptState = func(ctx context.Context, tx pgx.Tx, st versions.SchemaInfo) (bool, error) {
-		s, err := Detect(ctx, tx)
+		s, err := ReadShape(ctx, tx)
 		if err != nil {
 			return false, err
 		}

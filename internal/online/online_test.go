@@ -21,7 +21,7 @@ import (
 
 func mustShape(t *testing.T, db *testdb.DB) online.Shape {
 	t.Helper()
-	s, err := online.Detect(context.Background(), db.Pool)
+	s, err := online.ReadShape(context.Background(), db.Pool)
 	if err != nil {
 		t.Fatal(err)
 	}

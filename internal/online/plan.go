@@ -82,7 +82,7 @@ func (e *engine) contractThenDetect(ctx context.Context) error {
 }
 
 func (e *engine) detect(ctx context.Context) error {
-	s, err := Detect(ctx, e.conn)
+	s, err := ReadShape(ctx, e.conn)
 	if err != nil {
 		return err
 	}

@@ -144,7 +144,7 @@ func (s *StatusInfo) InProgress() bool {
 // Status reads the online upgrade's state (catalog and the progress row)
 // through q, e.g. status's READ ONLY transaction.
 func Status(ctx context.Context, q Querier) (*StatusInfo, error) {
-	s, err := Detect(ctx, q)
+	s, err := ReadShape(ctx, q)
 	if err != nil {
 		return nil, err
 	}

@@ -62,7 +62,7 @@ func (e *engine) rollback(ctx context.Context, res *upgrade.Result[*RollbackRepo
 		return err
 	}
 	defer release()
-	s, err := Detect(ctx, conn)
+	s, err := ReadShape(ctx, conn)
 	if err != nil {
 		return err
 	}

@@ -97,7 +97,7 @@ type Querier = session.Querier
 // Shape is what the catalog says about the online upgrade's objects.
 type Shape = onlineshape.Shape
 
-// Detect reads the Shape from the catalog (no lock on a pgflow table).
-func Detect(ctx context.Context, q Querier) (Shape, error) { return onlineshape.Read(ctx, q) }
+// ReadShape reads the Shape from the catalog (no lock on a pgflow table).
+func ReadShape(ctx context.Context, q Querier) (Shape, error) { return onlineshape.Read(ctx, q) }
 
 func contains(list []string, s string) bool { return slices.Contains(list, s) }
