@@ -262,7 +262,7 @@ func (e *engine) run(ctx context.Context) error {
 		return fmt.Errorf("%w: %w: no pgflow.step_tasks", ErrRefused, upgrade.ErrNotBaseline)
 	}
 	e.shape = s
-	for _, op := range plan { // plan.go
+	for _, op := range plan() { // plan.go
 		needed, err := op.needed(e, ctx)
 		if err != nil {
 			return err

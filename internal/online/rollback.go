@@ -85,21 +85,16 @@ func (e *engine) rollback(ctx context.Context, res *upgrade.Result[*RollbackRepo
 	return nil
 }
 
-// undo drops what the online upgrade added: the unique indexes
-// concurrently, then the rest in one short transaction.
+// undo walks the plan back (type undo): every operation's part outside a
+// transaction, then every operation's statements in one short transaction
+// under the ordered table locks, last operation first.
 func (e *engine) undo(ctx context.Context, s Shape) error {
-	conn := e.conn
-	if len(s.Indexes) > 0 {
-		if _, err := conn.Exec(ctx, `set lock_timeout = 0`); err != nil {
-			return fmt.Errorf("rollback-online: %w", err)
-		}
-	}
-	for _, ix := range Indexes {
-		if !s.HasIndex(ix.Name) {
-			continue
-		}
-		if _, err := conn.Exec(ctx, `drop index concurrently if exists pgflow.`+ix.Name); err != nil {
-			return fmt.Errorf("rollback-online: dropping pgflow.%s concurrently: %w", ix.Name, err)
+	ops := plan()
+	for i := len(ops) - 1; i >= 0; i-- {
+		if out := ops[i].undo.outside; out != nil {
+			if err := out(e, ctx, s); err != nil {
+				return err
+			}
 		}
 	}
 	return e.ddlTx(ctx, "rollback", func(tx pgx.Tx) error {
@@ -116,16 +111,11 @@ func (e *engine) undo(ctx context.Context, s Shape) error {
 				stmts = append(stmts, `lock table pgflow.`+t+` in access exclusive mode`)
 			}
 		}
-		for _, ix := range Indexes {
-			stmts = append(stmts, `drop index if exists pgflow.`+ix.Name)
+		for i := len(ops) - 1; i >= 0; i-- {
+			if undo := ops[i].undo.statements; undo != nil {
+				stmts = append(stmts, undo()...)
+			}
 		}
-		for _, t := range Tables {
-			stmts = append(stmts,
-				`drop trigger if exists `+TriggerName+` on pgflow.`+t,
-				`alter table pgflow.`+t+` drop constraint if exists `+OnlineCheck+`, drop constraint if exists `+ValidCheck,
-				`alter table pgflow.`+t+` drop column if exists queue_name`)
-		}
-		stmts = append(stmts, `drop function if exists pgflow.is_valid_queue_name(text)`, dropBookkeeping)
 		for _, stmt := range stmts {
 			if _, err := tx.Exec(ctx, stmt); err != nil {
 				return fmt.Errorf("rollback-online: %s: %w", summary(stmt), err)
@@ -143,6 +133,53 @@ func (e *engine) undo(ctx context.Context, s Shape) error {
 		}
 		return nil
 	})
+}
+
+// dropIndexesConcurrently is contract's undo outside the transaction: the
+// unique indexes it built, each dropped concurrently (the application
+// goes on), with no lock timeout (a concurrent drop waits for the
+// transactions that use the index, never blocking them).
+func (e *engine) dropIndexesConcurrently(ctx context.Context, s Shape) error {
+	if len(s.Indexes) == 0 {
+		return nil
+	}
+	if _, err := e.conn.Exec(ctx, `set lock_timeout = 0`); err != nil {
+		return fmt.Errorf("rollback-online: %w", err)
+	}
+	for _, ix := range Indexes {
+		if !s.HasIndex(ix.Name) {
+			continue
+		}
+		if _, err := e.conn.Exec(ctx, `drop index concurrently if exists pgflow.`+ix.Name); err != nil {
+			return fmt.Errorf("rollback-online: dropping pgflow.%s concurrently: %w", ix.Name, err)
+		}
+	}
+	return nil
+}
+
+// undoContract: any unique index left, the checks on both tables, then
+// is_valid_queue_name, which the 0.17.0 check calls.
+func undoContract() []string {
+	var stmts []string
+	for _, ix := range Indexes {
+		stmts = append(stmts, `drop index if exists pgflow.`+ix.Name)
+	}
+	for _, t := range Tables {
+		stmts = append(stmts, `alter table pgflow.`+t+` drop constraint if exists `+OnlineCheck+`, drop constraint if exists `+ValidCheck)
+	}
+	return append(stmts, `drop function if exists pgflow.is_valid_queue_name(text)`)
+}
+
+// undoExpand: the fill triggers and the queue_name columns (a catalog
+// change; the backfilled values stay invisible in the rows until they are
+// rewritten), then the bookkeeping (the progress table and the triggers'
+// function).
+func undoExpand() []string {
+	var stmts []string
+	for _, t := range Tables {
+		stmts = append(stmts, `drop trigger if exists `+TriggerName+` on pgflow.`+t, `alter table pgflow.`+t+` drop column if exists queue_name`)
+	}
+	return append(stmts, dropBookkeeping)
 }
 
 // summary is a statement on one line, for error messages.
