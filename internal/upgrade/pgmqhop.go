@@ -108,8 +108,8 @@ func (a *applyRun) pgmqState() error {
 	var mayAlter, offered bool
 	err := tx.QueryRow(ctx, `
 		select e.extversion, e.extowner::pg_catalog.regrole::text,
-		       coalesce((select r.rolsuper from pg_catalog.pg_roles r where r.rolname = current_user), false)
-		         or pg_catalog.pg_has_role(current_user, e.extowner, 'MEMBER'),
+		       coalesce(coalesce((select r.rolsuper from pg_catalog.pg_roles r where r.rolname = current_user), false)
+		         or pg_catalog.pg_has_role(current_user, e.extowner, 'MEMBER'), false),
 		       exists (select 1 from pg_catalog.pg_available_extension_versions v where v.name = 'pgmq' and v.version = $1)
 		  from (select 1) one left join pg_catalog.pg_extension e on e.extname = 'pgmq'`, h.target.String()).
 		Scan(&version, &owner, &mayAlter, &offered)

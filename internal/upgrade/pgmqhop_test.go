@@ -283,3 +283,22 @@ func TestApplyPGMQLocksAreBounded(t *testing.T) {
 		t.Fatalf("pgmq %s after a refused hop", v)
 	}
 }
+
+// Without a pgmq extension (pgmq installed from SQL, as the project's
+// stand-in is: here the extension's catalog rows are removed, leaving its
+// objects as a plain schema) there is no update to run: refused before any
+// lock, saying so.
+func TestApplyPGMQWithoutTheExtension(t *testing.T) {
+	ctx := testCtx(t)
+	db := testdb.Baseline(t)
+	if _, err := db.Pool.Exec(ctx, `delete from pg_catalog.pg_depend where refobjid = (select oid from pg_catalog.pg_extension where extname = 'pgmq') and deptype = 'e';
+		delete from pg_catalog.pg_extension where extname = 'pgmq'`); err != nil {
+		t.Fatal(err)
+	}
+	opts := fastOpts()
+	opts.PGMQ = testdb.PGMQNewest
+	res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
+	if !errors.Is(err, upgrade.ErrPGMQTarget) || res.Outcome != upgrade.OutcomeRefused || !strings.Contains(err.Error(), "not installed as an extension") {
+		t.Fatalf("apply --pgmq without the extension: %s %v", res.Outcome, err)
+	}
+}
