@@ -526,7 +526,7 @@ func (a *applyRun) postChecks() error {
 	var out []CheckOutcome
 	var err error
 	if a.plan == nil || a.plan.ReachedFiles >= ownHopFile {
-		out, err = RunChecks(a.ctx, a.tx, true) // 0.17's checks
+		out, err = RunPostConditions(a.ctx, a.tx, true) // 0.17's checks
 	}
 	if err == nil && a.plan != nil {
 		var o CheckOutcome

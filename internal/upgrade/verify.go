@@ -29,7 +29,7 @@ func Verify(ctx context.Context, conn *pgx.Conn) (*VerifyReport, error) {
 		return nil, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	out, err := RunChecks(ctx, tx, true)
+	out, err := RunPostConditions(ctx, tx, true)
 	if err != nil {
 		return nil, fmt.Errorf("verifying the upgraded schema: %w", err)
 	}

@@ -28,11 +28,12 @@ import (
 // Querier is what the read-only checks need: a connection or a transaction.
 type Querier = session.Querier
 
-// Check is one post-upgrade condition: a catalog query that returns
+// PostCondition is one post-upgrade condition (not an audit.Check: it
+// asks whether the change is right, after it): a catalog query that returns
 // (ok boolean, detail text), or a Go function. The same list is the
 // post-condition of `apply` (inside its transaction, before commit) and
 // the body of `verify`.
-type Check struct {
+type PostCondition struct {
 	ID    string
 	Title string
 	// SQL returns one row (ok boolean, detail text). It must be cheap: in
@@ -42,7 +43,7 @@ type Check struct {
 	Run func(ctx context.Context, q Querier) (bool, string, error)
 }
 
-// CheckOutcome is the result of one Check.
+// CheckOutcome is the result of one PostCondition.
 type CheckOutcome struct {
 	ID     string `json:"id"`
 	Title  string `json:"title"`
@@ -114,11 +115,11 @@ func catalogCheck(ctx context.Context, q Querier) (bool, string, error) {
 	return true, same, nil
 }
 
-// Checks is the list behind `verify` and apply's post-conditions. Every
+// PostConditions is the list behind `verify` and apply's post-conditions. Every
 // identifier is a constant of this file or of internal/versions (the one
 // spelling of each protocol signature); nothing user-supplied is spliced.
-func Checks() []Check {
-	return []Check{
+func PostConditions() []PostCondition {
+	return []PostCondition{
 		{ID: "catalog_0_17_0", Title: "schema pgflow is upstream's 0.17.0 (tables, columns, constraints, indexes, types, functions and their attributes)",
 			Run: catalogCheck},
 		{ID: "old_start_tasks_gone", Title: "0.16.0 " + versions.StartTasks016.String() + " gone: a 0.16.0 worker cannot claim (42883)",
@@ -137,17 +138,17 @@ func Checks() []Check {
 	}
 }
 
-// RunChecks runs every check. A check whose query fails is reported as
+// RunPostConditions runs every post-condition. A check whose query fails is reported as
 // failed with the error; only a broken connection or a cancelled context
 // (errors the next check would hit too) stops the run.
 //
 // Inside apply's transaction a failing query would abort the transaction,
 // so each check there runs under its own savepoint (inTx).
-func RunChecks(ctx context.Context, q Querier, inTx bool) ([]CheckOutcome, error) {
-	return runChecks(ctx, q, inTx, Checks())
+func RunPostConditions(ctx context.Context, q Querier, inTx bool) ([]CheckOutcome, error) {
+	return runPostConditions(ctx, q, inTx, PostConditions())
 }
 
-func runChecks(ctx context.Context, q Querier, inTx bool, checks []Check) ([]CheckOutcome, error) {
+func runPostConditions(ctx context.Context, q Querier, inTx bool, checks []PostCondition) ([]CheckOutcome, error) {
 	var out []CheckOutcome
 	for _, c := range checks {
 		o := CheckOutcome{ID: c.ID, Title: c.Title}
