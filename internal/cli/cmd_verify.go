@@ -69,6 +69,15 @@ func (a *App) verifyAction(c *ucli.Context) error {
 		}
 		return withCode(ExitEnvironment, fmt.Errorf("verifying %s: %w", where, err))
 	}
+	var found *versions.Detection
+	if !vr.OK {
+		// What the database is instead, and what to do: a half-done online
+		// upgrade, an open quiesce, 0.16.0 not upgraded yet (best effort:
+		// the checks above decide the exit code).
+		if st, err := upgrade.Status(ctx, conn); err == nil {
+			found = st.PgflowVersion
+		}
+	}
 	var rr *routesResult
 	if c.Bool("routes") {
 		rr = &routesResult{}
@@ -91,12 +100,13 @@ func (a *App) verifyAction(c *ucli.Context) error {
 	if jsonOutput(c) {
 		out := struct {
 			*upgrade.VerifyReport
-			Routes *routesResult `json:"routes,omitempty"`
-		}{vr, rr}
+			PgflowVersion *versions.Detection `json:"pgflow_version,omitempty"` // when a check failed
+			Routes        *routesResult       `json:"routes,omitempty"`
+		}{vr, found, rr}
 		if err := writeCommandJSON(a.Stdout, "verify", where, code, out); err != nil {
 			return err
 		}
-	} else if err := writeVerify(a.Stdout, where, vr, rr, code, c.Bool("verbose")); err != nil {
+	} else if err := writeVerify(a.Stdout, where, vr, found, rr, code, c.Bool("verbose")); err != nil {
 		return err
 	}
 	switch code {
@@ -128,7 +138,10 @@ func verifyExitCode(vr *upgrade.VerifyReport, rr *routesResult) int {
 // writeVerify prints the verdict first, then what failed in full (with what
 // to do), then one line per route that is fine; the table of every check and
 // route only with verbose.
-func writeVerify(w io.Writer, where string, vr *upgrade.VerifyReport, rr *routesResult, code int, verbose bool) error {
+//
+// found, when a schema check failed, is what the database is: its next step
+// follows the verdict, so that a FAIL says what to do.
+func writeVerify(w io.Writer, where string, vr *upgrade.VerifyReport, found *versions.Detection, rr *routesResult, code int, verbose bool) error {
 	failed := upgrade.Failed(vr.Checks)
 	verdict := map[int]string{ExitOK: "PASS", ExitFindings: "FAIL", ExitInconclusive: "CANNOT TELL"}[code]
 	line := fmt.Sprintf("%s: %d of %d schema checks failed", verdict, len(failed), len(vr.Checks))
@@ -144,6 +157,9 @@ func writeVerify(w io.Writer, where string, vr *upgrade.VerifyReport, rr *routes
 		}
 	}
 	fmt.Fprintln(w, line)
+	if found != nil {
+		writeBlock(w, "pgflow version: ", versionSummary(found)+"; next step: "+withoutSelf(found.NextStep, "verify"), 2)
+	}
 	fmt.Fprintf(w, "verify of %s: exit %d\n", where, code)
 	for _, o := range failed {
 		writeBlock(w, "FAIL "+o.ID+": ", o.Title+": "+o.Detail, 2)

@@ -219,21 +219,21 @@ func TestGoldenVerify(t *testing.T) {
 	}}
 	var b bytes.Buffer
 	rr := &routesResult{Report: routesReport()}
-	if err := writeVerify(&b, goldenTarget, vr, rr, verifyExitCode(vr, rr), false); err != nil {
+	if err := writeVerify(&b, goldenTarget, vr, nil, rr, verifyExitCode(vr, rr), false); err != nil {
 		t.Fatal(err)
 	}
 	golden(t, "verify_routes_fail", b.String())
 
 	rr.Routes, rr.Findings = rr.Routes[:2], nil
 	b.Reset()
-	if err := writeVerify(&b, goldenTarget, vr, rr, verifyExitCode(vr, rr), false); err != nil {
+	if err := writeVerify(&b, goldenTarget, vr, nil, rr, verifyExitCode(vr, rr), false); err != nil {
 		t.Fatal(err)
 	}
 	golden(t, "verify_routes_pass", b.String())
 
 	rr = &routesResult{Error: "reading the routes: ERROR: permission denied for table flows (SQLSTATE 42501)"}
 	b.Reset()
-	if err := writeVerify(&b, goldenTarget, vr, rr, verifyExitCode(vr, rr), false); err != nil {
+	if err := writeVerify(&b, goldenTarget, vr, nil, rr, verifyExitCode(vr, rr), false); err != nil {
 		t.Fatal(err)
 	}
 	golden(t, "verify_routes_cannot_tell", b.String())

@@ -143,6 +143,11 @@ func TestVerdictAgreesWithNextStep(t *testing.T) {
 				t.Errorf("audit and status name different next steps:\n  audit:  %s\n  status: %s", an, sn)
 			}
 			verdict := first(verify)
+			// A FAIL says what the database is and what to do: status's
+			// next step (before, verify printed its failed checks alone).
+			if vn := nextStepOf(verify.stdout); strings.HasPrefix(verdict, "FAIL") && !strings.Contains(sn, "pgflow-upgrade verify") && vn != sn {
+				t.Errorf("verify fails without status's next step:\n  verify: %s\n  status: %s", vn, sn)
+			}
 			upgrades := dry.code == cli.ExitOK && strings.Contains(dry.stdout, "dry run: the migration ran")
 			if strings.HasPrefix(verdict, "PASS") && upgrades {
 				t.Errorf("verify passes, but apply would upgrade:\n%s", dry.stdout)
