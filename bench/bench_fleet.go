@@ -16,9 +16,10 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
-// fleetSize is how many databases the fleet benchmark audits
-// (PGFLOW_UPGRADE_BENCH_FLEET overrides it, e.g. for a quick try).
-const fleetSize = 100
+// fleetSizes are the fleets the benchmark audits: 100 for the goal, 20
+// beside it to show that the fleet's memory does not grow with the number
+// of targets (PGFLOW_UPGRADE_BENCH_FLEET, e.g. "10", overrides them).
+var fleetSizes = []int{20, 100}
 
 // `fleet audit --parallel 8` of 100 databases on one server against what a
 // person would do without it: 100 `audit` commands one after another in a
@@ -33,12 +34,13 @@ func init() {
 }
 
 func benchFleetAudit(ctx context.Context, env *Env) ([]Row, error) {
-	n := fleetSize
+	sizes := fleetSizes
 	if v := os.Getenv("PGFLOW_UPGRADE_BENCH_FLEET"); v != "" {
-		var err error
-		if n, err = strconv.Atoi(v); err != nil || n < 1 {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
 			return nil, fmt.Errorf("PGFLOW_UPGRADE_BENCH_FLEET %q: want a positive number", v)
 		}
+		sizes = []int{n}
 	}
 	dir, err := os.MkdirTemp("", "pgflow-bench-fleet-")
 	if err != nil {
@@ -49,21 +51,34 @@ func benchFleetAudit(ctx context.Context, env *Env) ([]Row, error) {
 	if err != nil {
 		return nil, err
 	}
-	targets := filepath.Join(dir, "targets.txt")
+	var rows []Row
+	for _, n := range sizes {
+		row, err := fleetAuditOf(ctx, env, bin, dir, n)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, row)
+	}
+	return rows, nil
+}
+
+// fleetAuditOf measures one fleet of n fresh 0.16.0 databases.
+func fleetAuditOf(ctx context.Context, env *Env, bin, dir string, n int) (Row, error) {
+	targets := filepath.Join(dir, fmt.Sprintf("targets-%d.txt", n))
 	var lines []string
 	for i := range n {
 		dsn, drop, err := env.CloneBaseline(ctx)
 		if err != nil {
-			return nil, err
+			return Row{}, err
 		}
 		defer drop()
 		if err := fillFleetDB(ctx, dsn); err != nil {
-			return nil, err
+			return Row{}, err
 		}
 		lines = append(lines, fmt.Sprintf("db-%03d %s", i+1, dsn))
 	}
 	if err := os.WriteFile(targets, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
-		return nil, err
+		return Row{}, err
 	}
 	// The loop a person would write: one audit per line, output discarded.
 	loop := `while read -r name dsn; do "$0" audit --dsn "$dsn" --format json >/dev/null; done < "$1"`
@@ -72,31 +87,30 @@ func benchFleetAudit(ctx context.Context, env *Env) ([]Row, error) {
 	for rep := 0; rep < env.Repeat; rep++ {
 		start := time.Now()
 		if out, err := exec.CommandContext(ctx, "sh", "-c", loop, bin, targets).CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("the audit loop: %v: %s", err, out)
+			return Row{}, fmt.Errorf("the audit loop: %v: %s", err, out)
 		}
 		loopT = append(loopT, time.Since(start))
 		start = time.Now()
-		out, err := peakRSSRun(ctx, bin, "fleet", "audit", "--targets", targets, "--parallel", "8", "--format", "json")
+		rss, err := peakRSSRun(ctx, bin, "fleet", "audit", "--targets", targets, "--parallel", "8", "--format", "json")
 		if err != nil {
-			return nil, fmt.Errorf("fleet audit: %w", err)
+			return Row{}, fmt.Errorf("fleet audit: %w", err)
 		}
 		fleetT = append(fleetT, time.Since(start))
-		fleetRSS = max(fleetRSS, out)
+		fleetRSS = max(fleetRSS, rss)
 		_, dsn, _ := strings.Cut(lines[0], " ")
 		if one, err := peakRSSRun(ctx, bin, "audit", "--dsn", dsn, "--format", "json"); err == nil {
 			auditRSS = max(auditRSS, one)
 		}
-		env.Logf("bench: fleet-audit %d: loop %s, fleet %s", rep+1, loopT[rep].Round(time.Millisecond), fleetT[rep].Round(time.Millisecond))
+		env.Logf("bench: fleet-audit of %d, run %d: loop %s, fleet %s", n, rep+1, loopT[rep].Round(time.Millisecond), fleetT[rep].Round(time.Millisecond))
 	}
 	l, f := Median(loopT), Median(fleetT)
-	return []Row{{Benchmark: "fleet-audit", Case: fmt.Sprintf("%d databases, 0.16.0 with one flow and one run each", n), Metrics: []Metric{
+	return Row{Benchmark: "fleet-audit", Case: fmt.Sprintf("%d databases, 0.16.0 with one flow and one run each", n), Metrics: []Metric{
 		{fmt.Sprintf("%d audits in a shell loop", n), l.Seconds(), "s"},
 		{"fleet audit --parallel 8", f.Seconds(), "s"},
 		{"ratio", f.Seconds() / l.Seconds(), "x"},
 		{"fleet peak RSS", fleetRSS, "MiB"},
 		{"one audit's peak RSS", auditRSS, "MiB"},
-		{"CPUs", float64(runtime.NumCPU()), ""},
-	}}}, nil
+	}}, nil
 }
 
 // buildTool builds the pgflow-upgrade binary into dir.
