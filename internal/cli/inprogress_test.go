@@ -13,9 +13,9 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb/versiontest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions/versiontest"
 )
 
 // auditFinding is one finding of audit --format json.

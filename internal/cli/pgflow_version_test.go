@@ -7,8 +7,8 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb/versiontest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions/versiontest"
 )
 
 // versionJSON is the stable pgflow_version object of status, audit and apply.

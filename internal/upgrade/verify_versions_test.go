@@ -5,9 +5,9 @@ import (
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb/versiontest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions/versiontest"
 )
 
 // verify passes on upstream's 0.17.0 and on 0.17.1+ (its later migrations

@@ -9,8 +9,8 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb/versiontest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions/versiontest"
 )
 
 // Each known version, built from its description, is detected as itself,
