@@ -141,7 +141,7 @@ func (a *applyRun) upstreamHop(h Hop) error {
 		if instead {
 			// Built before the transaction (prebuild.go): found done, or
 			// finished by a short swap.
-			run, sum = with, "already built beforehand: "+sum
+			run, sum = with, insteadLabel(st, with)+sum
 		}
 		t := time.Now()
 		var rows int64
@@ -176,7 +176,11 @@ func (a *applyRun) hopChecks(h Hop) error {
 	case 22:
 		// The new valid_status CHECK admits these statuses only.
 		what = "step_tasks rows with a status 0.15.1's valid_status CHECK rejects (allowed: queued, started, completed, failed, skipped, cancelled)"
-		err := a.tx.QueryRow(a.ctx, `select count(*) from pgflow.step_tasks
+		held, err := a.prebuiltCheckHolds()
+		if err != nil || held {
+			return err // the validated CHECK already admits no other row
+		}
+		err = a.tx.QueryRow(a.ctx, `select count(*) from pgflow.step_tasks
 			where status <> all (array['queued', 'started', 'completed', 'failed', 'skipped', 'cancelled'])`).Scan(&bad)
 		if err != nil {
 			return fmt.Errorf("checking before %s: %w", h.File, err)

@@ -106,21 +106,30 @@ func TestLongHopLocksAtScale(t *testing.T) {
 	lines = append(lines,
 		fmt.Sprintf("| apply --online: longest lock window (%s) | %d ms |", strings.Join(olines, ", "), ores.Report.LongestLockWindowMS),
 		fmt.Sprintf("| apply --online: total | %s |", time.Duration(ores.Report.TotalMS)*time.Millisecond))
-	// Where the switch's lock window goes: its steps and statements.
-	var parts []string
-	for _, st := range ores.Report.Switch.Report.Steps {
-		if st.DurationMS > 0 {
-			parts = append(parts, fmt.Sprintf("step %s %s: %d ms", st.Step, st.Detail, st.DurationMS))
-		}
+	// Where the lock windows go: the steps and statements of the catch-up
+	// and of the switch.
+	if ores.Report.CatchUp != nil {
+		t.Logf("apply --online's catch-up to 0.16.0:\n%s", stepLines(ores.Report.CatchUp.Report))
 	}
-	for _, st := range ores.Report.Switch.Report.Statements {
-		if st.DurationMS > 0 {
-			parts = append(parts, fmt.Sprintf("statement %s #%d %s: %d ms", st.Migration, st.Index, st.Summary, st.DurationMS))
-		}
-	}
-	t.Logf("apply --online's switch:\n%s", strings.Join(parts, "\n"))
+	t.Logf("apply --online's switch:\n%s", stepLines(ores.Report.Switch.Report))
 	t.Logf("0.14.1 -> %s at %d rows (longest upstream file %s):\n%s", versions.Newest, rows, longest.Round(time.Millisecond), strings.Join(lines, "\n"))
 	if window > longest {
 		t.Errorf("apply's lock window %s is longer than upstream's longest file %s", window, longest)
 	}
+}
+
+// stepLines lists a run's timed steps and statements (those of 1 ms or more).
+func stepLines(r *upgrade.Report) string {
+	var parts []string
+	for _, st := range r.Steps {
+		if st.DurationMS > 0 {
+			parts = append(parts, fmt.Sprintf("step %s %s: %d ms", st.Step, st.Detail, st.DurationMS))
+		}
+	}
+	for _, st := range r.Statements {
+		if st.DurationMS > 0 {
+			parts = append(parts, fmt.Sprintf("statement %s #%d %s: %d ms", st.Migration, st.Index, st.Summary, st.DurationMS))
+		}
+	}
+	return strings.Join(parts, "\n")
 }

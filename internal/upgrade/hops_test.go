@@ -365,3 +365,43 @@ func TestApplyHopsQuiescePausesTelemetryJob(t *testing.T) {
 		t.Fatal("the telemetry job was not restored")
 	}
 }
+
+// File 22 repairs historical rows under the locks: tasks still queued or
+// started of skipped steps become skipped, of failed runs cancelled. apply
+// runs each repair as one statement per active status (through upstream's
+// partial indexes, not a scan of step_tasks); the rows end exactly as
+// upstream's own files leave them, and the repairs did change rows.
+func TestApplyHopsRepairsActiveTasksAsUpstream(t *testing.T) {
+	t.Logf("components: %s", testdb.UpstreamComponents())
+	db := testdb.Upstream(t, "0.14.1")
+	testdb.Exec(t, db.Pool, `select pgflow.create_flow('repair'); select pgflow.add_step('repair', 'a'); select pgflow.add_step('repair', 'b')`)
+	testdb.Exec(t, db.Pool, `
+		insert into pgflow.runs (run_id, flow_slug, status, input, remaining_steps, failed_at)
+		values ('00000000-0000-0000-0000-00000000000a', 'repair', 'started', '{}', 2, null),
+		       ('00000000-0000-0000-0000-00000000000b', 'repair', 'failed', '{}', 2, now());
+		insert into pgflow.step_states (flow_slug, run_id, step_slug, status, remaining_tasks, skip_reason, skipped_at, started_at, initial_tasks)
+		select 'repair', r, s, case when r::text like '%a' then 'skipped' else 'started' end,
+		       case when r::text like '%a' then null else 1 end,
+		       case when r::text like '%a' then 'condition_unmet' end,
+		       case when r::text like '%a' then now() end, now(), 1
+		  from unnest(array['00000000-0000-0000-0000-00000000000a', '00000000-0000-0000-0000-00000000000b']::uuid[]) r,
+		       unnest(array['a', 'b']) s;
+		insert into pgflow.step_tasks (flow_slug, run_id, step_slug, message_id, status, started_at)
+		select 'repair', ss.run_id, ss.step_slug, row_number() over (), case when ss.step_slug = 'a' then 'queued' else 'started' end,
+		       case when ss.step_slug = 'b' then now() end
+		  from pgflow.step_states ss where ss.flow_slug = 'repair'`)
+	opts := fastOpts()
+	opts.PgflowMigrations = testdb.PgflowInstalledCopy(t, 27)
+	rep := hopApply(t, db, opts, versions.Newest)
+	var split int
+	var rows int64
+	for _, s := range rep.Statements {
+		if strings.HasPrefix(s.Summary, "one statement per active status") {
+			split++
+			rows += s.Rows
+		}
+	}
+	if split != 2 || rows != 4 {
+		t.Fatalf("file 22's repairs: %d split statements changing %d rows, want 2 changing 4 (a queued and a started task each)", split, rows)
+	}
+}
