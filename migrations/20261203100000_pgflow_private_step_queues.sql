@@ -522,16 +522,13 @@ begin
   -- skipped in one statement; the trigger keeps the given reason, the
   -- dependents get dependency_skipped.
   --
-  -- Broadcast order: pgflow 0.17.0 sends from inside its UPDATE, so its
-  -- order is the order the executor visits the rows, which depends on the
-  -- plan (no ORDER BY applies): ascending step_slug when the set of steps
-  -- to skip drives the join (tiny or unanalysed tables), the physical order
-  -- of the run's step_states rows when they drive it (realistic
-  -- statistics, and what upstream's workloads and tests show). A row moves
-  -- each time it is updated, so a dependent untouched since start_flow
-  -- comes before the trigger whose remaining_deps was just decremented.
-  -- The physical order is followed here whatever the plan, read before the
-  -- update moves the rows.
+  -- Broadcast order: dependency order (step_index: a step is added after
+  -- every step it depends on), so the trigger comes before its dependents
+  -- on every plan. pgflow 0.17.0 sends from inside its UPDATE, in the order
+  -- the executor visits the rows (ascending step_slug on tiny tables, the
+  -- rows' physical order on populated ones), which its own test of this
+  -- order does not always meet. The targets are read and locked before the
+  -- update, and the events follow their step_index.
   for v_skipped in
     with recursive tree(step_slug) as (
       select _cascade_force_skip_steps.step_slug
@@ -541,8 +538,9 @@ begin
         join tree on d.dep_slug = tree.step_slug
        where d.flow_slug = v_flow_slug
     ), targets as materialized (
-      select ss.ctid as position, ss.step_slug
+      select st.step_index as position, ss.step_slug
         from pgflow.step_states ss
+        join pgflow.steps st on st.flow_slug = v_flow_slug and st.step_slug = ss.step_slug
        where ss.run_id = _cascade_force_skip_steps.run_id
          and ss.step_slug in (select tree.step_slug from tree)
          and ss.status in ('created', 'started')

@@ -57,6 +57,7 @@ func TestBehaviourAsUpstream017(t *testing.T) {
 		t.Run("skips of one completion: plain skip first, each cascade as it becomes ready", func(t *testing.T) { testConditionSkipOrder(t, p) })
 		t.Run("start_ready_steps: slug order, every start before any message", func(t *testing.T) { testStartOrder(t, p) })
 		t.Run("force skip archives the first non-empty queue only", func(t *testing.T) { testForceSkipArchive(t, p) })
+		t.Run("force skip broadcasts in dependency order on a populated database", func(t *testing.T) { testForceSkipOrderPopulated(t, p) })
 		t.Run("fail_task on a queued task pushes its message back", func(t *testing.T) { testFailQueued(t, p) })
 		t.Run("delete_flow_and_data on a dropped step queue rolls back", func(t *testing.T) { testDeleteMissingQueue(t, p) })
 		t.Run("definition writers", func(t *testing.T) { testDefinitionWriters(t, p) })
@@ -153,7 +154,7 @@ func testConditionSkipOrder(t *testing.T, p *pgxpool.Pool) {
 	claimAndComplete(t, p, "conds", "conds", "", `{"ok": false}`)
 	got := events(t, p, run)
 	want := []string{"run:started", "step:root:started", "step:root:completed",
-		"step:a_skip:skipped", "step:b_child:skipped", "step:b_casc:skipped", "step:c_child:skipped", "step:c_casc:skipped",
+		"step:a_skip:skipped", "step:b_casc:skipped", "step:b_child:skipped", "step:c_casc:skipped", "step:c_child:skipped",
 		"run:completed"}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("events\n got %v\nwant %v", got, want)
@@ -432,5 +433,37 @@ func testSkipThenConditionFails(t *testing.T, p *pgxpool.Pool) {
 	}
 	if n := scalar[int](t, p, `select count(*) from pgmq.a_skipfail where msg_id = $1`, ids[0]); n != 1 {
 		t.Fatal("the failed task's message was not archived")
+	}
+}
+
+// testForceSkipOrderPopulated: _cascade_force_skip_steps broadcasts
+// step:skipped in dependency order (the trigger, then its dependents by
+// step_index) on a populated, analysed database, where the planner reads
+// the run's rows in physical order. The slugs are chosen so that neither
+// slug order (k, m, x) nor the physical order (x and k untouched since
+// start_flow, m moved by its start) is dependency order (m, x, k).
+func testForceSkipOrderPopulated(t *testing.T, p *pgxpool.Pool) {
+	for _, s := range []string{
+		`select pgflow.create_flow('deporder')`,
+		`select pgflow.add_step('deporder', 'r')`,
+		`select pgflow.add_step('deporder', 'm', array['r'])`,
+		`select pgflow.add_step('deporder', 'x', array['m'])`,
+		`select pgflow.add_step('deporder', 'k', array['m'])`,
+	} {
+		testdb.Exec(t, p, s)
+	}
+	run := scalar[string](t, p, `select run_id::text from pgflow.start_flow('deporder', '{}')`)
+	claimAndComplete(t, p, "deporder", "deporder", "", `"done"`)
+	// Populated: many runs' step_states, statistics gathered.
+	testdb.Exec(t, p, `select count(*) from generate_series(1, 300) i, pgflow.start_flow('deporder', '{}')`)
+	testdb.Exec(t, p, `analyze pgflow.step_states; analyze pgflow.steps; analyze pgflow.deps; analyze pgflow.runs`)
+	if n := scalar[int](t, p, `select pgflow._cascade_force_skip_steps($1::uuid, 'm', 'manual')`, run); n != 3 {
+		t.Fatalf("skipped %d, want m and its two dependents", n)
+	}
+	got := events(t, p, run)
+	want := []string{"run:started", "step:r:started", "step:r:completed", "step:m:started",
+		"step:m:skipped", "step:x:skipped", "step:k:skipped"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("events\n got %v\nwant %v", got, want)
 	}
 }
