@@ -91,8 +91,20 @@ func catalogCheck(ctx context.Context, q Querier) (bool, string, error) {
 	} else if len(catalog.Missing(later.Catalog, got)) == 0 {
 		v = later
 	}
+	same := "equal to pgflow " + v.Name
+	if v.Name != versions.V0_17_0 {
+		same += " (0.17.0 with upstream's later 0.17.x migrations)"
+	}
+	ok, detail := compareCatalog(v.Catalog, got, same)
+	return ok, detail, nil
+}
+
+// compareCatalog says whether got has every object of want, defined the
+// same: the differences when not, else same, with the objects of the
+// user's own that got adds named. pgmq's version is not compared.
+func compareCatalog(want, got *catalog.Catalog, same string) (bool, string) {
 	var bad, extra []string
-	for _, d := range catalog.Diff(v.Catalog, got) {
+	for _, d := range catalog.Diff(want, got) {
 		switch {
 		case d.Kind == catalog.KindPGMQ:
 			// pgmq.extension_version: whichever pgmq the database has.
@@ -103,16 +115,12 @@ func catalogCheck(ctx context.Context, q Querier) (bool, string, error) {
 		}
 	}
 	if len(bad) > 0 {
-		return false, strings.Join(bad, "; "), nil
-	}
-	same := "equal to pgflow " + v.Name
-	if v.Name != versions.V0_17_0 {
-		same += " (0.17.0 with upstream's later 0.17.x migrations)"
+		return false, strings.Join(bad, "; ")
 	}
 	if len(extra) > 0 {
-		return true, same + ", plus objects of your own: " + strings.Join(extra, "; "), nil
+		return true, same + ", plus objects of your own: " + strings.Join(extra, "; ")
 	}
-	return true, same, nil
+	return true, same
 }
 
 // PostConditions is the list behind `verify` and apply's post-conditions. Every

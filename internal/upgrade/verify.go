@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
@@ -38,12 +39,54 @@ func Verify(ctx context.Context, conn *pgx.Conn) (*VerifyReport, error) {
 		return nil, fmt.Errorf("verifying the upgraded schema: %w", err)
 	}
 	out = append(out, q)
+	tc, err := telemetryChecks(ctx, tx)
+	if err != nil {
+		return nil, fmt.Errorf("verifying pgflow 0.17.1's telemetry schema: %w", err)
+	}
+	out = append(out, tc...)
 	pc, err := pgmqClaimPath(ctx, tx)
 	if err != nil {
 		return nil, fmt.Errorf("verifying pgmq's claim path: %w", err)
 	}
 	out = append(out, pc)
 	return &VerifyReport{OK: len(Failed(out)) == 0, Checks: out}, nil
+}
+
+// telemetryChecks: at 0.17.1's catalog or later (upstream's file 26 on),
+// schema pgflow_telemetry is what upstream's files build, and the release
+// is told as detection tells it: 0.17.1, or 0.17.1 with the endpoint fix
+// (upstream's newest), by pgflow_telemetry.report()'s digest; a report()
+// that is neither fails. Nothing to check before 0.17.1.
+func telemetryChecks(ctx context.Context, q Querier) ([]CheckOutcome, error) {
+	d, err := versions.Detect(ctx, q)
+	if err != nil {
+		return nil, err
+	}
+	rel := d.Release
+	if rel == nil || rel.Files < 26 {
+		return nil, nil
+	}
+	want, err := versions.TelemetryCatalog()
+	if err != nil {
+		return nil, err
+	}
+	got, err := catalog.Read(ctx, q, versions.TelemetrySchema)
+	if err != nil {
+		return nil, err
+	}
+	cat := CheckOutcome{ID: "catalog_pgflow_telemetry",
+		Title: "schema pgflow_telemetry is what upstream's files build (0.17.1: tables, constraints, functions and their attributes)"}
+	cat.OK, cat.Detail = compareCatalog(want, got, "equal to upstream's")
+	release := CheckOutcome{ID: "release_0_17_1",
+		Title: "pgflow_telemetry.report() is 0.17.1's or the endpoint fix's (told apart as status tells them)",
+		OK:    !rel.ReportUnknown, Detail: rel.Name}
+	switch {
+	case rel.ReportUnknown:
+		release.Detail = strings.Join(rel.Evidence, "; ") + ": not upstream's function; rerun apply with your copy of upstream's files (--pgflow-migrations DIR)"
+	case !rel.AtNewest():
+		release.Detail += "; upstream's newest is " + rel.Newest + ": apply with your copy of upstream's files reaches it"
+	}
+	return []CheckOutcome{cat, release}, nil
 }
 
 // pgmqClaimPath: pgmq is not stopped at 1.10.0 or 1.10.1 with queues

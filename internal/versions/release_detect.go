@@ -33,6 +33,9 @@ type ReleaseState struct {
 	// history does not have. Either refuses a plan.
 	LedgerGaps    []string `json:"ledger_gaps,omitempty"`
 	LedgerUnknown []string `json:"ledger_unknown,omitempty"`
+	// ReportUnknown: at 0.17.1's catalog, pgflow_telemetry.report() is
+	// neither 0.17.1's nor the endpoint fix's (changed, or absent).
+	ReportUnknown bool `json:"report_unknown,omitempty"`
 }
 
 // Refusal says why no plan may start from this state ("" when one may).
@@ -103,6 +106,7 @@ func DetectRelease(ctx context.Context, q catalog.Querier, d *Detection) (*Relea
 		case digestReport26:
 			r.Evidence = append(r.Evidence, fnReport+" is 0.17.1's, without the endpoint fix")
 		default:
+			r.ReportUnknown = true
 			r.Evidence = append(r.Evidence, fnReport+" is neither 0.17.1's nor the endpoint fix's (or absent)")
 		}
 	}

@@ -141,6 +141,21 @@ func Facts(release string) (*catalog.Catalog, error) {
 	return catalog.Parse(b)
 }
 
+// TelemetrySchema is the schema upstream's 0.17.1 (file 26) creates.
+const TelemetrySchema = "pgflow_telemetry"
+
+// TelemetryCatalog is schema pgflow_telemetry as upstream's files build it
+// (file 26; file 27 changes report()'s body only, which a catalog does not
+// hold): catalogs/pgflow_telemetry-0.17.1.catalog.json, read from a
+// database built from upstream's files and checked against one in tests.
+func TelemetryCatalog() (*catalog.Catalog, error) {
+	b, err := Catalogs.ReadFile("catalogs/" + TelemetrySchema + "-0.17.1.catalog.json")
+	if err != nil {
+		return nil, fmt.Errorf("reading the embedded catalog of %s: %w", TelemetrySchema, err)
+	}
+	return catalog.Parse(b)
+}
+
 func load() ([]*Version, error) {
 	facts := map[string]*catalog.Catalog{}
 	for _, r := range []string{"0.14.1", "0.16.0", "0.17.0", "0.17.1"} {
