@@ -113,9 +113,9 @@ func TestLongHopLocksAtScale(t *testing.T) {
 	}
 	t.Logf("apply --online's switch:\n%s", stepLines(ores.Report.Switch.Report))
 	t.Logf("0.14.1 -> %s at %d rows (longest upstream file %s):\n%s", versions.Newest, rows, longest.Round(time.Millisecond), strings.Join(lines, "\n"))
-	if window > longest {
-		t.Errorf("apply's lock window %s is longer than upstream's longest file %s", window, longest)
-	}
+	// A measurement, not a timed assertion: how the windows compare depends
+	// on the machine and its load; make bench and BENCHMARKS.md compare them.
+	t.Logf("apply's lock window %s against upstream's longest file %s (ratio %.2f)", window, longest, float64(window)/float64(longest))
 }
 
 // stepLines lists a run's timed steps and statements (those of 1 ms or more).
