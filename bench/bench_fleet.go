@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -116,9 +115,11 @@ func fleetAuditOf(ctx context.Context, env *Env, bin, dir string, n int) (Row, e
 // buildTool builds the pgflow-upgrade binary into dir.
 func buildTool(ctx context.Context, dir string) (string, error) {
 	bin := filepath.Join(dir, "pgflow-upgrade")
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if _, err := os.Stat(goBin); err != nil {
-		goBin = "go"
+	// The go that runs this benchmark (go run) is on PATH or in Go's
+	// usual place, as the Makefile finds it.
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = "/usr/local/go/bin/go"
 	}
 	if out, err := exec.CommandContext(ctx, goBin, "build", "-o", bin, "./cmd/pgflow-upgrade").CombinedOutput(); err != nil {
 		return "", fmt.Errorf("building the tool (run from the repository's root): %v: %s", err, out)

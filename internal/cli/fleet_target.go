@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fleet"
@@ -232,6 +231,3 @@ func verifyEntry(s subRun) fleet.Entry {
 	e.Catalog = fleet.Digest(failed)
 	return e
 }
-
-// now is a pointer to the current time, for an entry's times.
-func now() *time.Time { t := time.Now().UTC(); return &t }
