@@ -59,7 +59,8 @@ func idleInTransaction(t *testing.T, db *testdb.DB, pid int) bool {
 	return state == "idle in transaction"
 }
 
-func TestDeadClientReleasesLocks(t *testing.T) {
+func TestLongDeadClientReleasesLocks(t *testing.T) {
+	testdb.SkipUnlessLong(t, "a killed or stopped client's backend releases apply's locks")
 	if testing.Short() {
 		t.Skip("generates 300,000 step_tasks rows")
 	}

@@ -52,14 +52,15 @@ func writeMembers(t *testing.T, path string, blocks []string, times []int) {
 	}
 }
 
-// TestReplayFromHugeCaptureBoundedRSS runs the built binary on two hostile
+// TestLongReplayFromHugeCaptureBoundedRSS runs the built binary on two hostile
 // capture files and measures its peak RSS (getrusage): a gzip bomb whose
 // second line never ends, and 512 MiB of repeated rows (the shape that once
 // took 2.3 GB and crashed; twice the budget, so a reader that held them
 // could not pass) whose end record is wrong, so the whole file is read
 // before the refusal. Both end with exit 2 and a message, not a crash,
 // under 256 MB.
-func TestReplayFromHugeCaptureBoundedRSS(t *testing.T) {
+func TestLongReplayFromHugeCaptureBoundedRSS(t *testing.T) {
+	testdb.SkipUnlessLong(t, "replay of two hostile huge captures stays within its RSS bound")
 	testdb.SkipIfShort(t, "the binary's peak RSS on a gzip bomb and on 512 MiB of rows stays under 256 MB")
 	t.Parallel() // long and self-contained: overlaps the package's other long tests
 	dir := t.TempDir()

@@ -113,11 +113,12 @@ func TestFleetApplyStaged(t *testing.T) {
 	}
 }
 
-// TestFleetApplyResumeAfterKill: a fleet apply is killed with SIGKILL
+// TestLongFleetApplyResumeAfterKill: a fleet apply is killed with SIGKILL
 // after two of five targets; the rerun with its ledger skips those two
 // (verified at the destination), finishes the rest, and every target keeps
 // every row and message it had.
-func TestFleetApplyResumeAfterKill(t *testing.T) {
+func TestLongFleetApplyResumeAfterKill(t *testing.T) {
+	testdb.SkipUnlessLong(t, "a SIGKILLed fleet apply resumes from its ledger")
 	const n = 5
 	dbs := make([]*testdb.DB, n)
 	fps := make([]*fingerprint.Fingerprint, n)
@@ -207,11 +208,12 @@ func countDone(path string) int {
 	return n
 }
 
-// TestFleetApplyOnlineAndInterrupt: apply --online is given to every
+// TestLongFleetApplyOnlineAndInterrupt: apply --online is given to every
 // target; a SIGINT to a running fleet starts no new target, the running
 // one commits or rolls back, the ledger says so (exit 130), and the rerun
 // finishes.
-func TestFleetApplyOnlineAndInterrupt(t *testing.T) {
+func TestLongFleetApplyOnlineAndInterrupt(t *testing.T) {
+	testdb.SkipUnlessLong(t, "fleet apply --online, and SIGINT starting no new target")
 	dbs := []*testdb.DB{legacy(t), legacy(t), legacy(t), legacy(t)}
 	fps := make([]*fingerprint.Fingerprint, len(dbs))
 	var lines []string

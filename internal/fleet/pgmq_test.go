@@ -15,7 +15,8 @@ import (
 // fleet apply --pgmq: every target gets the pgflow hop and the pgmq hop
 // (one with upstream's mixed-case example flow, where the plain pgmq
 // update fails), and the JUnit file has one passing case per target.
-func TestFleetApplyPGMQ(t *testing.T) {
+func TestLongFleetApplyPGMQ(t *testing.T) {
+	testdb.SkipUnlessLong(t, "fleet apply --pgmq takes every target through both hops")
 	testdb.RequirePGMQVersion(t, testdb.PGMQNewest)
 	mixed, plain := legacy(t), legacy(t)
 	if err := fixtures.CreateAnalyzeWebsite(context.Background(), mixed.Pool); err != nil {

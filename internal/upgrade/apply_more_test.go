@@ -344,7 +344,8 @@ func TestApplyLockRetriesThenGivesUp(t *testing.T) {
 // The backend is terminated before each statement of the migration in turn
 // (and before the post-conditions, the Supabase record and the commit):
 // after every kill the database equals the baseline, and a rerun succeeds.
-func TestApplyKilledAtEveryStatement(t *testing.T) {
+func TestLongApplyKilledAtEveryStatement(t *testing.T) {
+	testdb.SkipUnlessLong(t, "apply killed at every statement leaves the database as it was")
 	testdb.SkipIfShort(t, "The backend is terminated before each statement of the migration in turn (and before the post-conditions,...")
 	ctx := testCtx(t)
 	db := testdb.Inflight(t, 3) // the baseline has the Supabase ledger (fixture stand-in)
