@@ -1,22 +1,13 @@
 package versions
 
 import (
-	_ "embed"
 	"fmt"
 	"strings"
-	"sync"
-
-	"ariga.io/atlas/sql/migrate"
 )
 
 // Upstream's releases as data. Upstream's history is one line of migration
 // files; a release is exactly the files its atlas.sum lists, a prefix of
-// that line. upstream/pgflow.atlas.sum is the newest release's atlas.sum:
-// its hash lines only (Atlas's chained h1 hash of each file, facts that
-// identify the bytes), never the files.
-
-//go:embed upstream/pgflow.atlas.sum
-var upstreamSum []byte
+// that line, recorded below by name and hash (upstreamHistory).
 
 // Release names.
 const (
@@ -80,25 +71,40 @@ func (f UpstreamFile) Title() string {
 	return n
 }
 
-var (
-	upstreamOnce  sync.Once
-	upstreamFiles []UpstreamFile
-)
+// UpstreamFiles is upstream's history, oldest first. Shared: read only.
+func UpstreamFiles() []UpstreamFile { return upstreamHistory }
 
-// UpstreamFiles is upstream's history, oldest first. It panics if the
-// embedded atlas.sum does not parse or its checksum is wrong (a build
-// defect, caught by the package's tests).
-func UpstreamFiles() []UpstreamFile {
-	upstreamOnce.Do(func() {
-		var sum migrate.HashFile
-		if err := sum.UnmarshalText(upstreamSum); err != nil {
-			panic(fmt.Sprintf("versions: embedded upstream/pgflow.atlas.sum: %v", err))
-		}
-		for i, l := range sum {
-			upstreamFiles = append(upstreamFiles, UpstreamFile{Index: i + 1, Name: l.N, Hash: l.H})
-		}
-	})
-	return upstreamFiles
+// upstreamHistory is upstream's history as the newest release's atlas.sum
+// lists it: each file's name and Atlas's chained h1 hash, facts that
+// identify the bytes (never the files themselves).
+var upstreamHistory = []UpstreamFile{
+	{1, "20250429164909_pgflow_initial.sql", "I3n/tQIg5Q5nLg7RDoU3BzqHvFVjmumQxVNbXTPG15s="},
+	{2, "20250517072017_pgflow_fix_poll_for_tasks_to_use_separate_statement_for_polling.sql", "wTuXuwMxVniCr3ONCpodpVWJcHktoQZIbqMZ3sUHKMY="},
+	{3, "20250609105135_pgflow_add_start_tasks_and_started_status.sql", "ggGanW4Wyt8Kv6TWjnZ00/qVb3sm+/eFVDjGfT8qyPg="},
+	{4, "20250610180554_pgflow_add_set_vt_batch_and_use_it_in_start_tasks.sql", "Mpf0PImrTsaZaIEPTQpONi5Ad0/RNfnatfc1WglG360="},
+	{5, "20250614124241_pgflow_add_realtime.sql", "jhMIt4OkrPf9o4hqcBZWBxxaQk94l252XRwjpEr51aA="},
+	{6, "20250619195327_pgflow_fix_fail_task_missing_realtime_event.sql", "n9kZFdfkYWaLCKvOHOSbJl6PFUhOiocdPVBcqyA4Ew4="},
+	{7, "20250627090700_pgflow_fix_function_search_paths.sql", "AEqyLIzjuInSmGrUwKhw5jv6S1iY3yaiKNKaLWjGbys="},
+	{8, "20250707210212_pgflow_add_opt_start_delay.sql", "MGzPX/E9NCr0w4LZR/Iw1vRxo/Gp+WpPO01r7giDulY="},
+	{9, "20250719205006_pgflow_worker_deprecation.sql", "pL5cR1/Oag993yWN6sUpE/U3LmVSzAlnoRXJRBtErU8="},
+	{10, "20251006073122_pgflow_add_map_step_type.sql", "D/skgKpaVg5TM8bPovo9FUutQfg35/AzkxEcasYwytY="},
+	{11, "20251103222045_pgflow_fix_broadcast_order_and_timestamp_handling.sql", "K/XnZpOmxfelsaNoJbR5HxhBrs/oW4aYja222h5cps4="},
+	{12, "20251104080523_pgflow_upgrade_pgmq_1_5_1.sql", "Fw7zpMWnjhAHQ0qBJAprAvGl7dJMd8ExNHg8aKvkzTg="},
+	{13, "20251130000000_pgflow_auto_compilation.sql", "qs+3qq1Vsyo0ETzbxDnmkVtSUa6XHkd/K9wF/3W46jM="},
+	{14, "20251209074533_pgflow_worker_management.sql", "ozFkYM1EvEH7dGvW+1pWgpzbwdWlwuQoddqLomL1GXw="},
+	{15, "20251212100113_pgflow_allow_data_loss_parameter.sql", "Fg3RHj51STNHS4epQ2J4AFMj7NwG0XfyDTSA/9dcBIQ="},
+	{16, "20251225163110_pgflow_add_flow_input_column.sql", "734uCbTgKmPhTK3TY56uNYZ31T8u59yll9ea7nwtEoc="},
+	{17, "20260103145141_pgflow_step_output_storage.sql", "mgVHSFDLdtYy//SZ6C03j9Str1iS9xCM8Rz/wyFwn3o="},
+	{18, "20260120205547_pgflow_requeue_stalled_tasks.sql", "4wCBBvjtETCgJf1eXmlH5wCTKDUhiLi0uzsFG1V528E="},
+	{19, "20260124113408_pgflow_auth_secret_support.sql", "i/s1JkBqRElN6FOYFQviJt685W08SuSo30aP25lNlLc="},
+	{20, "20260214181656_pgflow_step_conditions.sql", "rHQnXCeZ/QGxPlChdTMxumtsTtYHr1ej183Dd+auw34="},
+	{21, "20260607175525_pgflow_worker_start_mode.sql", "PFAfoGaHe5stKF7YAFg6AqBxmRisqDvV60vVpnnVdBE="},
+	{22, "20260904095427_pgflow_task_lifecycle_hardening.sql", "27b0BfBcQxeu5XSqVtQYvDCRzTsvLqzS/5hx14/2VyM="},
+	{23, "20260907082520_pgflow_remove_legacy_flow_compilation.sql", "LNFDz+ZZlWb19FmWNPK57eiD+FXySMbStVij8MTSvDw="},
+	{24, "20260915074120_pgflow_private_step_queues.sql", "+vsfsOyDaM8WISO/jxp4UBlTzPuQhg6RwBCiOAk5YAE="},
+	{25, "20260919152659_pgflow_fix_force_skip_multi_queue.sql", "DC7uQRwjpOm3A4NtDYb3SjbSSqQix4MlQ4+BnhGQ/Q8="},
+	{26, "20260920093533_pgflow_telemetry.sql", "dp3gNRSUpTNoPH9w4n9P7CBhXFoJspQ+hP9MfQ1u3Fg="},
+	{27, "20261001194538_pgflow_telemetry_endpoint_fix.sql", "/ROJiUnHzOt6xsw9f877wY6KlrVOFxpjGBuFuweX6Is="},
 }
 
 // StateName names the state of a database holding upstream's first n

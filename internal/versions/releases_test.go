@@ -7,7 +7,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
-// The embedded hash lines are every shipped release's atlas.sum: each
+// The hash lines of upstreamHistory are every shipped release's atlas.sum: each
 // release is the prefix of the newest's lines its Files says.
 func TestReleasesAreTheirAtlasSums(t *testing.T) {
 	all := versions.UpstreamFiles()
