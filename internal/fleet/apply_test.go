@@ -89,7 +89,7 @@ func TestFleetApplyStaged(t *testing.T) {
 	}
 
 	// The blocker fixed: its state changed, so it is audited again and upgraded.
-	sqlExec(t, block, `delete from pgflow.flows where flow_slug = 'Foo'`)
+	block.Exec(t, `delete from pgflow.flows where flow_slug = 'Foo'`)
 	fps["blocked"] = take(t, block)
 	r = run(t, nil, args...)
 	doc = report(t, r)

@@ -59,21 +59,12 @@ func run(t *testing.T, env map[string]string, args ...string) result {
 	return result{code, out.String(), errOut.String()}
 }
 
-func sqlExec(t *testing.T, db *testdb.DB, stmts ...string) {
-	t.Helper()
-	for _, s := range stmts {
-		if _, err := db.Pool.Exec(context.Background(), s); err != nil {
-			t.Fatalf("%s: %v", s, err)
-		}
-	}
-}
-
 // legacy is a 0.16.0 database with flow "legacy" (one step) and one
 // started run, whose task has a message in queue "legacy".
 func legacy(t *testing.T) *testdb.DB {
 	t.Helper()
 	db := testdb.Baseline(t)
-	sqlExec(t, db,
+	db.Exec(t,
 		`select pgflow.create_flow('legacy')`,
 		`select pgflow.add_step('legacy', 'a')`,
 		`select pgflow.start_flow('legacy', '{"i": 0}'::jsonb)`)
@@ -84,7 +75,7 @@ func legacy(t *testing.T) *testdb.DB {
 func blocked(t *testing.T) *testdb.DB {
 	t.Helper()
 	db := legacy(t)
-	sqlExec(t, db, `insert into pgflow.flows (flow_slug) values ('Foo'), ('foo')`)
+	db.Exec(t, `insert into pgflow.flows (flow_slug) values ('Foo'), ('foo')`)
 	return db
 }
 
