@@ -364,6 +364,11 @@ func writeForecastLine(w *bytes.Buffer, f *forecast.Forecast) {
 	if f == nil {
 		return
 	}
+	defer writeHopsLine(w, f.Hops)
+	if !f.Available && len(f.Hops) > 0 && !hasOwnHop(f.Hops) {
+		fmt.Fprintln(w, oneLine("forecast: no hop holds a lock for work that grows with the rows", lineWidth))
+		return
+	}
 	if !f.Available {
 		why, _, _ := strings.Cut(f.Reason, ": ")
 		fmt.Fprintln(w, oneLine("forecast: unavailable: "+why+" (--verbose says how to get one)", lineWidth))

@@ -100,15 +100,49 @@ const noCostsReason = "no per-row costs to forecast with: pass --calibration FIL
 	"or measure them on a generated sample with --calibrate-dsn DSN (a scratch server) or --calibrate-local (an ephemeral cluster)"
 
 // runForecast reads the row counts (read-only, the audit's budgets) and
-// estimates with the plan's costs. It never fails the audit: what goes
-// wrong is the forecast's Reason.
+// estimates with the plan's costs, hop by hop from the release found to
+// upstream's newest. It never fails the audit: what goes wrong is the
+// forecast's Reason.
 func (a *App) runForecast(ctx context.Context, conn *pgx.Conn, rep *audit.Report, p *forecastPlan, checkTimeout, lockTimeout time.Duration) *forecast.Forecast {
-	if v := rep.PgflowVersion; v != nil && (v.State == versions.StateUpgraded || v.State == versions.StateNotPgflow || v.State == versions.StateOlder) {
-		return forecast.Unavailable(nil, p.threshold, fmt.Sprintf("no forecast: pgflow is %s (state %s), not the 0.16.0 this upgrade starts from", orNone(v.Found), v.State))
+	v := rep.PgflowVersion
+	from, onTheWay := planStart(v)
+	if v != nil && !onTheWay && (v.State == versions.StateUpgraded || v.State == versions.StateNotPgflow || v.State == versions.StateOlder) {
+		return forecast.Unavailable(nil, p.threshold, fmt.Sprintf("no forecast: pgflow is %s (state %s), not a release this tool takes to %s", orNone(v.Found), v.State, versions.Newest))
 	}
 	stats, err := forecast.ReadStats(ctx, conn, checkTimeout, lockTimeout)
 	if err != nil {
 		return forecast.Unavailable(nil, p.threshold, "no forecast: "+err.Error())
+	}
+	if !onTheWay {
+		// An unfinished online upgrade, or a 0.16.0 whose release could not
+		// be told exactly: the own hop's estimate, without the hop list.
+		return a.ownHopForecast(ctx, stats, p, versions.OwnHopFile-1)
+	}
+	f := a.ownHopForecast(ctx, stats, p, from)
+	f.Hops = forecast.PerHop(stats, from, f)
+	return f
+}
+
+// planStart is the number of upstream's files the database holds, when it
+// is a release (or a prefix between releases) with hops left to the newest.
+func planStart(v *versions.Detection) (int, bool) {
+	if v == nil || v.Release == nil || v.Release.AtNewest() || v.Release.Refusal() != "" {
+		return 0, false
+	}
+	switch v.State {
+	case versions.StateOlder, versions.StateReady, versions.StateUpgraded:
+		return v.Release.Files, true
+	}
+	return 0, false
+}
+
+// ownHopForecast estimates this tool's own hop (0.16.0 -> 0.17.0), the one
+// whose lock window grows with the rows, from the plan's costs; a plan
+// without it needs no estimate.
+func (a *App) ownHopForecast(ctx context.Context, stats forecast.Stats, p *forecastPlan, from int) *forecast.Forecast {
+	if from >= versions.OwnHopFile {
+		return forecast.Unavailable(&stats, p.threshold, "no lock-window estimate needed: no hop of this plan holds a lock for work that grows with the rows "+
+			"(each is catalog work in the transaction, or built beforehand while reads and writes go on; per hop below)")
 	}
 	switch {
 	case p.calibration != nil:
@@ -198,6 +232,7 @@ func writeForecast(w *bytes.Buffer, f *forecast.Forecast) {
 	} else {
 		fmt.Fprintln(w, "forecast:")
 	}
+	defer writeHops(w, f.Hops)
 	if !f.Available {
 		fmt.Fprintf(w, "  unavailable: %s\n", f.Reason)
 		return
@@ -226,4 +261,43 @@ func msText(ms int64) string {
 
 func costText(c forecast.Cost) string {
 	return fmt.Sprintf("fixed %.0f ms + %.3g µs per step_tasks row", c.FixedMS, c.PerRowUS)
+}
+
+// writeHops prints the forecast of every hop, one block each.
+func writeHops(w *bytes.Buffer, hops []forecast.HopForecast) {
+	if len(hops) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "  per hop (%d, to %s):\n", len(hops), versions.Newest)
+	for i, h := range hops {
+		writeBlock(w, fmt.Sprintf("    %d. %s: ", i+1, h.Hop), h.Summary, 8)
+	}
+}
+
+// writeHopsLine is the per-hop forecast in one line.
+func writeHopsLine(w *bytes.Buffer, hops []forecast.HopForecast) {
+	if len(hops) == 0 {
+		return
+	}
+	inTx, before := 0, 0
+	for _, h := range hops {
+		for _, l := range h.Locks {
+			if l.Run == versions.Beforehand {
+				before++
+			} else {
+				inTx++
+			}
+		}
+	}
+	fmt.Fprintln(w, oneLine(fmt.Sprintf("forecast per hop: %d hops to %s; %d locking statements in the transaction, %d built beforehand online (--verbose lists them)",
+		len(hops), versions.Newest, inTx, before), lineWidth))
+}
+
+func hasOwnHop(hops []forecast.HopForecast) bool {
+	for _, h := range hops {
+		if h.Own {
+			return true
+		}
+	}
+	return false
 }

@@ -55,6 +55,9 @@ type Forecast struct {
 	ThresholdMS     int64   `json:"online_threshold_ms"`
 	RecommendOnline bool    `json:"recommend_online"`
 	Recommendation  string  `json:"recommendation,omitempty"`
+	// Hops: the plan to upstream's newest release, hop by hop (PerHop);
+	// absent when the database is not on the way there.
+	Hops []HopForecast `json:"hops,omitempty"`
 }
 
 // ExtrapolationCaveat: past this many times the largest size measured, the

@@ -16,6 +16,9 @@ type Stats struct {
 	StepTasks  int64 `json:"step_tasks"`
 	StepStates int64 `json:"step_states"`
 	Runs       int64 `json:"runs"`
+	// Workers and WorkerFunctions: the small tables some hops lock.
+	Workers         int64 `json:"workers"`
+	WorkerFunctions int64 `json:"worker_functions"`
 	// Source says where the counts come from (see ReadStats).
 	Source string `json:"source"`
 	// LastAnalyzed: the latest ANALYZE of pgflow.step_tasks (manual or
@@ -55,7 +58,7 @@ func ReadStats(ctx context.Context, conn *pgx.Conn, budget, lockTimeout time.Dur
 		return st, fmt.Errorf("reading row counts from the statistics: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	rows, err := tx.Query(ctx, statsSQL, []string{"step_tasks", "step_states", "runs"})
+	rows, err := tx.Query(ctx, statsSQL, []string{"step_tasks", "step_states", "runs", "workers", "worker_functions"})
 	if err != nil {
 		return st, fmt.Errorf("reading row counts from the statistics: %w", err)
 	}
@@ -84,6 +87,10 @@ func ReadStats(ctx context.Context, conn *pgx.Conn, budget, lockTimeout time.Dur
 			st.StepStates = n
 		case "runs":
 			st.Runs = n
+		case "workers":
+			st.Workers = n
+		case "worker_functions":
+			st.WorkerFunctions = n
 		}
 	}
 	if err := rows.Err(); err != nil {

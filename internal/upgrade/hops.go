@@ -34,7 +34,7 @@ const (
 )
 
 // ownHopFile is the upstream file our own migration stands for.
-const ownHopFile = 24
+const ownHopFile = versions.OwnHopFile
 
 // Hop is one step of a plan.
 type Hop struct {
