@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
@@ -38,7 +39,7 @@ func benchApply(ctx context.Context, env *Env) ([]Row, error) {
 			conn.Close(ctx)
 			drop()
 			if err == nil {
-				err = rep.Want(upgrade.OutcomeApplied)
+				err = rep.Want(outcome.Applied)
 			}
 			if err != nil {
 				return nil, fmt.Errorf("apply at %d rows: %w", size, err)

@@ -10,6 +10,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/calibrate"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/forecast"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
@@ -55,7 +56,7 @@ func benchForecast(ctx context.Context, env *Env) ([]Row, error) {
 				return err
 			}
 			window = time.Duration(rep.Report.LockWindowMS) * time.Millisecond
-			return rep.Want(upgrade.OutcomeApplied)
+			return rep.Want(outcome.Applied)
 		})
 		if err != nil {
 			return nil, fmt.Errorf("forecast, apply at %d rows: %w", size, err)
@@ -75,7 +76,7 @@ func benchForecast(ctx context.Context, env *Env) ([]Row, error) {
 			octx, cancel := context.WithTimeout(ctx, limit)
 			defer cancel()
 			t := time.Now()
-			rep, err := online.Apply(octx, conn, online.Options{})
+			rep, err := online.Upgrade(octx, conn, online.Options{})
 			onlineTook = time.Since(t)
 			if octx.Err() != nil && ctx.Err() == nil {
 				stopped = true
@@ -85,7 +86,7 @@ func benchForecast(ctx context.Context, env *Env) ([]Row, error) {
 			if err != nil {
 				return err
 			}
-			if err := rep.Want(upgrade.OutcomeApplied); err != nil {
+			if err := rep.Want(outcome.Applied); err != nil {
 				return err
 			}
 			env.Logf("bench: forecast at %d: apply --online %s, phases %+v, backfill %+v", size, onlineTook.Round(time.Millisecond), rep.Report.Phases, rep.Report.Backfill)

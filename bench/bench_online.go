@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/waitprobe"
@@ -68,13 +69,13 @@ func benchOnline(ctx context.Context, env *Env) ([]Row, error) {
 		var onTotal, onProbe, onWindow, txTotal, txProbe, flTotal, flProbe []time.Duration
 		var onFails, txFails, flFails int
 		for i := 0; i < env.Repeat; i++ {
-			var rep *upgrade.Result[*online.Report]
+			var rep *outcome.Result[*online.Report]
 			took, p, err := measured(ctx, env, size, func(ctx context.Context, conn *pgx.Conn) error {
 				var err error
-				if rep, err = online.Apply(ctx, conn, online.Options{}); err != nil {
+				if rep, err = online.Upgrade(ctx, conn, online.Options{}); err != nil {
 					return err
 				}
-				return rep.Want(upgrade.OutcomeApplied)
+				return rep.Want(outcome.Applied)
 			})
 			if err != nil {
 				return nil, fmt.Errorf("apply --online at %d rows: %w", size, err)
@@ -108,7 +109,7 @@ func benchOnline(ctx context.Context, env *Env) ([]Row, error) {
 				if err != nil {
 					return err
 				}
-				return rep.Want(upgrade.OutcomeApplied)
+				return rep.Want(outcome.Applied)
 			})
 			if err != nil {
 				return nil, fmt.Errorf("transactional apply at %d rows: %w", size, err)
@@ -143,7 +144,7 @@ func benchOnline(ctx context.Context, env *Env) ([]Row, error) {
 
 // logSwitch logs where the switch transaction spent its time: its steps and
 // its slowest statements (the lock window is from the table locks to commit).
-func logSwitch(env *Env, res *upgrade.Result[*upgrade.Report]) {
+func logSwitch(env *Env, res *outcome.Result[*upgrade.Report]) {
 	if res == nil {
 		return
 	}

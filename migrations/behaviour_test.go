@@ -40,8 +40,8 @@ type claimed struct {
 	Input           json.RawMessage
 }
 
-// outcome of a handler: complete with output, fail with an error, or hold.
-type outcome struct {
+// taskOutcome is what a handler did: complete with output, fail with an error, or hold.
+type taskOutcome struct {
 	output string
 	fail   string
 	hold   bool
@@ -81,7 +81,7 @@ func (e *engine) claim(flow string) []claimed {
 }
 
 // drain claims and handles a flow's messages until none is visible.
-func (e *engine) drain(flow string, handle func(c claimed) outcome) {
+func (e *engine) drain(flow string, handle func(c claimed) taskOutcome) {
 	e.t.Helper()
 	for i := 0; i < 20; i++ {
 		tasks := e.claim(flow)
@@ -95,7 +95,7 @@ func (e *engine) drain(flow string, handle func(c claimed) outcome) {
 	e.t.Fatalf("%s: still claiming after 20 rounds", flow)
 }
 
-func (e *engine) finish(c claimed, o outcome) {
+func (e *engine) finish(c claimed, o taskOutcome) {
 	e.t.Helper()
 	switch {
 	case o.hold:
@@ -148,65 +148,65 @@ func define(t *testing.T, db q) {
 func (e *engine) scenario() {
 	t, db := e.t, e.db
 	// The chain run started before the upgrade continues.
-	e.drain("Chain_Flow", func(c claimed) outcome {
+	e.drain("Chain_Flow", func(c claimed) taskOutcome {
 		switch c.Step {
 		case "first":
-			return outcome{output: `[1, 2, 3]`}
+			return taskOutcome{output: `[1, 2, 3]`}
 		case "items":
-			return outcome{output: string(c.Input) + "0"}
+			return taskOutcome{output: string(c.Input) + "0"}
 		}
-		return outcome{output: `"done"`}
+		return taskOutcome{output: `"done"`}
 	})
 	testdb.Exec(t, db, `select pgflow.start_flow('retry_flow', '{}', $1::uuid)`, runID(2))
 	tries := 0
-	e.drain("retry_flow", func(c claimed) outcome {
+	e.drain("retry_flow", func(c claimed) taskOutcome {
 		if tries++; tries == 1 {
-			return outcome{fail: "transient"}
+			return taskOutcome{fail: "transient"}
 		}
-		return outcome{output: `{"ok": 1}`}
+		return taskOutcome{output: `{"ok": 1}`}
 	})
 	testdb.Exec(t, db, `select pgflow.start_flow('doomed', '{}', $1::uuid)`, runID(3))
-	e.drain("doomed", func(c claimed) outcome {
+	e.drain("doomed", func(c claimed) taskOutcome {
 		if c.Step == "b" {
-			return outcome{hold: true}
+			return taskOutcome{hold: true}
 		}
-		return outcome{fail: "always"}
+		return taskOutcome{fail: "always"}
 	})
 	for _, c := range e.held { // late reports after the run failed
-		e.finish(c, outcome{output: `"late"`})
+		e.finish(c, taskOutcome{output: `"late"`})
 	}
 	e.held = nil
 	testdb.Exec(t, db, `select pgflow.start_flow('cond_flow', '{}', $1::uuid)`, runID(4))
-	e.drain("cond_flow", func(c claimed) outcome {
+	e.drain("cond_flow", func(c claimed) taskOutcome {
 		if c.Step == "check" {
-			return outcome{output: `{"ok": false}`}
+			return taskOutcome{output: `{"ok": false}`}
 		}
-		return outcome{output: `"ran"`}
+		return taskOutcome{output: `"ran"`}
 	})
 	testdb.Exec(t, db, `select pgflow.start_flow('cond_fail', '{"go": false}', $1::uuid)`, runID(5))
 	testdb.Exec(t, db, `select pgflow.start_flow('skippy', '{}', $1::uuid)`, runID(6))
-	e.drain("skippy", func(c claimed) outcome {
+	e.drain("skippy", func(c claimed) taskOutcome {
 		if c.Step == "s1" || c.Step == "c1" {
-			return outcome{fail: "broken " + c.Step}
+			return taskOutcome{fail: "broken " + c.Step}
 		}
-		return outcome{output: `"ok"`}
+		return taskOutcome{output: `"ok"`}
 	})
 	testdb.Exec(t, db, `select pgflow.start_flow('typeviol', '{}', $1::uuid)`, runID(7))
-	e.drain("typeviol", func(c claimed) outcome {
+	e.drain("typeviol", func(c claimed) taskOutcome {
 		if c.Step == "src" {
-			return outcome{output: `{"not": "an array"}`}
+			return taskOutcome{output: `{"not": "an array"}`}
 		}
-		return outcome{hold: true}
+		return taskOutcome{hold: true}
 	})
 	e.held = nil
 	testdb.Exec(t, db, `select pgflow.start_flow('stall_flow', '{}', $1::uuid)`, runID(8))
-	e.drain("stall_flow", func(claimed) outcome { return outcome{hold: true} })
+	e.drain("stall_flow", func(claimed) taskOutcome { return taskOutcome{hold: true} })
 	testdb.Exec(t, db, `update pgflow.step_tasks set queued_at = now() - interval '2 hours', started_at = now() - interval '1 hour' where flow_slug = 'stall_flow'`)
 	if n := scalar[int](t, db, `select pgflow.requeue_stalled_tasks()`); n != 1 {
 		t.Fatalf("requeue_stalled_tasks requeued %d, want 1", n)
 	}
 	e.held = nil
-	e.drain("stall_flow", func(claimed) outcome { return outcome{output: `"finally"`} })
+	e.drain("stall_flow", func(claimed) taskOutcome { return taskOutcome{output: `"finally"`} })
 }
 
 // snapshot is everything compared between the two databases.
@@ -277,7 +277,7 @@ func TestBehaviourMatches016AcrossTheUpgrade(t *testing.T) {
 		// One round only: the map's tasks stay queued across the upgrade.
 		old := &engine{t: t, db: db.Pool}
 		for _, c := range old.claim("Chain_Flow") {
-			old.finish(c, outcome{output: `[1, 2, 3]`})
+			old.finish(c, taskOutcome{output: `[1, 2, 3]`})
 		}
 		if upgraded {
 			applyMigration(t, db.Pool)

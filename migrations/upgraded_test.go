@@ -1,7 +1,7 @@
 package migrations_test
 
 // Databases upgraded the two ways the tool upgrades: the transactional
-// `apply` (upgrade.Apply) and `apply --online` (online.Apply, whose switch
+// `apply` (upgrade.Apply) and `apply --online` (online.Upgrade, whose switch
 // runs the same file). Tests of the 0.17.0 engine's behaviour run on both,
 // so a function that reaches a database by either path is the one tested.
 
@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
@@ -30,7 +31,7 @@ type upgradePath struct {
 var upgradePaths = []upgradePath{
 	{"apply", func(ctx context.Context, conn *pgx.Conn) error {
 		rep, err := upgrade.Apply(ctx, conn, upgrade.Options{LockRetries: 1})
-		if err == nil && rep.Outcome != upgrade.OutcomeApplied {
+		if err == nil && rep.Outcome != outcome.Applied {
 			return fmt.Errorf("outcome %s: %s", rep.Outcome, rep.Message)
 		}
 		return err
@@ -40,14 +41,14 @@ var upgradePaths = []upgradePath{
 	// answer as on 1.5.1.
 	{"apply --pgmq " + testdb.PGMQNewest, func(ctx context.Context, conn *pgx.Conn) error {
 		rep, err := upgrade.Apply(ctx, conn, upgrade.Options{LockRetries: 1, PGMQ: testdb.PGMQNewest})
-		if err == nil && (rep.Outcome != upgrade.OutcomeApplied || rep.Report.PGMQ == nil || rep.Report.PGMQ.To != testdb.PGMQNewest) {
+		if err == nil && (rep.Outcome != outcome.Applied || rep.Report.PGMQ == nil || rep.Report.PGMQ.To != testdb.PGMQNewest) {
 			return fmt.Errorf("outcome %s: %s", rep.Outcome, rep.Message)
 		}
 		return err
 	}},
 	{"apply --online", func(ctx context.Context, conn *pgx.Conn) error {
-		rep, err := online.Apply(ctx, conn, online.Options{BatchSize: 7})
-		if err == nil && rep.Outcome != upgrade.OutcomeApplied {
+		rep, err := online.Upgrade(ctx, conn, online.Options{BatchSize: 7})
+		if err == nil && rep.Outcome != outcome.Applied {
 			return fmt.Errorf("outcome %s: %s", rep.Outcome, rep.Message)
 		}
 		return err

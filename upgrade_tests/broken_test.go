@@ -7,6 +7,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
@@ -15,8 +16,8 @@ import (
 // brokenUpgrade is apply with a migration that also runs sabotage: a
 // deliberately broken migration the scenarios must catch.
 func brokenUpgrade(sabotage string) scenario.UpgradeFunc {
-	return func(ctx context.Context, db *scenario.DB) (*upgrade.Result[*upgrade.Report], error) {
-		return scenario.ApplyWith(ctx, db, upgrade.Options{
+	return func(ctx context.Context, db *scenario.DB) (*outcome.Result[*upgrade.Report], error) {
+		return scenario.RunApplyWith(ctx, db, upgrade.Options{
 			Verify: func() error { return nil }, // the sabotaged file is not in atlas.sum, by design
 			Migrations: func() ([]migrations.Migration, error) {
 				all, err := migrations.All()

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
@@ -21,10 +22,10 @@ var (
 // integrity check.
 func upgradeFunc() scenario.UpgradeFunc {
 	if !*noIntegrity {
-		return scenario.Apply
+		return scenario.RunApply
 	}
-	return func(ctx context.Context, db *scenario.DB) (*upgrade.Result[*upgrade.Report], error) {
-		return scenario.ApplyWith(ctx, db, upgrade.Options{Verify: func() error { return nil }})
+	return func(ctx context.Context, db *scenario.DB) (*outcome.Result[*upgrade.Report], error) {
+		return scenario.RunApplyWith(ctx, db, upgrade.Options{Verify: func() error { return nil }})
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
@@ -44,14 +45,14 @@ func onlineOptions() online.Options {
 // the preflight results and blockers of the whole run (the warnings come
 // from the first preflight: the switch runs only blockers under its locks;
 // duplicates are found by the index build, before any switch).
-func onlineUpgrade(ctx context.Context, db *scenario.DB) (*upgrade.Result[*upgrade.Report], error) {
+func onlineUpgrade(ctx context.Context, db *scenario.DB) (*outcome.Result[*upgrade.Report], error) {
 	conn, err := session.Open(ctx, db.DSN, session.Test)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	rep, err := online.Apply(ctx, conn, onlineOptions())
-	sw := &upgrade.Result[*upgrade.Report]{Outcome: rep.Outcome, Message: rep.Message, Report: &upgrade.Report{}}
+	rep, err := online.Upgrade(ctx, conn, onlineOptions())
+	sw := &outcome.Result[*upgrade.Report]{Outcome: rep.Outcome, Message: rep.Message, Report: &upgrade.Report{}}
 	if rep.Report.Switch != nil {
 		c, r := *rep.Report.Switch, *rep.Report.Switch.Report
 		c.Report = &r
@@ -61,7 +62,7 @@ func onlineUpgrade(ctx context.Context, db *scenario.DB) (*upgrade.Result[*upgra
 	if err != nil {
 		return sw, fmt.Errorf("apply --online (%s): %w", rep.Outcome, err)
 	}
-	if rep.Outcome != upgrade.OutcomeApplied {
+	if rep.Outcome != outcome.Applied {
 		return sw, fmt.Errorf("apply --online: outcome %s: %s", rep.Outcome, rep.Message)
 	}
 	return sw, nil
@@ -240,7 +241,7 @@ func interruptedSeed(t *testing.T, seed uint64) error {
 
 	kills := 1 + rng.IntN(3)
 	var log []string
-	var final *upgrade.Result[*online.Report]
+	var final *outcome.Result[*online.Report]
 	for run := 0; ; run++ {
 		if run > kills+5 {
 			return fmt.Errorf("not upgraded after %d runs: %s", run, strings.Join(log, "; "))
@@ -283,9 +284,9 @@ func interruptedSeed(t *testing.T, seed uint64) error {
 				}
 			}
 		}
-		rep, err := online.Apply(ctx, conn, opts)
+		rep, err := online.Upgrade(ctx, conn, opts)
 		conn.Close(context.WithoutCancel(ctx))
-		if err == nil && (rep.Outcome == upgrade.OutcomeApplied || rep.Outcome == upgrade.OutcomeAlreadyApplied) {
+		if err == nil && (rep.Outcome == outcome.Applied || rep.Outcome == outcome.AlreadyApplied) {
 			final = rep
 			log = append(log, fmt.Sprintf("run %d: %s", run, rep.Outcome))
 			break
@@ -296,7 +297,7 @@ func interruptedSeed(t *testing.T, seed uint64) error {
 		if run >= kills {
 			return fmt.Errorf("run %d (no kill): %w; before: %s", run, err, strings.Join(log, "; "))
 		}
-		if rep.Outcome == upgrade.OutcomeRefused {
+		if rep.Outcome == outcome.Refused {
 			return fmt.Errorf("run %d refused after a kill: %w", run, err)
 		}
 		log = append(log, fmt.Sprintf("run %d stopped: %.120s", run, err.Error()))

@@ -17,6 +17,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/datagen"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/forecast"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
@@ -88,7 +89,7 @@ func measureSize(ctx context.Context, srv *pgprovider.Server, n int64, logf func
 		if err != nil {
 			return fmt.Errorf("transactional apply: %w", err)
 		}
-		if err := rep.Want(upgrade.OutcomeApplied); err != nil {
+		if err := rep.Want(outcome.Applied); err != nil {
 			return fmt.Errorf("transactional apply: %w", err)
 		}
 		m.applyTotalMS = ms(time.Since(start))
@@ -101,11 +102,11 @@ func measureSize(ctx context.Context, srv *pgprovider.Server, n int64, logf func
 	}
 	err = onCopy(ctx, srv, tpl, func(conn *pgx.Conn) error {
 		start := time.Now()
-		rep, err := online.Apply(ctx, conn, online.Options{})
+		rep, err := online.Upgrade(ctx, conn, online.Options{})
 		if err != nil {
 			return fmt.Errorf("apply --online: %w", err)
 		}
-		if err := rep.Want(upgrade.OutcomeApplied); err != nil {
+		if err := rep.Want(outcome.Applied); err != nil {
 			return fmt.Errorf("apply --online: %w", err)
 		}
 		m.OnlineTotalMS = ms(time.Since(start))

@@ -9,6 +9,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/datagen"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
@@ -106,7 +107,7 @@ func TestApplyCancelsAutovacuumOnStepTasks(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
 		t.Fatalf("apply's JSON: %v\n%s", err, r.stdout)
 	}
-	if r.code != cli.ExitOK || rep.Outcome != string(upgrade.OutcomeApplied) {
+	if r.code != cli.ExitOK || rep.Outcome != string(outcome.Applied) {
 		t.Fatalf("apply with an autovacuum on step_tasks: exit %d, outcome %s: %s", r.code, rep.Outcome, rep.Message)
 	}
 	if rep.AutovacuumCancelled < 1 {

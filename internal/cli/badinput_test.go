@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -448,7 +449,7 @@ func TestBadInputTamperedMigration(t *testing.T) {
 	if !errors.Is(err, upgrade.ErrIntegrity) || !errors.Is(err, migrations.ErrChecksumMismatch) {
 		t.Fatalf("apply with a tampered migration: %v, want ErrIntegrity wrapping ErrChecksumMismatch", err)
 	}
-	if rep.Outcome != upgrade.OutcomeRefused || !strings.Contains(err.Error(), "atlas.sum") {
+	if rep.Outcome != outcome.Refused || !strings.Contains(err.Error(), "atlas.sum") {
 		t.Fatalf("outcome %s, message %q", rep.Outcome, err)
 	}
 	for _, s := range rep.Report.Steps {

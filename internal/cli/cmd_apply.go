@@ -11,6 +11,7 @@ import (
 	ucli "github.com/urfave/cli/v2"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
@@ -251,7 +252,7 @@ func writePlan(w io.Writer, p *upgrade.Plan) {
 
 // writeApplyTable prints the outcome, blockers, failed post-conditions,
 // statements (dry run) and step timings.
-func writeApplyTable(w io.Writer, where string, res *upgrade.Result[*upgrade.Report]) error {
+func writeApplyTable(w io.Writer, where string, res *outcome.Result[*upgrade.Report]) error {
 	rep := res.Report
 	fmt.Fprintf(w, "pgflow-upgrade apply on %s: %s\n%s\n", where, res.Outcome, res.Message)
 	if rep.VersionNow != "" { // applied: what was found before is no longer true
@@ -337,7 +338,7 @@ func writeApplyTable(w io.Writer, where string, res *upgrade.Result[*upgrade.Rep
 			return err
 		}
 	}
-	if rep.LockAttempts > 0 && res.Outcome == upgrade.OutcomeLockBusy {
+	if rep.LockAttempts > 0 && res.Outcome == outcome.LockBusy {
 		fmt.Fprintf(w, "tables not locked: %d lock attempt(s), %d ms waiting in them; total %d ms\n", rep.LockAttempts, rep.LockWaitMS, rep.TotalMS)
 	} else if rep.LockAttempts > 0 {
 		fmt.Fprintf(w, "lock window %d ms (first LOCK to %s), %d lock attempt(s), %d ms waiting in failed attempts; total %d ms\n",

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
@@ -96,7 +97,7 @@ func (a *App) applyOnlineAction(c *ucli.Context) error {
 		Switch: upgrade.Options{Quiesce: a.quiesceOptions(c, quiesce.ModeOnline),
 			To: c.String("to"), PgflowMigrations: c.String("pgflow-migrations"), TelemetryOff: telemetryOff},
 	}
-	res, err := online.Apply(ctx, conn, opts)
+	res, err := online.Upgrade(ctx, conn, opts)
 	if err != nil {
 		err = a.explainOnlineStop(ctx, t, res, err)
 	}
@@ -106,7 +107,7 @@ func (a *App) applyOnlineAction(c *ucli.Context) error {
 // explainOnlineStop rewrites the message of an online upgrade that stopped:
 // the environment's cause when one is found (then the error is that
 // envError), and what the run left in the database and what to run next.
-func (a *App) explainOnlineStop(ctx context.Context, t *target, res *upgrade.Result[*online.Report], err error) error {
+func (a *App) explainOnlineStop(ctx context.Context, t *target, res *outcome.Result[*online.Report], err error) error {
 	var lost *session.LostError
 	blocked := errors.As(err, &lost)
 	if env := a.diagnose(ctx, t, err); env != nil {
@@ -170,7 +171,7 @@ func (a *App) onlineRemains(ctx context.Context, t *target, blocked bool) (text 
 		info.Phase, s.Columns, len(online.Tables), s.Triggers, s.Checks, s.ChecksValid, len(s.Indexes), len(online.Indexes), len(s.IndexesValid), next), true
 }
 
-func writeOnlineTable(w io.Writer, where string, res *upgrade.Result[*online.Report]) error {
+func writeOnlineTable(w io.Writer, where string, res *outcome.Result[*online.Report]) error {
 	rep := res.Report
 	fmt.Fprintf(w, "pgflow-upgrade apply --online on %s: %s (started at phase %s)\n%s\n", where, res.Outcome, rep.StartPhase, res.Message)
 	if len(rep.Blockers) > 0 {
@@ -210,7 +211,7 @@ func onlineStatus(ctx context.Context, conn *pgx.Conn) (*online.StatusInfo, erro
 		return nil, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	info, err := online.Status(ctx, tx)
+	info, err := online.ReadStatus(ctx, tx)
 	if err != nil {
 		return nil, fmt.Errorf("reading the online upgrade's progress: %w", err)
 	}

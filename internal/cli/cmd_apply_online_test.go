@@ -39,7 +39,7 @@ func TestApplyOnlineCLI(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := errors.New("stopped by the test")
-	_, err = online.Apply(ctx, conn, online.Options{Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
+	_, err = online.Upgrade(ctx, conn, online.Options{Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
 		if p == online.PointCheck {
 			return stop
 		}

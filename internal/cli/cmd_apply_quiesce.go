@@ -138,7 +138,7 @@ func quiesceStatus(ctx context.Context, conn *pgx.Conn) (*quiesce.StatusInfo, er
 		return nil, err
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	info, err := quiesce.Status(ctx, tx)
+	info, err := quiesce.ReadInProgress(ctx, tx)
 	if err != nil {
 		return nil, fmt.Errorf("reading the recorded quiesce: %w", err)
 	}

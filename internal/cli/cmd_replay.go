@@ -18,6 +18,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/junit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/rehearsal"
@@ -268,8 +269,8 @@ func (a *App) runReplayScenarios(ctx context.Context, srv *pgprovider.Server, pl
 		}
 	}
 	if v := plan.rehearsal.PGMQ; v != "" {
-		r.Upgrade = func(ctx context.Context, db *scenario.DB) (*upgrade.Result[*upgrade.Report], error) {
-			return scenario.ApplyWith(ctx, db, upgrade.Options{PGMQ: v})
+		r.Upgrade = func(ctx context.Context, db *scenario.DB) (*outcome.Result[*upgrade.Report], error) {
+			return scenario.RunApplyWith(ctx, db, upgrade.Options{PGMQ: v})
 		}
 	}
 	if _, err := r.Template(ctx); err != nil {

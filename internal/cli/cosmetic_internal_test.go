@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 )
 
 // TestOnlineOutputNamesPassAndPreflight: an online run stopped in its first
@@ -18,7 +18,7 @@ func TestOnlineOutputNamesPassAndPreflight(t *testing.T) {
 	rep := &online.Report{StartPhase: online.PhaseBackfill, Backfill: online.BackfillStats{Rows: 500, Batches: 5, Pass: 1},
 		Phases: []online.PhaseTiming{{Phase: online.PhaseNone, DurationMS: 12, Detail: "preflight: the shared check catalog, exact, no table locks"}}}
 	var out bytes.Buffer
-	if err := writeOnlineTable(&out, "db", &upgrade.Result[*online.Report]{Outcome: upgrade.OutcomeInterrupted, Message: "interrupted", Report: rep}); err != nil {
+	if err := writeOnlineTable(&out, "db", &outcome.Result[*online.Report]{Outcome: outcome.Interrupted, Message: "interrupted", Report: rep}); err != nil {
 		t.Fatal(err)
 	}
 	text := out.String()
@@ -29,7 +29,7 @@ func TestOnlineOutputNamesPassAndPreflight(t *testing.T) {
 		t.Errorf("the phases table labels the preflight:\n%s", text)
 	}
 	rep.Backfill.Passes = 1
-	if out.Reset(); writeOnlineTable(&out, "db", &upgrade.Result[*online.Report]{Report: rep}) != nil || !strings.Contains(out.String(), "(pass 1, finished,") {
+	if out.Reset(); writeOnlineTable(&out, "db", &outcome.Result[*online.Report]{Report: rep}) != nil || !strings.Contains(out.String(), "(pass 1, finished,") {
 		t.Errorf("a finished pass:\n%s", out.String())
 	}
 

@@ -7,12 +7,12 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fleet"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // atDestination: apply outcomes that leave a target upgraded.
-var atDestination = map[string]bool{string(upgrade.OutcomeApplied): true, string(upgrade.OutcomeAlreadyApplied): true}
+var atDestination = map[string]bool{string(outcome.Applied): true, string(outcome.AlreadyApplied): true}
 
 // fleetApply is one target of fleet apply. With a ledger entry from an
 // earlier run it resumes:
@@ -84,7 +84,7 @@ func (a *App) fleetApply(ctx context.Context, r *fleetRun, t fleet.Target) fleet
 // --online (whose report has no pgflow_version and names its lock window
 // longest_lock_window_ms).
 type applyDoc struct {
-	Outcome       upgrade.Outcome     `json:"outcome"`
+	Outcome       outcome.Outcome     `json:"outcome"`
 	Message       string              `json:"message"`
 	PgflowVersion *versions.Detection `json:"pgflow_version"`
 	VersionNow    string              `json:"pgflow_version_now"`
@@ -120,7 +120,7 @@ func applyEntry(s subRun) fleet.Entry {
 	switch {
 	case doc.LongestLockMS != nil:
 		e.LockWindowMS = doc.LongestLockMS
-	case doc.LockAttempts > 0 && doc.Outcome != upgrade.OutcomeLockBusy:
+	case doc.LockAttempts > 0 && doc.Outcome != outcome.LockBusy:
 		ms := doc.LockWindowMS
 		e.LockWindowMS = &ms
 	}

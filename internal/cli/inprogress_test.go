@@ -174,7 +174,7 @@ func TestOnlineInProgressNamedByAuditAndApply(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop := errors.New("stopped by the test")
-	_, err = online.Apply(ctx, conn, online.Options{Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
+	_, err = online.Upgrade(ctx, conn, online.Options{Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
 		if p == online.PointIndex {
 			return stop
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -226,11 +227,11 @@ func TestPoolerApplyAdvisoryLock(t *testing.T) {
 	}
 	defer connA.Close(ctx)
 	holding, release := make(chan struct{}), make(chan struct{})
-	type outcome struct {
-		rep *upgrade.Result[*upgrade.Report]
+	type applied struct {
+		rep *outcome.Result[*upgrade.Report]
 		err error
 	}
-	done := make(chan outcome, 1)
+	done := make(chan applied, 1)
 	go func() {
 		rep, err := upgrade.Apply(ctx, connA, upgrade.Options{LockRetries: 1, Hooks: upgrade.Hooks{
 			BeforeStep: func(ctx context.Context, pid uint32, step string) error {
@@ -241,7 +242,7 @@ func TestPoolerApplyAdvisoryLock(t *testing.T) {
 				return nil
 			},
 		}})
-		done <- outcome{rep, err}
+		done <- applied{rep, err}
 	}()
 	select {
 	case <-holding:
@@ -258,7 +259,7 @@ func TestPoolerApplyAdvisoryLock(t *testing.T) {
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "apply B while A holds the advisory lock")
 	close(release)
 	o := <-done
-	if o.err != nil || o.rep.Outcome != upgrade.OutcomeApplied {
+	if o.err != nil || o.rep.Outcome != outcome.Applied {
 		t.Fatalf("apply A: %v (%+v)", o.err, o.rep)
 	}
 	var revisions int

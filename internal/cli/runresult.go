@@ -10,8 +10,8 @@ import (
 
 	ucli "github.com/urfave/cli/v2"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
 // runExitCode is the exit code of a run that changes the database (apply,
@@ -20,17 +20,17 @@ import (
 // 130 when it was interrupted, 3 when its session was lost or the
 // environment stopped it (an envError: a rerun meets it again), 4 when a
 // preflight check had no answer, 1 for every other refusal or failure.
-func runExitCode(ctx context.Context, outcome upgrade.Outcome, err error) int {
+func runExitCode(ctx context.Context, o outcome.Outcome, err error) int {
 	var lost *session.LostError
 	var env *envError
 	switch {
 	case err == nil:
 		return ExitOK
-	case ctx.Err() != nil || outcome == upgrade.OutcomeInterrupted:
+	case ctx.Err() != nil || o == outcome.Interrupted:
 		return ExitInterrupted
 	case errors.As(err, &lost), errors.As(err, &env):
 		return ExitEnvironment
-	case outcome == upgrade.OutcomeInconclusive:
+	case o == outcome.Inconclusive:
 		return ExitInconclusive
 	}
 	return ExitFindings
@@ -41,7 +41,7 @@ func runExitCode(ctx context.Context, outcome upgrade.Outcome, err error) int {
 // command's table, and returns what the command returns: nil for exit 0,
 // otherwise err with its exit code, already reported (the message also on
 // stderr, unless the run was interrupted).
-func finishRun[R any](a *App, c *ucli.Context, command, where string, res *upgrade.Result[R], err error, table func(io.Writer) error) error {
+func finishRun[R any](a *App, c *ucli.Context, command, where string, res *outcome.Result[R], err error, table func(io.Writer) error) error {
 	var env *envError
 	if err != nil && c.Context.Err() == nil && !errors.As(err, &env) {
 		// A run its command did not diagnose (--rollback-online,
@@ -85,7 +85,7 @@ func writeCommandJSON(w io.Writer, command, where string, code int, body any) er
 	if err != nil {
 		return fmt.Errorf("writing the %s report as JSON: %w", command, err)
 	}
-	doc, err := upgrade.MergeObjects(head, rest)
+	doc, err := outcome.MergeObjects(head, rest)
 	if err != nil {
 		return err
 	}

@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
 // The one JSON path prints a run's document exactly as a struct with the
@@ -17,7 +17,7 @@ import (
 // indentation.
 func TestWriteCommandJSON(t *testing.T) {
 	rr := &online.RollbackReport{PhaseFound: "backfill", Locks: []online.LockWindow{{Step: "rollback", Attempts: 2, WindowMS: 3}}}
-	res := &upgrade.Result[*online.RollbackReport]{Outcome: upgrade.OutcomeRolledBack, Message: "undone <&>", Report: rr}
+	res := &outcome.Result[*online.RollbackReport]{Outcome: outcome.RolledBack, Message: "undone <&>", Report: rr}
 	var got, want bytes.Buffer
 	if err := writeCommandJSON(&got, "apply --rollback-online", "postgres@h:5432/db", ExitOK, res); err != nil {
 		t.Fatal(err)
@@ -26,7 +26,7 @@ func TestWriteCommandJSON(t *testing.T) {
 		Command    string              `json:"command"`
 		Database   string              `json:"database"`
 		ExitCode   int                 `json:"exit_code"`
-		Outcome    upgrade.Outcome     `json:"outcome"`
+		Outcome    outcome.Outcome     `json:"outcome"`
 		Message    string              `json:"message"`
 		PhaseFound online.Phase        `json:"phase_found"`
 		Locks      []online.LockWindow `json:"locks"`
@@ -46,22 +46,22 @@ func TestRunExitCode(t *testing.T) {
 	cause := errors.New("cause")
 	for _, c := range []struct {
 		ctx     context.Context
-		outcome upgrade.Outcome
+		outcome outcome.Outcome
 		err     error
 		want    int
 	}{
-		{live, upgrade.OutcomeApplied, nil, ExitOK},
-		{live, upgrade.OutcomeAlreadyApplied, nil, ExitOK},
-		{live, upgrade.OutcomeNothingToDo, nil, ExitOK},
-		{live, upgrade.OutcomeRefused, cause, ExitFindings},
-		{live, upgrade.OutcomeLockBusy, cause, ExitFindings},
-		{live, upgrade.OutcomeFailed, cause, ExitFindings},
-		{live, upgrade.OutcomeInconclusive, cause, ExitInconclusive},
-		{live, upgrade.OutcomeInterrupted, cause, ExitInterrupted},
-		{cancelled, upgrade.OutcomeFailed, cause, ExitInterrupted},
-		{live, upgrade.OutcomeFailed, &session.LostError{Err: cause}, ExitEnvironment},
-		{live, upgrade.OutcomeFailed, fmt.Errorf("switch: %w", &session.LostError{Err: cause}), ExitEnvironment},
-		{live, upgrade.OutcomeInconclusive, &envError{cause: "statement_timeout", err: cause}, ExitEnvironment},
+		{live, outcome.Applied, nil, ExitOK},
+		{live, outcome.AlreadyApplied, nil, ExitOK},
+		{live, outcome.NothingToDo, nil, ExitOK},
+		{live, outcome.Refused, cause, ExitFindings},
+		{live, outcome.LockBusy, cause, ExitFindings},
+		{live, outcome.Failed, cause, ExitFindings},
+		{live, outcome.Inconclusive, cause, ExitInconclusive},
+		{live, outcome.Interrupted, cause, ExitInterrupted},
+		{cancelled, outcome.Failed, cause, ExitInterrupted},
+		{live, outcome.Failed, &session.LostError{Err: cause}, ExitEnvironment},
+		{live, outcome.Failed, fmt.Errorf("switch: %w", &session.LostError{Err: cause}), ExitEnvironment},
+		{live, outcome.Inconclusive, &envError{cause: "statement_timeout", err: cause}, ExitEnvironment},
 	} {
 		if got := runExitCode(c.ctx, c.outcome, c.err); got != c.want {
 			t.Errorf("%s, %v (ctx %v): exit %d, want %d", c.outcome, c.err, c.ctx.Err(), got, c.want)

@@ -25,7 +25,7 @@ func stopOnlineAt(t *testing.T, db *testdb.DB, point string) {
 	}
 	defer conn.Close(ctx)
 	stop := errors.New("stopped by the test")
-	_, err = online.Apply(ctx, conn, online.Options{BatchSize: 1, Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
+	_, err = online.Upgrade(ctx, conn, online.Options{BatchSize: 1, Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
 		if p == point {
 			return stop
 		}

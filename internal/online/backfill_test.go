@@ -11,8 +11,8 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
 // A run stopped before its third batch has swept exactly blocks 0 and 1
@@ -125,7 +125,7 @@ func TestBackfillUnderConcurrentWrites(t *testing.T) {
 			}
 		}
 	}()
-	rep, err := online.Apply(ctx, conn, online.Options{BatchSize: 7, Pause: 5 * time.Millisecond, Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
+	rep, err := online.Upgrade(ctx, conn, online.Options{BatchSize: 7, Pause: 5 * time.Millisecond, Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
 		switch p {
 		case online.PointBatch:
 			batches.Add(1)
@@ -140,7 +140,7 @@ func TestBackfillUnderConcurrentWrites(t *testing.T) {
 	if werr != nil {
 		t.Fatalf("the 0.16.0 engine during the backfill: %v", werr)
 	}
-	if err != nil || rep.Outcome != upgrade.OutcomeApplied {
+	if err != nil || rep.Outcome != outcome.Applied {
 		t.Fatalf("apply --online under writes: %v %+v", err, rep)
 	}
 	if batches.Load() < 5 || writes.Load() < 8 {
@@ -168,11 +168,11 @@ func TestOnlineDuplicateMessageIDsFoundByIndexBuild(t *testing.T) {
 	cat016 := readCatalog(t, db.Pool)
 	conn := testdb.Connect(t, db.DSN)
 	var phases []string
-	rep, err := online.Apply(ctx, conn, online.Options{BatchSize: 50, Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
+	rep, err := online.Upgrade(ctx, conn, online.Options{BatchSize: 50, Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
 		phases = append(phases, p)
 		return nil
 	}}})
-	if !errors.Is(err, online.ErrDuplicate) || !errors.Is(err, upgrade.ErrPreflight) || rep.Outcome != upgrade.OutcomeRefused {
+	if !errors.Is(err, online.ErrDuplicate) || !errors.Is(err, outcome.ErrPreflight) || rep.Outcome != outcome.Refused {
 		t.Fatalf("want a refusal (duplicates, preflight): %v (%s)", err, rep.Outcome)
 	}
 	if len(rep.Report.Blockers) != 1 || rep.Report.Blockers[0].CheckID != "tasks.duplicate_message_id" || len(rep.Report.Blockers[0].Samples) == 0 {

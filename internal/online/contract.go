@@ -9,9 +9,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgretry"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/preflight"
 )
 
@@ -44,7 +44,7 @@ func (e *engine) backfillSteps(ctx context.Context) error {
 			return nil
 		}
 		if attempt >= e.opts.LockRetries {
-			e.res.Outcome = upgrade.OutcomeLockBusy
+			e.res.Outcome = outcome.LockBusy
 			return fmt.Errorf("online backfill: %d pgflow.steps rows stayed locked by other transactions through %d attempts; run apply --online again", left, attempt+1)
 		}
 		if err := pgretry.Sleep(ctx, 100*time.Millisecond); err != nil {
@@ -65,7 +65,7 @@ func (e *engine) contract(ctx context.Context) error {
 		return err
 	}
 	if s.CheckForeign {
-		e.res.Outcome = upgrade.OutcomeRefused
+		e.res.Outcome = outcome.Refused
 		return fmt.Errorf("%w: pgflow.steps or pgflow.step_tasks has a constraint named %s or %s that is not the online upgrade's (%s; %s): drop it, or apply --rollback-online",
 			ErrRefused, OnlineCheck, ValidCheck, onlineCheckDef, validCheckDef)
 	}
@@ -150,7 +150,7 @@ func (e *engine) validate(ctx context.Context) error {
 		}
 		err = e.validateAll(ctx)
 		if errors.Is(err, errNullsLeft) {
-			e.res.Outcome = upgrade.OutcomeRefused
+			e.res.Outcome = outcome.Refused
 			return fmt.Errorf("%w: rows of pgflow.steps or pgflow.step_tasks still have no queue_name after another backfill pass; run apply --online again, or apply --rollback-online: %w", ErrRefused, err)
 		}
 	}
@@ -200,7 +200,7 @@ func (e *engine) validateOne(ctx context.Context, table, check string) error {
 		if errors.As(err, &pgErr) && pgErr.Code == "23514" {
 			// Cannot happen after a clean backfill; if it does, the rows say
 			// what is wrong: a queue_name set by hand, or a slug 0.17.0 refuses.
-			e.res.Outcome = upgrade.OutcomeRefused
+			e.res.Outcome = outcome.Refused
 			return fmt.Errorf("%w: some pgflow.%s.queue_name is not lower(flow_slug) or not a valid queue name (over 47 characters?): `pgflow-upgrade audit` lists them; fix them, or apply --rollback-online: %w", ErrRefused, table, err)
 		}
 		return fmt.Errorf("online validate: validating %s on pgflow.%s: %w", check, table, err)
@@ -254,7 +254,7 @@ func (e *engine) buildIndex(ctx context.Context, ix Index, exists bool) error {
 // rolled back, so the database is the 0.16.0 it was before the run (as
 // apply --rollback-online leaves it). The outcome is refused (exit 1).
 func (e *engine) refuseDuplicates(ctx context.Context, ix Index, cause error) error {
-	e.res.Outcome = upgrade.OutcomeRefused
+	e.res.Outcome = outcome.Refused
 	summary := "see `pgflow-upgrade audit`, check " + ix.Check
 	err := pgx.BeginFunc(ctx, e.conn, func(tx pgx.Tx) error {
 		po := e.opts.Preflight
@@ -281,6 +281,6 @@ func (e *engine) refuseDuplicates(ctx context.Context, ix Index, cause error) er
 	if rerr != nil {
 		undone = fmt.Sprintf("rolling the online upgrade back failed (%s: %v): run apply --rollback-online", rr.Outcome, rerr)
 	}
-	e.res.Message = fmt.Sprintf("%s: %s; %s", upgrade.ErrPreflight, summary, undone)
-	return fmt.Errorf("%w: %w: %s; %s: %w", ErrRefused, upgrade.ErrPreflight, summary, undone, cause)
+	e.res.Message = fmt.Sprintf("%s: %s; %s", outcome.ErrPreflight, summary, undone)
+	return fmt.Errorf("%w: %w: %s; %s: %w", ErrRefused, outcome.ErrPreflight, summary, undone, cause)
 }

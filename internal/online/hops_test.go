@@ -9,6 +9,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
@@ -41,9 +42,9 @@ func onlineToNewest(t *testing.T, release string) {
 		t.Fatal(err)
 	}
 	theirs := db.Clone(t)
-	res, err := online.Apply(ctx, testdb.Connect(t, db.DSN), online.Options{BatchSize: 50,
+	res, err := online.Upgrade(ctx, testdb.Connect(t, db.DSN), online.Options{BatchSize: 50,
 		Switch: upgrade.Options{PgflowMigrations: testdb.PgflowInstalledCopy(t, 27)}})
-	if err != nil || res.Outcome != upgrade.OutcomeApplied {
+	if err != nil || res.Outcome != outcome.Applied {
 		t.Fatalf("online: %v (%s: %s)", err, res.Outcome, res.Message)
 	}
 	if sw := res.Report.Switch; sw == nil || sw.Report.VersionNow != versions.Newest {

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgretry"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
@@ -29,7 +30,7 @@ const (
 	DefaultWait          = 30 * time.Second
 )
 
-// Options of Apply. Zero values take the defaults.
+// Options of Upgrade. Zero values take the defaults.
 type Options struct {
 	// BatchSize: the most rows one backfill batch updates; the batch size
 	// adapts below it so a batch takes about BatchTime.
@@ -55,7 +56,7 @@ type Options struct {
 	Preflight audit.Options
 	// Switch: base options of the switch (upgrade.Apply): Verify,
 	// Migrations, Hooks, Wait. Its locks, preflight selection and state
-	// acceptance are set by Apply.
+	// acceptance are set by Upgrade.
 	Switch upgrade.Options
 	// Hooks are for tests.
 	Hooks Hooks
@@ -147,7 +148,7 @@ type BackfillStats struct {
 	LongestMS     int64   `json:"longest_batch_ms"`
 }
 
-// Report says what Apply did (upgrade.Result's Report), also when it failed.
+// Report says what Upgrade did (outcome.Result's Report), also when it failed.
 type Report struct {
 	StartPhase Phase               `json:"start_phase"`
 	Resumed    bool                `json:"resumed"`
@@ -160,13 +161,13 @@ type Report struct {
 	LongestLockWindowMS int64 `json:"longest_lock_window_ms"`
 	// CatchUp: the transaction that took an older release to 0.16.0
 	// first (upstream's files, upgrade.Apply; catchup.go).
-	CatchUp *upgrade.Result[*upgrade.Report] `json:"catch_up,omitempty"`
+	CatchUp *outcome.Result[*upgrade.Report] `json:"catch_up,omitempty"`
 	// Switch: the result of the switch transaction (upgrade.Apply).
-	Switch  *upgrade.Result[*upgrade.Report] `json:"switch,omitempty"`
+	Switch  *outcome.Result[*upgrade.Report] `json:"switch,omitempty"`
 	TotalMS int64                            `json:"total_ms"`
 }
 
-// Errors of Apply (refusals: exit 1).
+// Errors of Upgrade (refusals: exit 1).
 var (
 	ErrRefused   = errors.New("apply --online refused")
 	ErrDuplicate = errors.New("rows 0.17.0's unique indexes refuse (slugs differing only by case, or tasks sharing a (queue, message id)): the unique index cannot be built")
@@ -175,27 +176,27 @@ var (
 type engine struct {
 	conn  *pgx.Conn
 	opts  Options
-	res   *upgrade.Result[*Report]
+	res   *outcome.Result[*Report]
 	rep   *Report // res.Report
 	pid   uint32
 	shape Shape // what the catalog said last: the plan's operations read it and refresh it
 }
 
 func newEngine(conn *pgx.Conn, opts Options) *engine {
-	res := &upgrade.Result[*Report]{Report: &Report{}}
+	res := &outcome.Result[*Report]{Report: &Report{}}
 	return &engine{conn: conn, opts: opts, res: res, rep: res.Report, pid: conn.PgConn().PID()}
 }
 
-// Apply runs (or continues) the online upgrade on conn: a direct session
+// Upgrade runs (or continues) the online upgrade on conn: a direct session
 // (not a transaction-mode pooler: CREATE INDEX CONCURRENTLY and the
 // session lock need one). The result is never nil; its outcome and the
 // error follow internal/upgrade's rule.
-func Apply(ctx context.Context, conn *pgx.Conn, opts Options) (*upgrade.Result[*Report], error) {
+func Upgrade(ctx context.Context, conn *pgx.Conn, opts Options) (*outcome.Result[*Report], error) {
 	e := newEngine(conn, opts.withDefaults())
 	start := time.Now()
-	err := upgrade.Settle(ctx, conn, e.res, e.run(ctx))
+	err := outcome.Settle(ctx, conn, e.res, e.run(ctx))
 	e.rep.TotalMS = time.Since(start).Milliseconds()
-	if o := e.res.Outcome; o == upgrade.OutcomeInterrupted || o == upgrade.OutcomeFailed {
+	if o := e.res.Outcome; o == outcome.Interrupted || o == outcome.Failed {
 		e.res.Message += "; run apply --online again to continue from where it stopped (or apply --rollback-online to undo)"
 	}
 	return e.res, err
@@ -230,13 +231,13 @@ func (e *engine) phase(ph Phase, detail string, fn func() error) error {
 
 func (e *engine) run(ctx context.Context) error {
 	if err := e.opts.Switch.Verify(); err != nil {
-		e.res.Outcome = upgrade.OutcomeRefused
+		e.res.Outcome = outcome.Refused
 		return fmt.Errorf("%w: %w", upgrade.ErrIntegrity, err)
 	}
 	release, err := sessionLock(ctx, e.conn, e.opts.Wait)
 	if err != nil {
 		if errors.Is(err, ErrBusy) {
-			e.res.Outcome = upgrade.OutcomeLockBusy
+			e.res.Outcome = outcome.LockBusy
 		}
 		return err
 	}
@@ -258,7 +259,7 @@ func (e *engine) run(ctx context.Context) error {
 		return err
 	}
 	if !s.Pgflow {
-		e.res.Outcome = upgrade.OutcomeRefused
+		e.res.Outcome = outcome.Refused
 		return fmt.Errorf("%w: %w: no pgflow.step_tasks", ErrRefused, upgrade.ErrNotBaseline)
 	}
 	e.shape = s
@@ -303,7 +304,7 @@ func (e *engine) preflightBefore(ctx context.Context) error {
 	if !res.OK() {
 		e.rep.Blockers = res.Blockers()
 		var err error
-		e.res.Outcome, err = upgrade.PreflightRefusal(res)
+		e.res.Outcome, err = outcome.FromPreflight(res)
 		return err
 	}
 	return nil
@@ -332,7 +333,7 @@ func (e *engine) switchTx(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if sw.Outcome == upgrade.OutcomeApplied {
+	if sw.Outcome == outcome.Applied {
 		e.res.Message = fmt.Sprintf("upgraded online: %s; the longest lock window was %d ms", strings.Join(sw.Report.Pending, ", "), e.rep.LongestLockWindowMS)
 	}
 	return nil
@@ -485,7 +486,7 @@ func (e *engine) ddlTx(ctx context.Context, step string, fn func(tx pgx.Tx) erro
 		})
 	var ex *pgretry.ExhaustedError
 	if errors.As(err, &ex) {
-		e.res.Outcome = upgrade.OutcomeLockBusy
+		e.res.Outcome = outcome.LockBusy
 		return fmt.Errorf("online %s: locks not obtained in %d attempts, each waiting at most %s (lock_timeout)%s; nothing of this step was changed: %w",
 			step, ex.Attempts, e.opts.LockTimeout, e.holders(ctx), ex.Err)
 	}

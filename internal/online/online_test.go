@@ -13,6 +13,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
@@ -132,7 +133,7 @@ func stopOnlineAt(t *testing.T, conn *pgx.Conn, point string) {
 	t.Helper()
 	stop := errors.New("stop")
 	seen := 0
-	_, err := online.Apply(context.Background(), conn, online.Options{BatchSize: 7, Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
+	_, err := online.Upgrade(context.Background(), conn, online.Options{BatchSize: 7, Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
 		if p == point {
 			seen++
 			if (p != online.PointBatch || seen == 3) && (p != online.PointIndex || seen == 2) {
@@ -149,10 +150,10 @@ func stopOnlineAt(t *testing.T, conn *pgx.Conn, point string) {
 // applyOnline runs apply --online to the end (--batch-size 7, as
 // stopOnlineAt) and fails the test unless it applied; what names the run in
 // the failure.
-func applyOnline(t *testing.T, conn *pgx.Conn, what string) *upgrade.Result[*online.Report] {
+func applyOnline(t *testing.T, conn *pgx.Conn, what string) *outcome.Result[*online.Report] {
 	t.Helper()
-	rep, err := online.Apply(context.Background(), conn, online.Options{BatchSize: 7})
-	if err != nil || rep.Outcome != upgrade.OutcomeApplied {
+	rep, err := online.Upgrade(context.Background(), conn, online.Options{BatchSize: 7})
+	if err != nil || rep.Outcome != outcome.Applied {
 		t.Fatalf("%s: %v %+v", what, err, rep)
 	}
 	return rep
@@ -168,11 +169,11 @@ func TestApplyOnlineInflight(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn := testdb.Connect(t, db.DSN)
-	rep, err := online.Apply(ctx, conn, online.Options{BatchSize: 7})
+	rep, err := online.Upgrade(ctx, conn, online.Options{BatchSize: 7})
 	if err != nil {
 		t.Fatalf("apply --online: %v (%+v)", err, rep)
 	}
-	if rep.Outcome != upgrade.OutcomeApplied {
+	if rep.Outcome != outcome.Applied {
 		t.Fatalf("outcome %s: %s", rep.Outcome, rep.Message)
 	}
 	if rep.Report.Backfill.Batches < 5 || rep.Report.Backfill.Rows < 40 || rep.Report.Backfill.Steps != 3 {
@@ -180,15 +181,15 @@ func TestApplyOnlineInflight(t *testing.T) {
 	}
 	// The switch's SET NOT NULL was proven by the validated check: the
 	// migration ran on the prepared shape (no rewrite statement reported rows).
-	if rep.Report.Switch == nil || rep.Report.Switch.Outcome != upgrade.OutcomeApplied {
+	if rep.Report.Switch == nil || rep.Report.Switch.Outcome != outcome.Applied {
 		t.Fatalf("switch: %+v", rep.Report.Switch)
 	}
 	t.Logf("report: %s; phases %+v; locks %+v; backfill %+v", rep.Message, rep.Report.Phases, rep.Report.Locks, rep.Report.Backfill)
 	checkUpgraded(t, db, before)
 
 	// A rerun is a no-op that says so.
-	rep, err = online.Apply(ctx, conn, online.Options{})
-	if err != nil || rep.Outcome != upgrade.OutcomeAlreadyApplied {
+	rep, err = online.Upgrade(ctx, conn, online.Options{})
+	if err != nil || rep.Outcome != outcome.AlreadyApplied {
 		t.Fatalf("rerun: %v, outcome %s", err, rep.Outcome)
 	}
 }
@@ -263,8 +264,8 @@ func TestRollbackOnline(t *testing.T) {
 			if err != nil || rr.Outcome != "nothing_to_do" {
 				t.Fatalf("second rollback: %v %+v", err, rr)
 			}
-			rep, err := online.Apply(ctx, conn, online.Options{})
-			if err != nil || rep.Outcome != upgrade.OutcomeApplied {
+			rep, err := online.Upgrade(ctx, conn, online.Options{})
+			if err != nil || rep.Outcome != outcome.Applied {
 				t.Fatalf("apply --online after the rollback: %v %+v", err, rep)
 			}
 			checkUpgraded(t, db, before)
@@ -349,7 +350,7 @@ func TestResumeOnlineFromEveryPoint(t *testing.T) {
 					t.Fatalf("stopped before the switch, want the prepared shape: %+v", shape)
 				}
 			}
-			info, err := online.Status(ctx, db.Pool)
+			info, err := online.ReadStatus(ctx, db.Pool)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -378,8 +379,8 @@ func TestOnlineRefusesForeignCheck(t *testing.T) {
 	if s := mustShape(t, db); !s.CheckForeign {
 		t.Fatalf("shape %+v: want CheckForeign", s)
 	}
-	rep, err := online.Apply(ctx, conn, online.Options{})
-	if !errors.Is(err, online.ErrRefused) || rep.Outcome != upgrade.OutcomeRefused || !strings.Contains(err.Error(), online.OnlineCheck) {
+	rep, err := online.Upgrade(ctx, conn, online.Options{})
+	if !errors.Is(err, online.ErrRefused) || rep.Outcome != outcome.Refused || !strings.Contains(err.Error(), online.OnlineCheck) {
 		t.Fatalf("want a refusal naming %s: %v (%s)", online.OnlineCheck, err, rep.Outcome)
 	}
 }
@@ -391,14 +392,14 @@ func TestOnlineIndexDuplicatesRefused(t *testing.T) {
 	ctx := context.Background()
 	db := testdb.Inflight(t, 400)
 	conn := testdb.Connect(t, db.DSN)
-	rep, err := online.Apply(ctx, conn, online.Options{Hooks: online.Hooks{At: func(ctx context.Context, _ uint32, p string) error {
+	rep, err := online.Upgrade(ctx, conn, online.Options{Hooks: online.Hooks{At: func(ctx context.Context, _ uint32, p string) error {
 		if p != online.PointIndex {
 			return nil
 		}
 		_, err := db.Pool.Exec(ctx, `insert into pgflow.flows (flow_slug) values ('ROOT_MAP') on conflict do nothing`)
 		return err
 	}}})
-	if !errors.Is(err, online.ErrDuplicate) || rep.Outcome != upgrade.OutcomeRefused || !strings.Contains(err.Error(), "flows.case_alias") {
+	if !errors.Is(err, online.ErrDuplicate) || rep.Outcome != outcome.Refused || !strings.Contains(err.Error(), "flows.case_alias") {
 		t.Fatalf("want a refusal naming flows.case_alias: %v (%s)", err, rep.Outcome)
 	}
 	if s := mustShape(t, db); s.Started() {
@@ -411,7 +412,7 @@ func TestOnlineIndexDuplicatesRefused(t *testing.T) {
 	if _, err := db.Pool.Exec(ctx, `delete from pgflow.flows where flow_slug = 'ROOT_MAP'`); err != nil {
 		t.Fatal(err)
 	}
-	if rep, err := online.Apply(ctx, conn, online.Options{}); err != nil || rep.Outcome != upgrade.OutcomeApplied {
+	if rep, err := online.Upgrade(ctx, conn, online.Options{}); err != nil || rep.Outcome != outcome.Applied {
 		t.Fatalf("rerun: %v %+v", err, rep)
 	}
 	checkUpgraded(t, db, nil)
@@ -433,8 +434,8 @@ func TestSwitchReusesPreparedShape(t *testing.T) {
 	if err := db.Pool.QueryRow(ctx, q).Scan(&before); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := online.Apply(ctx, conn, online.Options{})
-	if err != nil || rep.Outcome != upgrade.OutcomeApplied {
+	rep, err := online.Upgrade(ctx, conn, online.Options{})
+	if err != nil || rep.Outcome != outcome.Applied {
 		t.Fatalf("switch: %v %+v", err, rep)
 	}
 	if err := db.Pool.QueryRow(ctx, q).Scan(&after); err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgretry"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
@@ -39,7 +40,7 @@ func (e *engine) expand(ctx context.Context) error {
 			return err
 		}
 		if !baselineOrOnline(st) {
-			e.res.Outcome = upgrade.OutcomeRefused
+			e.res.Outcome = outcome.Refused
 			return fmt.Errorf("%w: %w: state %s", ErrRefused, upgrade.ErrNotBaseline, st.State)
 		}
 		restart := false

@@ -141,9 +141,9 @@ func (s *StatusInfo) InProgress() bool {
 	return s != nil && s.Phase != PhaseNone && s.Phase != PhaseDone
 }
 
-// Status reads the online upgrade's state (catalog and the progress row)
+// ReadStatus reads the online upgrade's state (catalog and the progress row)
 // through q, e.g. status's READ ONLY transaction.
-func Status(ctx context.Context, q Querier) (*StatusInfo, error) {
+func ReadStatus(ctx context.Context, q Querier) (*StatusInfo, error) {
 	s, err := ReadShape(ctx, q)
 	if err != nil {
 		return nil, err

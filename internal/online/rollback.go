@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
@@ -21,7 +22,7 @@ type RollbackOptions struct {
 	Progress    func(Event)
 }
 
-// RollbackReport says what Rollback did (upgrade.Result's Report). The
+// RollbackReport says what Rollback did (outcome.Result's Report). The
 // outcome is rolled_back or nothing_to_do, else refused, lock_busy,
 // interrupted or failed.
 type RollbackReport struct {
@@ -40,24 +41,24 @@ var ErrAlreadySwitched = errors.New("the upgrade is complete (pgflow.flows.queue
 // schema pgflow_upgrade when nothing else, e.g. the ledger, is in it). The
 // result is never nil; its outcome and the error follow internal/upgrade's
 // rule.
-func Rollback(ctx context.Context, conn *pgx.Conn, ro RollbackOptions) (*upgrade.Result[*RollbackReport], error) {
+func Rollback(ctx context.Context, conn *pgx.Conn, ro RollbackOptions) (*outcome.Result[*RollbackReport], error) {
 	e := newEngine(conn, Options{LockTimeout: ro.LockTimeout, LockRetries: ro.LockRetries, Wait: ro.Wait, Progress: ro.Progress}.withDefaults())
-	res := &upgrade.Result[*RollbackReport]{Report: &RollbackReport{}}
+	res := &outcome.Result[*RollbackReport]{Report: &RollbackReport{}}
 	err := e.rollback(ctx, res)
 	res.Report.Locks = e.rep.Locks
-	if res.Outcome == "" && e.res.Outcome == upgrade.OutcomeLockBusy {
-		res.Outcome = upgrade.OutcomeLockBusy // a ddlTx that did not get its locks
+	if res.Outcome == "" && e.res.Outcome == outcome.LockBusy {
+		res.Outcome = outcome.LockBusy // a ddlTx that did not get its locks
 	}
-	return res, upgrade.Settle(ctx, conn, res, err)
+	return res, outcome.Settle(ctx, conn, res, err)
 }
 
 // rollback is Rollback's plan: the online lock, the state, then the undo.
-func (e *engine) rollback(ctx context.Context, res *upgrade.Result[*RollbackReport]) error {
+func (e *engine) rollback(ctx context.Context, res *outcome.Result[*RollbackReport]) error {
 	conn, o := e.conn, e.opts
 	release, err := sessionLock(ctx, conn, o.Wait)
 	if err != nil {
 		if errors.Is(err, ErrBusy) {
-			res.Outcome = upgrade.OutcomeLockBusy
+			res.Outcome = outcome.LockBusy
 		}
 		return err
 	}
@@ -68,20 +69,20 @@ func (e *engine) rollback(ctx context.Context, res *upgrade.Result[*RollbackRepo
 	}
 	res.Report.PhaseFound = s.Phase()
 	if s.Upgraded {
-		res.Outcome = upgrade.OutcomeRefused
+		res.Outcome = outcome.Refused
 		return ErrAlreadySwitched
 	}
 	if !s.Started() {
-		res.Outcome, res.Message = upgrade.OutcomeNothingToDo, "no online upgrade in progress: nothing to roll back"
+		res.Outcome, res.Message = outcome.NothingToDo, "no online upgrade in progress: nothing to roll back"
 		return nil
 	}
 	if err := e.undo(ctx, s); err != nil {
 		if errors.Is(err, ErrRefused) {
-			res.Outcome = upgrade.OutcomeRefused
+			res.Outcome = outcome.Refused
 		}
 		return err
 	}
-	res.Outcome, res.Message = upgrade.OutcomeRolledBack, "the online upgrade was undone: the database is the pgflow 0.16.0 baseline again"
+	res.Outcome, res.Message = outcome.RolledBack, "the online upgrade was undone: the database is the pgflow 0.16.0 baseline again"
 	return nil
 }
 

@@ -34,7 +34,7 @@
 //  5. Rollback undoes an unfinished online upgrade back to 0.16.0.
 //
 // Every step looks at the catalog first and does only what is missing, so
-// Apply run again after any interruption continues the upgrade.
+// Upgrade run again after any interruption continues the upgrade.
 package online
 
 import (

@@ -31,7 +31,7 @@
 //
 // A failure or interruption at any point after step 1 restores (Run does it
 // with a context that survives the cancel). A crash leaves the recorded
-// state; Status reports it, Run with Resume continues from its phase and
+// state; ReadInProgress reports it, Run with Resume continues from its phase and
 // Undo restores it. Producers outside the database (start_flow callers) are
 // not something the database can pause: docs/runbook.md says how.
 package quiesce

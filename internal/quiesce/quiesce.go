@@ -32,7 +32,7 @@ const (
 
 // Options of Run.
 type Options struct {
-	// Mode is recorded for Status's resume command (ModeApply, ModeOnline).
+	// Mode is recorded for ReadInProgress's resume command (ModeApply, ModeOnline).
 	Mode string
 	// Resume continues the recorded quiesce from its phase instead of
 	// starting one.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -53,7 +54,7 @@ func TestApplyQuiesce(t *testing.T) {
 	if !sawPaused {
 		t.Fatal("the paused point was never reached")
 	}
-	if rep.Outcome != upgrade.OutcomeApplied || rep.Report.Quiesce == nil || !rep.Report.Quiesce.Restored || !rep.Report.Quiesce.Applied {
+	if rep.Outcome != outcome.Applied || rep.Report.Quiesce == nil || !rep.Report.Quiesce.Restored || !rep.Report.Quiesce.Applied {
 		t.Fatalf("report: outcome %s, quiesce %+v", rep.Outcome, rep.Report.Quiesce)
 	}
 	if rep.Report.Quiesce.WorkersDeprecated != 3 {
@@ -111,7 +112,7 @@ func TestQuiesceInterrupted(t *testing.T) {
 				return nil
 			}
 			rep, err := upgrade.Apply(ctx, conn, opts)
-			if err == nil || rep.Outcome != upgrade.OutcomeInterrupted {
+			if err == nil || rep.Outcome != outcome.Interrupted {
 				t.Fatalf("interrupted at %s: err %v, outcome %s", point, err, rep.Outcome)
 			}
 			if rep.Report.Quiesce == nil || !rep.Report.Quiesce.Restored {
@@ -160,12 +161,12 @@ func TestQuiesceCrashResumeUndo(t *testing.T) {
 				if st == nil || string(st.Phase) != point {
 					t.Fatalf("after a crash at %s: recorded %+v", point, st)
 				}
-				info, err := quiesce.Status(ctx, conn)
+				info, err := quiesce.ReadInProgress(ctx, conn)
 				if err != nil || info == nil || info.Next != "pgflow-upgrade apply --resume-quiesce --yes" || info.Functions != 4 || info.CronJobs != 4 {
 					t.Fatalf("status after a crash at %s: %+v, %v", point, info, err)
 				}
 				// A second quiesce is refused while one is recorded.
-				if res, err := upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: quiesceOpts()}); !errors.Is(err, quiesce.ErrInProgress) || res.Outcome != upgrade.OutcomeRefused {
+				if res, err := upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: quiesceOpts()}); !errors.Is(err, quiesce.ErrInProgress) || res.Outcome != outcome.Refused {
 					t.Fatalf("a second apply --quiesce: %v", err)
 				}
 				want := versions.SchemaUpgraded
@@ -216,7 +217,7 @@ func TestQuiesceDrainTimeout(t *testing.T) {
 	q := quiesceOpts()
 	q.DrainTimeout = 500 * time.Millisecond
 	rep, err := upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: q})
-	if !errors.Is(err, quiesce.ErrDrainTimeout) || rep.Outcome != upgrade.OutcomeRefused {
+	if !errors.Is(err, quiesce.ErrDrainTimeout) || rep.Outcome != outcome.Refused {
 		t.Fatalf("drain timeout: %v", err)
 	}
 	if !rep.Report.Quiesce.Restored || rep.Report.Quiesce.Applied {
@@ -239,7 +240,7 @@ func TestQuiesceDryRun(t *testing.T) {
 	if err != nil {
 		t.Fatalf("apply --quiesce --dry-run: %v", err)
 	}
-	if rep.Outcome != upgrade.OutcomeDryRun || rep.Report.Quiesce == nil || len(rep.Report.Quiesce.Plan) < 8 {
+	if rep.Outcome != outcome.DryRun || rep.Report.Quiesce == nil || len(rep.Report.Quiesce.Plan) < 8 {
 		t.Fatalf("dry run: outcome %s, quiesce %+v", rep.Outcome, rep.Report.Quiesce)
 	}
 	inv := rep.Report.Quiesce.Inventory
@@ -284,7 +285,7 @@ func TestQuiesceNoAlterJob(t *testing.T) {
 	before := snapshot(t, db)
 	conn := testdb.Connect(t, db.DSN)
 	res, err := upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: quiesceOpts()})
-	if !errors.Is(err, quiesce.ErrCronAPI) || res.Outcome != upgrade.OutcomeRefused {
+	if !errors.Is(err, quiesce.ErrCronAPI) || res.Outcome != outcome.Refused {
 		t.Fatalf("without cron.alter_job: %v", err)
 	}
 	sameValues(t, before, snapshot(t, db), "after the refusal")
@@ -317,7 +318,7 @@ func TestQuiesceInterruptedMidQuery(t *testing.T) {
 		return nil
 	}
 	rep, err := upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: q, LockTimeout: 10 * time.Second})
-	if rep.Outcome != upgrade.OutcomeInterrupted {
+	if rep.Outcome != outcome.Interrupted {
 		t.Fatalf("interrupted while waiting for a lock: %v", err)
 	}
 	if !rep.Report.Quiesce.Restored {
@@ -362,7 +363,7 @@ func TestQuiesceCronRoleMayNotAlter(t *testing.T) {
 			}
 			defer conn.Close(context.Background())
 			res, err := upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: quiesceOpts()})
-			if !errors.Is(err, quiesce.ErrCronAPI) || res.Outcome != upgrade.OutcomeRefused {
+			if !errors.Is(err, quiesce.ErrCronAPI) || res.Outcome != outcome.Refused {
 				t.Fatalf("apply --quiesce as %s: %v", role, err)
 			}
 			if !strings.Contains(err.Error(), tc.want) {

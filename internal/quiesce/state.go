@@ -123,8 +123,8 @@ type StatusInfo struct {
 	Undo      string `json:"undo"` // the command that undoes it
 }
 
-// Status reads a quiesce in progress (nil: none).
-func Status(ctx context.Context, q Querier) (*StatusInfo, error) {
+// ReadInProgress reads a quiesce in progress (nil: none).
+func ReadInProgress(ctx context.Context, q Querier) (*StatusInfo, error) {
 	s, err := Load(ctx, q)
 	if err != nil || s == nil {
 		return nil, err

@@ -21,6 +21,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/waitprobe"
@@ -109,7 +110,7 @@ func (r *Rehearsal) survives(ctx context.Context, env *scenario.Env) error {
 	if err := r.sizes(ctx, db); err != nil {
 		return err
 	}
-	var rep *upgrade.Result[*upgrade.Report]
+	var rep *outcome.Result[*upgrade.Report]
 	var queuesBefore []string
 	if r.PGMQ != "" {
 		if queuesBefore, err = queueList(ctx, db); err != nil {
@@ -156,7 +157,7 @@ func (r *Rehearsal) onlineSurvives(ctx context.Context, env *scenario.Env) error
 		return err
 	}
 	p := &waitprobe.Probe{ApplicationName: "pgflow-upgrade replay probe"}
-	var rep *upgrade.Result[*online.Report]
+	var rep *outcome.Result[*online.Report]
 	var took time.Duration
 	rows, err := keeps(ctx, db, "apply --online", true, func() error {
 		pctx, stop := context.WithCancel(ctx)
@@ -177,7 +178,7 @@ func (r *Rehearsal) onlineSurvives(ctx context.Context, env *scenario.Env) error
 		}
 		defer conn.Close(context.WithoutCancel(ctx))
 		started := time.Now()
-		rep, err = online.Apply(ctx, conn, online.Options{})
+		rep, err = online.Upgrade(ctx, conn, online.Options{})
 		took = time.Since(started)
 		stop()
 		if perr := <-perr; perr != nil && err == nil {
@@ -186,7 +187,7 @@ func (r *Rehearsal) onlineSurvives(ctx context.Context, env *scenario.Env) error
 		if err != nil {
 			return fmt.Errorf("apply --online: %w", err)
 		}
-		if err := rep.Want(upgrade.OutcomeApplied); err != nil {
+		if err := rep.Want(outcome.Applied); err != nil {
 			return fmt.Errorf("apply --online: %w", err)
 		}
 		return nil
@@ -313,7 +314,7 @@ func queueList(ctx context.Context, db *scenario.DB) ([]string, error) {
 // sameQueues: pgmq's queue list after the pgmq hop is the one before with
 // exactly the hop's reported repairs (a name renamed to lower case, or a
 // duplicate spelling removed), nothing else.
-func sameQueues(ctx context.Context, db *scenario.DB, before []string, rep *upgrade.Result[*upgrade.Report]) error {
+func sameQueues(ctx context.Context, db *scenario.DB, before []string, rep *outcome.Result[*upgrade.Report]) error {
 	repairs := map[string]upgrade.PGMQRepair{}
 	if rep != nil && rep.Report.PGMQ != nil {
 		for _, x := range rep.Report.PGMQ.Repairs {

@@ -13,6 +13,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture/capturetest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/junit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/rehearsal"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -91,8 +92,8 @@ func TestRehearsalOnACustomizedCapture(t *testing.T) {
 	// message is caught by the digest comparison.
 	broken := &scenario.Runner{Server: testdb.Server(t), Logf: t.Logf,
 		Baseline: func(ctx context.Context, conn *pgx.Conn) error { return c.Restore(ctx, conn) },
-		Upgrade: func(ctx context.Context, db *scenario.DB) (*upgrade.Result[*upgrade.Report], error) {
-			rep, err := scenario.Apply(ctx, db)
+		Upgrade: func(ctx context.Context, db *scenario.DB) (*outcome.Result[*upgrade.Report], error) {
+			rep, err := scenario.RunApply(ctx, db)
 			if err != nil {
 				return rep, err
 			}

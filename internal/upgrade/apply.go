@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgflowfiles"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
@@ -230,8 +231,6 @@ var (
 	ErrIntegrity      = errors.New("integrity check failed, refusing to run the migrations")
 	ErrNotBaseline    = errors.New("the database is not the pgflow 0.16.0 baseline this migration starts from")
 	ErrNewerSchema    = errors.New("the database has a newer, unknown schema revision")
-	ErrPreflight      = errors.New("the preflight refused the upgrade: nothing was changed")
-	ErrInconclusive   = errors.New("a preflight check ran out of time: nothing was changed")
 	ErrPostConditions = errors.New("the post-conditions failed after the migration: rolled back, nothing was changed")
 )
 
@@ -259,29 +258,29 @@ var (
 //
 // Any failure rolls everything back. The result is never nil; its outcome
 // and the error follow the package's rule (checks.go).
-func Apply(ctx context.Context, conn *pgx.Conn, opts Options) (*Result[*Report], error) {
+func Apply(ctx context.Context, conn *pgx.Conn, opts Options) (*outcome.Result[*Report], error) {
 	if opts.Quiesce != nil {
 		return applyQuiesced(ctx, conn, opts) // quiesce.go
 	}
 	opts = opts.withDefaults()
-	res := &Result[*Report]{Report: &Report{DryRun: opts.DryRun, BackendPID: conn.PgConn().PID()}}
+	res := &outcome.Result[*Report]{Report: &Report{DryRun: opts.DryRun, BackendPID: conn.PgConn().PID()}}
 	start := time.Now()
 	defer func() { res.Report.TotalMS = time.Since(start).Milliseconds() }()
 	err := apply(ctx, conn, opts, res)
-	return res, Settle(ctx, conn, res, err)
+	return res, outcome.Settle(ctx, conn, res, err)
 }
 
 // runner times steps and tells Progress about them.
 type runner struct {
 	ctx  context.Context
 	opts Options
-	res  *Result[*Report]
+	res  *outcome.Result[*Report]
 	r    *Report // res.Report
 }
 
 // fail is err, and o the run's outcome when err is not nil: a refusal, a
 // lock not obtained, a check without an answer.
-func (s *runner) fail(o Outcome, err error) error {
+func (s *runner) fail(o outcome.Outcome, err error) error {
 	if err != nil {
 		s.res.Outcome = o
 	}
@@ -309,7 +308,7 @@ func (s *runner) step(name, detail string, fn func() error) error {
 
 // apply runs Apply's plan (applyPlan, plan.go) on one transaction. The
 // first error stops it; the transaction is then rolled back.
-func apply(ctx context.Context, conn *pgx.Conn, opts Options, res *Result[*Report]) (err error) {
+func apply(ctx context.Context, conn *pgx.Conn, opts Options, res *outcome.Result[*Report]) (err error) {
 	a := &applyRun{runner: &runner{ctx: ctx, opts: opts, res: res, r: res.Report}, conn: conn}
 	defer func() {
 		// After the rollback (below): what was built before the
@@ -368,12 +367,12 @@ type applyRun struct {
 func (a *applyRun) integrity() error {
 	opts := a.opts
 	if err := opts.Verify(); err != nil {
-		return a.fail(OutcomeRefused, fmt.Errorf("%w: %w", ErrIntegrity, err))
+		return a.fail(outcome.Refused, fmt.Errorf("%w: %w", ErrIntegrity, err))
 	}
 	if opts.PGMQ != "" {
 		target, err := parsePGMQTarget(opts.PGMQ)
 		if err != nil {
-			return a.fail(OutcomeRefused, err)
+			return a.fail(outcome.Refused, err)
 		}
 		a.pgmq = &pgmqHop{target: target, r: &PGMQReport{To: target.String()}}
 		a.r.PGMQ = a.pgmq.r
@@ -383,7 +382,7 @@ func (a *applyRun) integrity() error {
 		return err
 	}
 	if a.target, err = resolveTarget(opts.To); err != nil {
-		return a.fail(OutcomeRefused, err)
+		return a.fail(outcome.Refused, err)
 	}
 	// The user's copy of upstream's files and of upstream's migration,
 	// found before anything is locked: a wrong folder is a refusal that
@@ -395,7 +394,7 @@ func (a *applyRun) integrity() error {
 	byContent := a.copy != nil && a.copyErr == nil && len(a.copy.Files) >= ownHopFile
 	if !byContent && opts.SupabaseDir != "" {
 		if a.ledger, err = findSupabaseMigration(opts.SupabaseDir); err != nil {
-			return a.fail(OutcomeRefused, err)
+			return a.fail(outcome.Refused, err)
 		}
 	}
 	return nil
@@ -432,7 +431,7 @@ func (a *applyRun) advisoryLock() error {
 	ctx, tx, opts := a.ctx, a.tx, a.opts
 	if err := acquireAdvisoryLock(ctx, tx, opts.Wait); err != nil {
 		if errors.Is(err, ErrUpgradeLocked) {
-			return a.fail(OutcomeLockBusy, err)
+			return a.fail(outcome.LockBusy, err)
 		}
 		return err
 	}
@@ -453,7 +452,7 @@ func (a *applyRun) privileges() error {
 	}
 	if len(f) > 0 {
 		a.r.Blockers = f
-		return a.fail(OutcomeRefused, fmt.Errorf("%w: %s", ErrPreflight, f[0].Message))
+		return a.fail(outcome.Refused, fmt.Errorf("%w: %s", outcome.ErrPreflight, f[0].Message))
 	}
 	return nil
 }
@@ -470,7 +469,7 @@ func (a *applyRun) tableLocks() error {
 	if err != nil {
 		var tle *TableLockError
 		if errors.As(err, &tle) {
-			return a.fail(OutcomeLockBusy, err)
+			return a.fail(outcome.LockBusy, err)
 		}
 		return err
 	}
@@ -503,7 +502,7 @@ func (a *applyRun) runPreflight() error {
 	}
 	if !res.OK() {
 		r.Blockers = res.Blockers()
-		return a.fail(PreflightRefusal(res))
+		return a.fail(outcome.FromPreflight(res))
 	}
 	return nil
 }
@@ -543,7 +542,7 @@ func (a *applyRun) postChecks() error {
 		for i, b := range bad {
 			ids[i] = b.ID + ": " + b.Detail
 		}
-		return a.fail(OutcomeRefused, fmt.Errorf("%w: %s", ErrPostConditions, strings.Join(ids, "; ")))
+		return a.fail(outcome.Refused, fmt.Errorf("%w: %s", ErrPostConditions, strings.Join(ids, "; ")))
 	}
 	return nil
 }
@@ -609,19 +608,19 @@ func (a *applyRun) finish() error {
 	window := time.Duration(r.LockWindowMS) * time.Millisecond
 	switch {
 	case a.opts.DryRun && a.pgmqOnly:
-		a.res.Outcome = OutcomeDryRun
+		a.res.Outcome = outcome.DryRun
 		a.res.Message = fmt.Sprintf("dry run: %s, then rolled back; tables were locked for %s", a.pgmq.message(true), window)
 	case a.opts.DryRun:
-		a.res.Outcome = OutcomeDryRun
+		a.res.Outcome = outcome.DryRun
 		a.res.Message = fmt.Sprintf("dry run: the migration ran and passed its post-conditions, then was rolled back; tables were locked for %s", window)
 		if a.pgmq != nil {
 			a.res.Message = strings.Replace(a.res.Message, "then was rolled back", "then "+a.pgmq.message(true)+", then all was rolled back", 1)
 		}
 	case a.pgmqOnly:
-		a.res.Outcome = OutcomeApplied
+		a.res.Outcome = outcome.Applied
 		a.res.Message = fmt.Sprintf("pgflow already %s; %s; tables were locked for %s", a.plan.Reached, a.pgmq.message(false), window)
 	default:
-		a.res.Outcome = OutcomeApplied
+		a.res.Outcome = outcome.Applied
 		// The post-conditions passed in the committed transaction: the
 		// catalog is the reached release's.
 		r.VersionNow, r.NextStep = a.plan.Reached, AppliedNextStep
@@ -684,12 +683,12 @@ func (a *applyRun) admit() error {
 	ctx, r, tx, all := a.ctx, a.r, a.tx, a.all
 	var accepted bool
 	if q := r.State.Version; q != nil && q.Quiesce != nil && !a.opts.quiesced {
-		return a.fail(OutcomeRefused, quiesceRefusal(q.Quiesce)) // inprogress.go
+		return a.fail(outcome.Refused, quiesceRefusal(q.Quiesce)) // inprogress.go
 	}
 	if len(r.Unknown) > 0 {
 		// A revision we do not ship: a newer tool upgraded this database
 		// further, and this one must not "re-apply" or touch it.
-		return a.fail(OutcomeRefused, fmt.Errorf("%w: pgflow_upgrade.schema_revisions records %s, which this pgflow-upgrade (migrations up to %s) does not know; use the newer pgflow-upgrade that applied it (`pgflow-upgrade status` lists the revisions)",
+		return a.fail(outcome.Refused, fmt.Errorf("%w: pgflow_upgrade.schema_revisions records %s, which this pgflow-upgrade (migrations up to %s) does not know; use the newer pgflow-upgrade that applied it (`pgflow-upgrade status` lists the revisions)",
 			ErrNewerSchema, strings.Join(r.Unknown, ", "), Version))
 	}
 	if a.opts.AcceptState != nil && r.State.State != versions.SchemaBaseline && r.State.State != versions.SchemaUpgraded {
@@ -744,7 +743,7 @@ func (a *applyRun) admit() error {
 			}
 		}
 	case r.State.Version != nil && r.State.Version.Online != nil:
-		return a.fail(OutcomeRefused, onlineRefusal(r.State.Version)) // inprogress.go
+		return a.fail(outcome.Refused, onlineRefusal(r.State.Version)) // inprogress.go
 	default:
 		// Name the version found and the next step (internal/versions).
 		why := strings.Join(r.State.Differences, "; ")
@@ -757,7 +756,7 @@ func (a *applyRun) admit() error {
 		if a.plan != nil && a.plan.Rest != "" {
 			why += "; " + a.plan.Rest
 		}
-		return a.fail(OutcomeRefused, fmt.Errorf("%w: state %s (%s); run `pgflow-upgrade status`", ErrNotBaseline, r.State.State, why))
+		return a.fail(outcome.Refused, fmt.Errorf("%w: state %s (%s); run `pgflow-upgrade status`", ErrNotBaseline, r.State.State, why))
 	}
 	a.accepted = accepted
 	return nil
@@ -772,7 +771,7 @@ func (a *applyRun) alreadyThere(from int) error {
 	r := a.r
 	ours := !slices.Contains(r.Pending, Version+"_"+Name)
 	r.Pending = nil
-	a.res.Outcome = OutcomeAlreadyApplied
+	a.res.Outcome = outcome.AlreadyApplied
 	found := versions.StateName(from)
 	if ours {
 		a.res.Message = "already upgraded: pgflow " + found + ", revision " + Version + " (" + Name + ") recorded in pgflow_upgrade.schema_revisions; nothing to do"

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
@@ -39,7 +40,7 @@ func TestApplyPreflightRefusals(t *testing.T) {
 			}
 			before := testdb.State(t, db.Pool)
 			rep, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), fastOpts())
-			if !errors.Is(err, upgrade.ErrPreflight) || rep.Outcome != upgrade.OutcomeRefused {
+			if !errors.Is(err, outcome.ErrPreflight) || rep.Outcome != outcome.Refused {
 				t.Fatalf("apply: %v (outcome %s), want a preflight refusal", err, rep.Outcome)
 			}
 			var found bool
@@ -79,7 +80,7 @@ func TestUpgradedElsewhereIs017(t *testing.T) {
 	}
 	before := testdb.State(t, db.Pool)
 	rep, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), fastOpts())
-	if err != nil || rep.Outcome != upgrade.OutcomeAlreadyApplied || !strings.Contains(rep.Message, "not applied by this tool") {
+	if err != nil || rep.Outcome != outcome.AlreadyApplied || !strings.Contains(rep.Message, "not applied by this tool") {
 		t.Fatalf("apply on 0.17.0: %v %s %q", err, rep.Outcome, rep.Message)
 	}
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "apply on 0.17.0")
@@ -97,7 +98,7 @@ func TestUpgradedElsewhereIs017(t *testing.T) {
 // after outcome and message; Want names an outcome other than the one
 // wanted; a success is what a nil error comes with.
 func TestResult(t *testing.T) {
-	res := &upgrade.Result[*upgrade.Report]{Outcome: upgrade.OutcomeAlreadyApplied, Message: "already upgraded", Report: &upgrade.Report{TotalMS: 7}}
+	res := &outcome.Result[*upgrade.Report]{Outcome: outcome.AlreadyApplied, Message: "already upgraded", Report: &upgrade.Report{TotalMS: 7}}
 	b, err := json.Marshal(res)
 	if err != nil {
 		t.Fatal(err)
@@ -105,18 +106,18 @@ func TestResult(t *testing.T) {
 	if !strings.HasPrefix(string(b), `{"outcome":"already_applied","message":"already upgraded","dry_run":false,`) || !strings.Contains(string(b), `"total_ms":7`) {
 		t.Fatalf("JSON %s", b)
 	}
-	if err := res.Want(upgrade.OutcomeAlreadyApplied); err != nil {
+	if err := res.Want(outcome.AlreadyApplied); err != nil {
 		t.Fatal(err)
 	}
-	if err := res.Want(upgrade.OutcomeApplied); err == nil || !strings.Contains(err.Error(), "outcome already_applied, want applied: already upgraded") {
+	if err := res.Want(outcome.Applied); err == nil || !strings.Contains(err.Error(), "outcome already_applied, want applied: already upgraded") {
 		t.Fatalf("Want: %v", err)
 	}
-	for _, o := range []upgrade.Outcome{upgrade.OutcomeRefused, upgrade.OutcomeLockBusy, upgrade.OutcomeInconclusive, upgrade.OutcomeInterrupted, upgrade.OutcomeFailed} {
+	for _, o := range []outcome.Outcome{outcome.Refused, outcome.LockBusy, outcome.Inconclusive, outcome.Interrupted, outcome.Failed} {
 		if o.Succeeded() {
 			t.Fatalf("%s succeeded", o)
 		}
 	}
-	if !upgrade.OutcomeDryRun.Succeeded() || !upgrade.OutcomeRolledBack.Succeeded() {
+	if !outcome.DryRun.Succeeded() || !outcome.RolledBack.Succeeded() {
 		t.Fatal("dry_run and rolled_back are successes")
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgflowfiles"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
@@ -59,7 +60,7 @@ func (a *applyRun) planHops(from int) error {
 	r := a.r
 	if rel := r.State.Version; rel != nil && rel.Release != nil {
 		if why := rel.Release.Refusal(); why != "" {
-			return a.fail(OutcomeRefused, fmt.Errorf("%w: %s", ErrNotBaseline, why))
+			return a.fail(outcome.Refused, fmt.Errorf("%w: %s", ErrNotBaseline, why))
 		}
 	}
 	copy := a.copy
@@ -71,7 +72,7 @@ func (a *applyRun) planHops(from int) error {
 	if a.copyErr != nil && a.plan.Rest != "" {
 		// The rest needs the files, and the copy given lacks one (or
 		// changed one): name it, change nothing.
-		return a.fail(OutcomeRefused, a.copyErr)
+		return a.fail(outcome.Refused, a.copyErr)
 	}
 	return nil
 }
@@ -119,7 +120,7 @@ func (a *applyRun) upstreamHop(h Hop) error {
 	}
 	sql, err := a.copy.Read(h.Upstream.Index)
 	if err != nil {
-		return a.fail(OutcomeRefused, err)
+		return a.fail(outcome.Refused, err)
 	}
 	stmts, err := pgflowfiles.Statements(sql)
 	if err != nil {
@@ -198,7 +199,7 @@ func (a *applyRun) hopChecks(h Hop) error {
 		}
 	}
 	if bad > 0 {
-		return a.fail(OutcomeRefused, fmt.Errorf("%w: before upstream's %s: %d missing or failing: %s", ErrPreflight, h.File, bad, what))
+		return a.fail(outcome.Refused, fmt.Errorf("%w: before upstream's %s: %d missing or failing: %s", outcome.ErrPreflight, h.File, bad, what))
 	}
 	return nil
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
@@ -36,7 +37,7 @@ func TestApplyDryRunChangesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatalf("dry run: %v (%s)", err, rep.Message)
 	}
-	if rep.Outcome != upgrade.OutcomeDryRun {
+	if rep.Outcome != outcome.DryRun {
 		t.Fatalf("outcome %s", rep.Outcome)
 	}
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "dry run")
@@ -64,7 +65,7 @@ func TestApplyDryRunChangesNothing(t *testing.T) {
 		t.Fatalf("lock window %dms shorter than the statements it contains (%dms)", rep.Report.LockWindowMS, stmts)
 	}
 	// And the real thing still works afterwards.
-	if rep, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), fastOpts()); err != nil || rep.Outcome != upgrade.OutcomeApplied {
+	if rep, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), fastOpts()); err != nil || rep.Outcome != outcome.Applied {
 		t.Fatalf("apply after dry run: %v %s", err, rep.Outcome)
 	}
 }
@@ -91,7 +92,7 @@ func TestApplyRefusesTamperedMigration(t *testing.T) {
 	if !errors.Is(err, upgrade.ErrIntegrity) || !errors.Is(err, migrations.ErrChecksumMismatch) {
 		t.Fatalf("apply of a tampered migration: %v", err)
 	}
-	if rep.Outcome != upgrade.OutcomeRefused {
+	if rep.Outcome != outcome.Refused {
 		t.Fatalf("outcome %s", rep.Outcome)
 	}
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "tampered")
@@ -142,7 +143,7 @@ func TestApplyRefusesSupabaseDirWithoutTheFile(t *testing.T) {
 	opts := fastOpts()
 	opts.SupabaseDir = t.TempDir()
 	rep, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
-	if !errors.Is(err, upgrade.ErrSupabaseDir) || rep.Outcome != upgrade.OutcomeRefused {
+	if !errors.Is(err, upgrade.ErrSupabaseDir) || rep.Outcome != outcome.Refused {
 		t.Fatalf("apply with an empty --supabase-dir: %v (%s)", err, rep.Outcome)
 	}
 	if !strings.Contains(err.Error(), upgrade.SupabaseRepairCommand) {
@@ -187,7 +188,7 @@ func TestApplyConcurrent(t *testing.T) {
 		return nil
 	}
 	var wg sync.WaitGroup
-	var rep1 *upgrade.Result[*upgrade.Report]
+	var rep1 *outcome.Result[*upgrade.Report]
 	var err1 error
 	wg.Add(1)
 	go func() {
@@ -198,7 +199,7 @@ func TestApplyConcurrent(t *testing.T) {
 
 	// One try, no waiting: exits cleanly, nothing changed.
 	rep2, err2 := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), fastOpts())
-	if !errors.Is(err2, upgrade.ErrUpgradeLocked) || rep2.Outcome != upgrade.OutcomeLockBusy {
+	if !errors.Is(err2, upgrade.ErrUpgradeLocked) || rep2.Outcome != outcome.LockBusy {
 		t.Fatalf("second apply without wait: %v %s", err2, rep2.Outcome)
 	}
 	if !strings.Contains(err2.Error(), "another pgflow-upgrade apply") {
@@ -206,7 +207,7 @@ func TestApplyConcurrent(t *testing.T) {
 	}
 
 	// Waiting: it gets the lock once the first commits, and sees the upgrade done.
-	var rep3 *upgrade.Result[*upgrade.Report]
+	var rep3 *outcome.Result[*upgrade.Report]
 	var err3 error
 	waiting := make(chan struct{})
 	wg.Add(1)
@@ -224,10 +225,10 @@ func TestApplyConcurrent(t *testing.T) {
 	<-waiting
 	releaseOnce.Do(func() { close(release) })
 	wg.Wait()
-	if err1 != nil || rep1.Outcome != upgrade.OutcomeApplied {
+	if err1 != nil || rep1.Outcome != outcome.Applied {
 		t.Fatalf("first apply: %v %s", err1, rep1.Outcome)
 	}
-	if err3 != nil || rep3.Outcome != upgrade.OutcomeAlreadyApplied {
+	if err3 != nil || rep3.Outcome != outcome.AlreadyApplied {
 		t.Fatalf("waiting apply: %v %s", err3, rep3.Outcome)
 	}
 	var revisions int
@@ -316,7 +317,7 @@ func TestApplyLockRetriesThenGivesUp(t *testing.T) {
 	if tle.Table != "runs" || tle.Attempts != 4 || rep.Report.LockAttempts != 4 || len(retries) != 3 {
 		t.Fatalf("table %s, attempts %d (report %d), retries %v", tle.Table, tle.Attempts, rep.Report.LockAttempts, retries)
 	}
-	if rep.Outcome != upgrade.OutcomeLockBusy {
+	if rep.Outcome != outcome.LockBusy {
 		t.Fatalf("outcome %s", rep.Outcome)
 	}
 	named := false
@@ -410,7 +411,7 @@ func TestLongApplyKilledAtEveryStatement(t *testing.T) {
 		testdb.SameState(t, before, testdb.State(t, db.Pool), "kill at "+point+": the database is not the baseline")
 	}
 	rep, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), fastOpts())
-	if err != nil || rep.Outcome != upgrade.OutcomeApplied {
+	if err != nil || rep.Outcome != outcome.Applied {
 		t.Fatalf("rerun after %d kills: %v %s", len(points), err, rep.Outcome)
 	}
 }
@@ -520,7 +521,7 @@ func TestApplyRefusesRoleWithoutOwnership(t *testing.T) {
 	}
 	defer conn.Close(ctx)
 	rep, err := upgrade.Apply(ctx, conn, fastOpts())
-	if !errors.Is(err, upgrade.ErrPreflight) || rep.Outcome != upgrade.OutcomeRefused {
+	if !errors.Is(err, outcome.ErrPreflight) || rep.Outcome != outcome.Refused {
 		t.Fatalf("apply as %s: %v %s", role, err, rep.Outcome)
 	}
 	if rep.Report.LockAttempts != 0 || len(rep.Report.Blockers) != 1 || rep.Report.Blockers[0].CheckID != preflight.PrivilegesCheckID {
@@ -552,7 +553,7 @@ func TestApplyBacksOffFromDeadlock(t *testing.T) {
 	opts.LockTimeout = 30 * time.Second // longer than deadlock_timeout: the detector decides
 	opts.LockRetries = 3
 	done := make(chan struct{})
-	var rep *upgrade.Result[*upgrade.Report]
+	var rep *outcome.Result[*upgrade.Report]
 	var applyErr error
 	go func() {
 		defer close(done)
@@ -583,7 +584,7 @@ func TestApplyBacksOffFromDeadlock(t *testing.T) {
 		t.Fatalf("the application's commit failed: %v", err)
 	}
 	<-done
-	if applyErr != nil || rep.Outcome != upgrade.OutcomeApplied || rep.Report.LockAttempts < 2 {
+	if applyErr != nil || rep.Outcome != outcome.Applied || rep.Report.LockAttempts < 2 {
 		t.Fatalf("apply: %v %s after %d lock attempts", applyErr, rep.Outcome, rep.Report.LockAttempts)
 	}
 }
@@ -602,7 +603,7 @@ func TestApplyInterrupted(t *testing.T) {
 		return nil
 	}
 	rep, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
-	if !errors.Is(err, context.Canceled) || rep.Outcome != upgrade.OutcomeInterrupted {
+	if !errors.Is(err, context.Canceled) || rep.Outcome != outcome.Interrupted {
 		t.Fatalf("interrupted apply: %v %s", err, rep.Outcome)
 	}
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "interrupted apply")
@@ -622,7 +623,7 @@ func TestApplyPreflightInconclusive(t *testing.T) {
 		},
 	}}}
 	rep, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
-	if !errors.Is(err, upgrade.ErrInconclusive) || rep.Outcome != upgrade.OutcomeInconclusive {
+	if !errors.Is(err, outcome.ErrInconclusive) || rep.Outcome != outcome.Inconclusive {
 		t.Fatalf("apply with a slow preflight check: %v %s", err, rep.Outcome)
 	}
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "inconclusive preflight")
@@ -645,7 +646,7 @@ func TestApplyRefusesDuplicateMessageIDs(t *testing.T) {
 	}
 	before := testdb.State(t, db.Pool)
 	rep, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), fastOpts())
-	if !errors.Is(err, upgrade.ErrPreflight) || rep.Outcome != upgrade.OutcomeRefused {
+	if !errors.Is(err, outcome.ErrPreflight) || rep.Outcome != outcome.Refused {
 		t.Fatalf("apply with a duplicate message id: %v %s", err, rep.Outcome)
 	}
 	var pgErr *pgconn.PgError

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
@@ -29,7 +30,7 @@ func TestApplyInflight(t *testing.T) {
 	if err != nil {
 		t.Fatalf("apply: %v\n%+v", err, rep)
 	}
-	if rep.Outcome != upgrade.OutcomeApplied {
+	if rep.Outcome != outcome.Applied {
 		t.Fatalf("outcome %s, want applied: %s", rep.Outcome, rep.Message)
 	}
 	if rep.Report.LockAttempts != 1 || len(rep.Report.Statements) == 0 {
@@ -66,7 +67,7 @@ func TestApplyInflight(t *testing.T) {
 	if err != nil {
 		t.Fatalf("rerun: %v", err)
 	}
-	if rep2.Outcome != upgrade.OutcomeAlreadyApplied || !strings.Contains(rep2.Message, "already upgraded") || !strings.Contains(rep2.Message, "nothing to do") {
+	if rep2.Outcome != outcome.AlreadyApplied || !strings.Contains(rep2.Message, "already upgraded") || !strings.Contains(rep2.Message, "nothing to do") {
 		t.Fatalf("rerun outcome %s: %s", rep2.Outcome, rep2.Message)
 	}
 	if rep2.Report.LockAttempts != 0 {
@@ -89,10 +90,10 @@ func TestApplyRefusesCaseAliases(t *testing.T) {
 	}
 	before := testdb.State(t, db.Pool)
 	rep, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), fastOpts())
-	if !errors.Is(err, upgrade.ErrPreflight) {
+	if !errors.Is(err, outcome.ErrPreflight) {
 		t.Fatalf("apply: %v, want ErrPreflight (%+v)", err, rep)
 	}
-	if rep.Outcome != upgrade.OutcomeRefused || len(rep.Report.Blockers) == 0 {
+	if rep.Outcome != outcome.Refused || len(rep.Report.Blockers) == 0 {
 		t.Fatalf("outcome %s, blockers %v", rep.Outcome, rep.Report.Blockers)
 	}
 	found := false

@@ -95,7 +95,7 @@ func TestLongHopLocksAtScale(t *testing.T) {
 
 	// apply --online.
 	onl := base.Clone(t)
-	ores, err := online.Apply(ctx, testdb.Connect(t, onl.DSN), online.Options{Switch: upgrade.Options{PgflowMigrations: opts.PgflowMigrations}})
+	ores, err := online.Upgrade(ctx, testdb.Connect(t, onl.DSN), online.Options{Switch: upgrade.Options{PgflowMigrations: opts.PgflowMigrations}})
 	if err != nil || ores.Report.Switch == nil || ores.Report.Switch.Report.VersionNow != versions.Newest {
 		t.Fatalf("apply --online: %v (%s)", err, ores.Message)
 	}

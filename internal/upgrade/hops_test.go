@@ -14,6 +14,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgflowfiles"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -101,7 +102,7 @@ func hopApply(t *testing.T, db *testdb.DB, opts upgrade.Options, reached string)
 	}
 	theirs := db.Clone(t)
 	res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
-	if err != nil || res.Outcome != upgrade.OutcomeApplied {
+	if err != nil || res.Outcome != outcome.Applied {
 		t.Fatalf("apply: %v (%s: %s)", err, res.Outcome, res.Message)
 	}
 	rep := res.Report
@@ -191,7 +192,7 @@ func TestApplyHopsTelemetryOff(t *testing.T) {
 	opts.PgflowMigrations = testdb.PgflowInstalledCopy(t, 27)
 	opts.TelemetryOff = true
 	res, err := upgrade.Apply(testCtx(t), testdb.Connect(t, db.DSN), opts)
-	if err != nil || res.Outcome != upgrade.OutcomeApplied || !strings.Contains(res.Report.Telemetry, "telemetry off") {
+	if err != nil || res.Outcome != outcome.Applied || !strings.Contains(res.Report.Telemetry, "telemetry off") {
 		t.Fatalf("apply: %v (%s: %s)", err, res.Outcome, res.Message)
 	}
 	if n := scalarOf[int](t, db, `select count(*)::int from cron.job where jobname = 'pgflow_telemetry_report'`); n != 0 {
@@ -221,7 +222,7 @@ func TestApplyHopsRefusesMissingOrAlteredFile(t *testing.T) {
 			opts := fastOpts()
 			opts.PgflowMigrations = dir
 			res, err := upgrade.Apply(testCtx(t), testdb.Connect(t, db.DSN), opts)
-			if !errors.Is(err, c.want) || res.Outcome != upgrade.OutcomeRefused ||
+			if !errors.Is(err, c.want) || res.Outcome != outcome.Refused ||
 				!strings.Contains(err.Error(), f.Name) || !strings.Contains(err.Error(), "h1:"+f.Hash) {
 				t.Fatalf("got %v (%s)", err, res.Outcome)
 			}
@@ -236,7 +237,7 @@ func TestApplyHopsWithoutFilesAndTo0170(t *testing.T) {
 	t.Run("no files", func(t *testing.T) {
 		db := testdb.Upstream(t, "0.16.0")
 		res, err := upgrade.Apply(testCtx(t), testdb.Connect(t, db.DSN), fastOpts())
-		if err != nil || res.Outcome != upgrade.OutcomeApplied || res.Report.VersionNow != "0.17.0" ||
+		if err != nil || res.Outcome != outcome.Applied || res.Report.VersionNow != "0.17.0" ||
 			!strings.Contains(res.Message, "needs upstream's files 25-27") || !strings.Contains(res.Message, "--pgflow-migrations") {
 			t.Fatalf("apply: %v (%s: %s)", err, res.Outcome, res.Message)
 		}
@@ -320,13 +321,13 @@ func TestApplyHopsRemovesPrebuiltOnFailure(t *testing.T) {
 func TestApplyTelemetryOffAtNewest(t *testing.T) {
 	db := testdb.Upstream(t, versions.Newest)
 	res, err := upgrade.Apply(testCtx(t), testdb.Connect(t, db.DSN), fastOpts())
-	if err != nil || res.Outcome != upgrade.OutcomeAlreadyApplied || !strings.Contains(res.Message, "nothing to do") {
+	if err != nil || res.Outcome != outcome.AlreadyApplied || !strings.Contains(res.Message, "nothing to do") {
 		t.Fatalf("apply: %v (%s: %s)", err, res.Outcome, res.Message)
 	}
 	opts := fastOpts()
 	opts.TelemetryOff = true
 	res, err = upgrade.Apply(testCtx(t), testdb.Connect(t, db.DSN), opts)
-	if err != nil || res.Outcome != upgrade.OutcomeApplied {
+	if err != nil || res.Outcome != outcome.Applied {
 		t.Fatalf("apply --telemetry off: %v (%s: %s)", err, res.Outcome, res.Message)
 	}
 	if n := scalarOf[int](t, db, `select count(*)::int from cron.job where jobname = 'pgflow_telemetry_report'`); n != 0 {
@@ -358,7 +359,7 @@ func TestApplyHopsQuiescePausesTelemetryJob(t *testing.T) {
 			return nil
 		}}}
 	res, err := upgrade.Apply(testCtx(t), testdb.Connect(t, db.DSN), opts)
-	if err != nil || res.Outcome != upgrade.OutcomeApplied || !sawPaused {
+	if err != nil || res.Outcome != outcome.Applied || !sawPaused {
 		t.Fatalf("apply --quiesce: %v (%s: %s), paused seen %v", err, res.Outcome, res.Message, sawPaused)
 	}
 	if !active() {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
@@ -54,22 +55,22 @@ func quiesceCommands(q *versions.Quiesce) string {
 // --quiesce), read before it changes anything: an open quiesce record is
 // finished only by --resume-quiesce (or undone by --undo-quiesce), so any
 // other run refuses; --resume-quiesce without a record refuses too. A
-// refusal comes with OutcomeRefused, a failure to read the record with
-// OutcomeFailed. A role that cannot read the record is not refused here
+// refusal comes with outcome.Refused, a failure to read the record with
+// outcome.Failed. A role that cannot read the record is not refused here
 // (the version detection cannot see the record either).
-func CheckQuiesce(ctx context.Context, qr Querier, q *quiesce.Options) (Outcome, error) {
+func CheckQuiesce(ctx context.Context, qr Querier, q *quiesce.Options) (outcome.Outcome, error) {
 	rec, _, err := quiesce.Find(ctx, qr)
 	if err != nil {
-		return OutcomeFailed, err
+		return outcome.Failed, err
 	}
 	switch {
 	case rec == nil && q != nil && q.Resume:
-		return OutcomeRefused, quiesce.ErrNothing
+		return outcome.Refused, quiesce.ErrNothing
 	case rec == nil, q != nil && q.Resume:
 		return "", nil
 	case q == nil:
-		return OutcomeRefused, quiesceRefusal(versions.NewQuiesce(rec))
+		return outcome.Refused, quiesceRefusal(versions.NewQuiesce(rec))
 	}
-	return OutcomeRefused, fmt.Errorf("%w (phase %s, since %s): finish it with `%s` or undo it with `%s`",
+	return outcome.Refused, fmt.Errorf("%w (phase %s, since %s): finish it with `%s` or undo it with `%s`",
 		quiesce.ErrInProgress, rec.Phase, rec.StartedAt.UTC().Format(time.RFC3339), quiesce.ResumeCommand(rec.Mode), quiesce.UndoCommand)
 }

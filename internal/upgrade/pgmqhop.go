@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
@@ -117,27 +118,27 @@ func (a *applyRun) pgmqState() error {
 		return fmt.Errorf("reading the pgmq extension: %w", err)
 	}
 	if version == nil {
-		return a.fail(OutcomeRefused, fmt.Errorf("%w: pgmq is not installed as an extension here (CREATE EXTENSION pgmq), so there is no update to run", ErrPGMQTarget))
+		return a.fail(outcome.Refused, fmt.Errorf("%w: pgmq is not installed as an extension here (CREATE EXTENSION pgmq), so there is no update to run", ErrPGMQTarget))
 	}
 	if h.from, err = pgmqver.Parse(*version); err != nil {
-		return a.fail(OutcomeRefused, fmt.Errorf("%w: the installed pgmq %q is not a version this tool reads", ErrPGMQTarget, *version))
+		return a.fail(outcome.Refused, fmt.Errorf("%w: the installed pgmq %q is not a version this tool reads", ErrPGMQTarget, *version))
 	}
 	h.r.From, h.r.To = h.from.String(), h.target.String()
 	switch {
 	case h.target.Less(h.from):
-		return a.fail(OutcomeRefused, fmt.Errorf("%w %s: pgmq %s is installed and extensions are not downgraded", ErrPGMQTarget, h.target, h.from))
+		return a.fail(outcome.Refused, fmt.Errorf("%w %s: pgmq %s is installed and extensions are not downgraded", ErrPGMQTarget, h.target, h.from))
 	case h.target == h.from:
 		h.r.NothingToDo = true
 		if a.pgmqOnly {
-			a.res.Outcome, a.res.Message, a.done = OutcomeAlreadyApplied, "pgmq is already at "+h.from.String()+" and pgflow at "+a.plan.Reached+": nothing to do", true
+			a.res.Outcome, a.res.Message, a.done = outcome.AlreadyApplied, "pgmq is already at "+h.from.String()+" and pgflow at "+a.plan.Reached+": nothing to do", true
 		}
 		return nil
 	case !offered:
-		return a.fail(OutcomeRefused, fmt.Errorf("%w (pg_available_extension_versions has no pgmq %s): install pgmq's update scripts pgmq--%s--*.sql ... --%s.sql "+
+		return a.fail(outcome.Refused, fmt.Errorf("%w (pg_available_extension_versions has no pgmq %s): install pgmq's update scripts pgmq--%s--*.sql ... --%s.sql "+
 			"into the server's extension directory ($(pg_config --sharedir)/extension; on a managed service, ask for pgmq %s), then rerun",
 			ErrPGMQScripts, h.target, h.from, h.target, h.target))
 	case !mayAlter:
-		return a.fail(OutcomeRefused, fmt.Errorf("%w: ALTER EXTENSION pgmq needs its owner (%s) or a superuser; run apply --pgmq as that role", ErrPGMQTarget, deref(owner)))
+		return a.fail(outcome.Refused, fmt.Errorf("%w: ALTER EXTENSION pgmq needs its owner (%s) or a superuser; run apply --pgmq as that role", ErrPGMQTarget, deref(owner)))
 	}
 	return a.readPGMQLocks()
 }
@@ -210,7 +211,7 @@ func (a *applyRun) pgmqUpdate() error {
 		return fmt.Errorf("listing pgmq.meta under the locks: %w", err)
 	}
 	if !slices.Equal(now, h.queues) {
-		return a.fail(OutcomeLockBusy, fmt.Errorf("pgmq.meta changed while apply took its locks (a queue was created or dropped): nothing was changed; rerun apply"))
+		return a.fail(outcome.LockBusy, fmt.Errorf("pgmq.meta changed while apply took its locks (a queue was created or dropped): nothing was changed; rerun apply"))
 	}
 	h.r.Queues = len(now)
 	if err := a.pgmqRepair(); err != nil {
@@ -227,15 +228,15 @@ func (a *applyRun) pgmqUpdate() error {
 		return fmt.Errorf("reading the pgmq version after the update: %w", err)
 	}
 	if got != h.target.String() {
-		return a.fail(OutcomeRefused, fmt.Errorf("%w: after the update pgmq is %s, not %s: rolled back", ErrPostConditions, got, h.target))
+		return a.fail(outcome.Refused, fmt.Errorf("%w: after the update pgmq is %s, not %s: rolled back", ErrPostConditions, got, h.target))
 	}
 	if left, err := audit.Mismatches(ctx, tx, 1); err != nil || len(left) > 0 {
-		return a.fail(OutcomeRefused, fmt.Errorf("%w: a pgmq.meta name still does not match its table after the repair (%v): rolled back", ErrPostConditions, errors.Join(err, fmt.Errorf("%v", left))))
+		return a.fail(outcome.Refused, fmt.Errorf("%w: a pgmq.meta name still does not match its table after the repair (%v): rolled back", ErrPostConditions, errors.Join(err, fmt.Errorf("%v", left))))
 	}
 	n, err := probeClaimPath(ctx, tx, now, true)
 	h.r.ClaimChecked = n
 	if err != nil {
-		return a.fail(OutcomeRefused, fmt.Errorf("%w (rolled back, nothing was changed): %w", ErrPGMQClaim, err))
+		return a.fail(outcome.Refused, fmt.Errorf("%w (rolled back, nothing was changed): %w", ErrPGMQClaim, err))
 	}
 	return nil
 }
@@ -255,7 +256,7 @@ func (a *applyRun) pgmqRepair() error {
 	}
 	for _, m := range mism {
 		if !m.Repairable() {
-			return a.fail(OutcomeRefused, fmt.Errorf("%w: queue %q (pgmq.%s is missing); recreate it (select pgmq.create('%s')) or drop its pgmq.meta row, then rerun (audit: pgmq.queue_physical)",
+			return a.fail(outcome.Refused, fmt.Errorf("%w: queue %q (pgmq.%s is missing); recreate it (select pgmq.create('%s')) or drop its pgmq.meta row, then rerun (audit: pgmq.queue_physical)",
 				ErrPGMQDamaged, m.Name, m.Table, strings.ToLower(m.Name)))
 		}
 	}
@@ -342,7 +343,7 @@ func (a *applyRun) pgmqClaimAfter() error {
 	n, err := probeClaimPath(ctx, tx, h.queues, false)
 	h.r.ClaimCheckedAfter = n
 	if err != nil {
-		return a.fail(OutcomeFailed, fmt.Errorf("%w after the commit (pgmq %s is committed): %w", ErrPGMQClaim, h.target, err))
+		return a.fail(outcome.Failed, fmt.Errorf("%w after the commit (pgmq %s is committed): %w", ErrPGMQClaim, h.target, err))
 	}
 	return nil
 }

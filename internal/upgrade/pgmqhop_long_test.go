@@ -9,6 +9,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
@@ -63,7 +64,7 @@ func TestLongApplyPGMQOnUpstream016(t *testing.T) {
 	opts.PGMQ = testdb.PGMQNewest
 	opts.PgflowMigrations = testdb.PgflowInstalledCopy(t, 27)
 	res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
-	if err != nil || res.Outcome != upgrade.OutcomeApplied {
+	if err != nil || res.Outcome != outcome.Applied {
 		t.Fatalf("apply --pgmq: %s %v: %s", res.Outcome, err, res.Message)
 	}
 	t.Logf("%s", res.Message)

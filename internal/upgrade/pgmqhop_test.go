@@ -13,6 +13,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
@@ -90,7 +91,7 @@ func TestApplyPGMQOnMixedCaseQueues(t *testing.T) {
 	opts := fastOpts()
 	opts.PGMQ = testdb.PGMQNewest
 	res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
-	if err != nil || res.Outcome != upgrade.OutcomeApplied {
+	if err != nil || res.Outcome != outcome.Applied {
 		t.Fatalf("apply --pgmq: %s %v: %s", res.Outcome, err, res.Message)
 	}
 	t.Logf("%s", res.Message)
@@ -176,14 +177,14 @@ func TestApplyPGMQRefusalsAndDryRun(t *testing.T) {
 		opts := fastOpts()
 		opts.PGMQ = c.target
 		res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
-		if !errors.Is(err, c.want) || res.Outcome != upgrade.OutcomeRefused || !strings.Contains(err.Error(), c.says) {
+		if !errors.Is(err, c.want) || res.Outcome != outcome.Refused || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("--pgmq %s: %s %v, want refused with %v saying %q", c.target, res.Outcome, err, c.want, c.says)
 		}
 	}
 	opts := fastOpts()
 	opts.PGMQ, opts.DryRun = testdb.PGMQNewest, true
 	res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
-	if err != nil || res.Outcome != upgrade.OutcomeDryRun || len(res.Report.PGMQ.Repairs) != 2 || res.Report.PGMQ.ClaimChecked != 3 {
+	if err != nil || res.Outcome != outcome.DryRun || len(res.Report.PGMQ.Repairs) != 2 || res.Report.PGMQ.ClaimChecked != 3 {
 		t.Fatalf("dry run: %s %v %+v", res.Outcome, err, res.Report.PGMQ)
 	}
 	if !strings.Contains(res.Message, "pgmq 1.5.1 → "+testdb.PGMQNewest) {
@@ -206,13 +207,13 @@ func TestApplyPGMQRefusalsAndDryRun(t *testing.T) {
 func TestApplyPGMQAlone(t *testing.T) {
 	ctx := testCtx(t)
 	db := pgmqDB(t)
-	if res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), fastOpts()); err != nil || res.Outcome != upgrade.OutcomeApplied {
+	if res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), fastOpts()); err != nil || res.Outcome != outcome.Applied {
 		t.Fatalf("the pgflow hop: %s %v", res.Outcome, err)
 	}
 	opts := fastOpts()
 	opts.PGMQ = testdb.PGMQNewest
 	res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
-	if err != nil || res.Outcome != upgrade.OutcomeApplied {
+	if err != nil || res.Outcome != outcome.Applied {
 		t.Fatalf("the pgmq hop alone: %s %v: %s", res.Outcome, err, res.Message)
 	}
 	for _, s := range res.Report.Steps {
@@ -227,7 +228,7 @@ func TestApplyPGMQAlone(t *testing.T) {
 		t.Fatalf("pgmq %s", v)
 	}
 	res, err = upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
-	if err != nil || res.Outcome != upgrade.OutcomeAlreadyApplied {
+	if err != nil || res.Outcome != outcome.AlreadyApplied {
 		t.Fatalf("a second run: %s %v: %s", res.Outcome, err, res.Message)
 	}
 }
@@ -239,7 +240,7 @@ func TestApplyPGMQAlone(t *testing.T) {
 func TestApplyPGMQLocksAreBounded(t *testing.T) {
 	ctx := testCtx(t)
 	db := pgmqDB(t)
-	if res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), fastOpts()); err != nil || res.Outcome != upgrade.OutcomeApplied {
+	if res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), fastOpts()); err != nil || res.Outcome != outcome.Applied {
 		t.Fatalf("the pgflow hop: %s %v", res.Outcome, err)
 	}
 	holder := testdb.Connect(t, db.DSN)
@@ -270,7 +271,7 @@ func TestApplyPGMQLocksAreBounded(t *testing.T) {
 	opts.PGMQ, opts.LockTimeout, opts.LockRetries = testdb.PGMQNewest, 200*time.Millisecond, 2
 	res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
 	var tle *upgrade.TableLockError
-	if res.Outcome != upgrade.OutcomeLockBusy || !errors.As(err, &tle) || tle.Table != "q_root_map" || len(tle.Blockers) == 0 {
+	if res.Outcome != outcome.LockBusy || !errors.As(err, &tle) || tle.Table != "q_root_map" || len(tle.Blockers) == 0 {
 		t.Fatalf("apply --pgmq behind a worker's transaction: %s %v", res.Outcome, err)
 	}
 	if !strings.Contains(err.Error(), "pgmq.q_root_map") {
@@ -298,7 +299,7 @@ func TestApplyPGMQWithoutTheExtension(t *testing.T) {
 	opts := fastOpts()
 	opts.PGMQ = testdb.PGMQNewest
 	res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
-	if !errors.Is(err, upgrade.ErrPGMQTarget) || res.Outcome != upgrade.OutcomeRefused || !strings.Contains(err.Error(), "not installed as an extension") {
+	if !errors.Is(err, upgrade.ErrPGMQTarget) || res.Outcome != outcome.Refused || !strings.Contains(err.Error(), "not installed as an extension") {
 		t.Fatalf("apply --pgmq without the extension: %s %v", res.Outcome, err)
 	}
 }

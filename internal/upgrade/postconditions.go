@@ -3,16 +3,8 @@
 // transaction, and the read-only questions asked before and after it.
 //
 // Every run that changes the database (Apply, with or without --quiesce;
-// online.Apply; online.Rollback; UndoQuiesce) returns a *Result, never nil,
-// and an error, by one rule: the error is nil exactly when the run did what
-// it was asked, and the Result's Outcome then says which success it was
-// (applied, already applied, dry run, rolled back, undone, nothing to do).
-// Otherwise the error is the cause (its sentinels and *pgconn.PgError
-// reachable with errors.Is and errors.As) and the Outcome says which kind
-// of no: refused, lock busy, inconclusive, interrupted or failed. A refusal
-// is an error like any failure; the outcome lives in Result.Outcome only,
-// never in an error. A failure whose session is gone is a
-// *session.LostError.
+// online.Upgrade; online.Rollback; UndoQuiesce) returns an *outcome.Result,
+// never nil, and an error, by the rule package outcome states.
 package upgrade
 
 import (

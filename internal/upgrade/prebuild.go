@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgflowfiles"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
@@ -105,7 +106,7 @@ func (a *applyRun) prebuild() error {
 		}
 		sql, err := a.copy.Read(h.Upstream.Index)
 		if err != nil {
-			return a.fail(OutcomeRefused, err)
+			return a.fail(outcome.Refused, err)
 		}
 		stmts, err := pgflowfiles.Statements(sql)
 		if err != nil {

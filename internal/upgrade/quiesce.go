@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
@@ -24,7 +25,7 @@ type QuiesceReport struct {
 // transaction (which marks the quiesce applied as it commits), then the
 // recorded values restored. The online path gets the same around its
 // switch, since its switch is an Apply with the same Options.Quiesce.
-func applyQuiesced(ctx context.Context, conn *pgx.Conn, opts Options) (*Result[*Report], error) {
+func applyQuiesced(ctx context.Context, conn *pgx.Conn, opts Options) (*outcome.Result[*Report], error) {
 	q := *opts.Quiesce
 	opts.Quiesce = nil
 	if !q.Resume {
@@ -35,8 +36,8 @@ func applyQuiesced(ctx context.Context, conn *pgx.Conn, opts Options) (*Result[*
 		// record, on a dry run) its refusal before any table lock.
 		st, err := versions.DetectSchema(ctx, conn)
 		if err != nil {
-			res := &Result[*Report]{Report: &Report{DryRun: opts.DryRun, BackendPID: conn.PgConn().PID()}}
-			return res, Settle(ctx, conn, res, fmt.Errorf("detecting the schema state before --quiesce: %w", err))
+			res := &outcome.Result[*Report]{Report: &Report{DryRun: opts.DryRun, BackendPID: conn.PgConn().PID()}}
+			return res, outcome.Settle(ctx, conn, res, fmt.Errorf("detecting the schema state before --quiesce: %w", err))
 		}
 		open := st.Version != nil && st.Version.Quiesce != nil
 		switch {
@@ -70,14 +71,14 @@ func applyQuiesced(ctx context.Context, conn *pgx.Conn, opts Options) (*Result[*
 		}
 		return quiesce.Mark(ctx, tx)
 	}
-	var res *Result[*Report]
+	var res *outcome.Result[*Report]
 	qr, qerr := quiesce.Run(ctx, conn, q, func(ctx context.Context) error {
 		var err error
 		res, err = Apply(ctx, conn, opts)
 		return err
 	})
 	if res == nil {
-		res = &Result[*Report]{Report: &Report{BackendPID: conn.PgConn().PID()}}
+		res = &outcome.Result[*Report]{Report: &Report{BackendPID: conn.PgConn().PID()}}
 	}
 	res.Report.Quiesce = &QuiesceReport{Report: qr}
 	if qerr == nil {
@@ -92,9 +93,9 @@ func applyQuiesced(ctx context.Context, conn *pgx.Conn, opts Options) (*Result[*
 	}
 	switch {
 	case res.Outcome == "" && quiesceRefused(qerr):
-		res.Outcome = OutcomeRefused // before anything was paused, or the drain gave up
-	case res.Outcome == OutcomeApplied || res.Outcome == OutcomeAlreadyApplied:
-		res.Outcome = OutcomeFailed // applied, but what followed failed
+		res.Outcome = outcome.Refused // before anything was paused, or the drain gave up
+	case res.Outcome == outcome.Applied || res.Outcome == outcome.AlreadyApplied:
+		res.Outcome = outcome.Failed // applied, but what followed failed
 	}
 	res.Message = qerr.Error()
 	if qr.Applied {
@@ -103,7 +104,7 @@ func applyQuiesced(ctx context.Context, conn *pgx.Conn, opts Options) (*Result[*
 	if qr.Restored {
 		res.Message += "; the recorded worker functions and cron jobs were restored"
 	}
-	return res, Settle(ctx, conn, res, qerr)
+	return res, outcome.Settle(ctx, conn, res, qerr)
 }
 
 // quiesceRefused says whether quiesce.Run's error is one of its refusals.
@@ -114,11 +115,11 @@ func quiesceRefused(err error) bool {
 
 // dryRunQuiesced changes nothing: the inventory says what --quiesce would
 // change, and the transaction runs as any dry run does.
-func dryRunQuiesced(ctx context.Context, conn *pgx.Conn, opts Options, q quiesce.Options) (*Result[*Report], error) {
+func dryRunQuiesced(ctx context.Context, conn *pgx.Conn, opts Options, q quiesce.Options) (*outcome.Result[*Report], error) {
 	inv, err := quiesce.TakeInventory(ctx, conn, q.LiveWorker)
 	if err != nil {
-		res := &Result[*Report]{Report: &Report{DryRun: true}}
-		return res, Settle(ctx, conn, res, err)
+		res := &outcome.Result[*Report]{Report: &Report{DryRun: true}}
+		return res, outcome.Settle(ctx, conn, res, err)
 	}
 	live := q.LiveWorker
 	if live <= 0 {
@@ -126,8 +127,8 @@ func dryRunQuiesced(ctx context.Context, conn *pgx.Conn, opts Options, q quiesce
 	}
 	left, err := quiesce.ReadLeftStarted(ctx, conn, live)
 	if err != nil {
-		res := &Result[*Report]{Report: &Report{DryRun: true}}
-		return res, Settle(ctx, conn, res, err)
+		res := &outcome.Result[*Report]{Report: &Report{DryRun: true}}
+		return res, outcome.Settle(ctx, conn, res, err)
 	}
 	res, aerr := Apply(ctx, conn, opts)
 	plan := inv.Changes()
@@ -151,24 +152,24 @@ type UndoReport struct {
 }
 
 // UndoQuiesce restores every value a recorded quiesce holds, whatever its
-// phase, without upgrading (apply --undo-quiesce): OutcomeUndone, or
-// OutcomeNothingToDo when no quiesce is recorded.
-func UndoQuiesce(ctx context.Context, conn *pgx.Conn) (*Result[*UndoReport], error) {
+// phase, without upgrading (apply --undo-quiesce): outcome.Undone, or
+// outcome.NothingToDo when no quiesce is recorded.
+func UndoQuiesce(ctx context.Context, conn *pgx.Conn) (*outcome.Result[*UndoReport], error) {
 	qr, err := quiesce.Undo(ctx, conn)
-	res := &Result[*UndoReport]{Report: &UndoReport{Quiesce: qr}}
+	res := &outcome.Result[*UndoReport]{Report: &UndoReport{Quiesce: qr}}
 	switch {
 	case errors.Is(err, quiesce.ErrNothing):
-		res.Outcome, res.Message = OutcomeNothingToDo, "nothing to undo: no quiesce is recorded"
+		res.Outcome, res.Message = outcome.NothingToDo, "nothing to undo: no quiesce is recorded"
 		return res, nil
 	case err == nil:
-		res.Outcome = OutcomeUndone
+		res.Outcome = outcome.Undone
 		res.Message = fmt.Sprintf("restored %d recorded value(s) (found phase %s)", len(qr.Recorded), qr.ResumedFrom)
 		if qr.Applied {
 			res.Message += "; the upgrade to 0.17.0 had been committed and stays"
 		}
 		return res, nil
 	}
-	return res, Settle(ctx, conn, res, err)
+	return res, outcome.Settle(ctx, conn, res, err)
 }
 
 // upstreamHopsAhead: the database is at a release below the newest (other

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 	"github.com/pgflow-upgrade/pgflow-upgrade/preflight"
 )
@@ -101,7 +102,7 @@ func (s *runner) runMigration(tx pgx.Tx, m migrations.Migration, savepoints bool
 			}
 			r.Preflight = append(r.Preflight, res.Checks...)
 			r.Blockers = res.Blockers()
-			return s.fail(OutcomeRefused, fmt.Errorf("%w: %s (found by %s: %w)", ErrPreflight, res.Summary(), m.File, err))
+			return s.fail(outcome.Refused, fmt.Errorf("%w: %s (found by %s: %w)", outcome.ErrPreflight, res.Summary(), m.File, err))
 		}
 		if savepoints {
 			if _, err := tx.Exec(ctx, `release savepoint pgflow_upgrade_stmt`); err != nil {

@@ -1,9 +1,25 @@
-package upgrade
+// Package outcome is how every run reports how it ended. Every run that
+// changes the database (upgrade.Apply, with or without --quiesce;
+// online.Upgrade; online.Rollback; upgrade.UndoQuiesce) returns a *Result,
+// never nil, and an error, by one rule: the error is nil exactly when the
+// run did what it was asked, and the Result's Outcome then says which
+// success it was (applied, already applied, dry run, rolled back, undone,
+// nothing to do). Otherwise the error is the cause (its sentinels and
+// *pgconn.PgError reachable with errors.Is and errors.As) and the Outcome
+// says which kind of no: refused, lock busy, inconclusive, interrupted or
+// failed. A refusal is an error like any failure; the outcome lives in
+// Result.Outcome only, never in an error. A failure whose session is gone
+// is a *session.LostError (Settle decides it).
+//
+// FromPreflight is the one mapping from a preflight that did not pass to
+// an outcome, for apply and apply --online alike.
+package outcome
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -12,45 +28,51 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/preflight"
 )
 
+// Refusals of a preflight (exit 1): the database is unchanged.
+var (
+	ErrPreflight    = errors.New("the preflight refused the upgrade: nothing was changed")
+	ErrInconclusive = errors.New("a preflight check ran out of time: nothing was changed")
+)
+
 // Outcome says how a run ended: the one place a run's outcome is kept
 // (Result.Outcome).
 type Outcome string
 
 // Outcomes of a run that succeeded: it returns a nil error.
 const (
-	OutcomeApplied        Outcome = "applied"
-	OutcomeAlreadyApplied Outcome = "already_applied"
-	OutcomeDryRun         Outcome = "dry_run"       // everything ran, then rolled back
-	OutcomeRolledBack     Outcome = "rolled_back"   // --rollback-online undid an unfinished online upgrade
-	OutcomeNothingToDo    Outcome = "nothing_to_do" // --rollback-online, --undo-quiesce: nothing to undo
-	OutcomeUndone         Outcome = "undone"        // --undo-quiesce restored every recorded value
+	Applied        Outcome = "applied"
+	AlreadyApplied Outcome = "already_applied"
+	DryRun         Outcome = "dry_run"       // everything ran, then rolled back
+	RolledBack     Outcome = "rolled_back"   // --rollback-online undid an unfinished online upgrade
+	NothingToDo    Outcome = "nothing_to_do" // --rollback-online, --undo-quiesce: nothing to undo
+	Undone         Outcome = "undone"        // --undo-quiesce restored every recorded value
 )
 
 // Outcomes of a run that did not do what it was asked: it returns the cause
 // as its error. Each one changed nothing it was not meant to leave behind
 // (the message says what remains).
 const (
-	OutcomeRefused      Outcome = "refused"      // preflight, integrity, state or post-conditions said no
-	OutcomeLockBusy     Outcome = "lock_busy"    // the advisory lock or a table lock was not obtained
-	OutcomeInconclusive Outcome = "inconclusive" // a preflight check ran out of time
-	OutcomeInterrupted  Outcome = "interrupted"  // context cancelled; rolled back
-	OutcomeFailed       Outcome = "failed"       // an error; rolled back
+	Refused      Outcome = "refused"      // preflight, integrity, state or post-conditions said no
+	LockBusy     Outcome = "lock_busy"    // the advisory lock or a table lock was not obtained
+	Inconclusive Outcome = "inconclusive" // a preflight check ran out of time
+	Interrupted  Outcome = "interrupted"  // context cancelled; rolled back
+	Failed       Outcome = "failed"       // an error; rolled back
 )
 
 // Succeeded says whether o is the outcome of a run that did what it was
 // asked (its error is nil).
 func (o Outcome) Succeeded() bool {
 	switch o {
-	case OutcomeApplied, OutcomeAlreadyApplied, OutcomeDryRun, OutcomeRolledBack, OutcomeNothingToDo, OutcomeUndone:
+	case Applied, AlreadyApplied, DryRun, RolledBack, NothingToDo, Undone:
 		return true
 	}
 	return false
 }
 
-// Result is what one run did, whichever run it was: Apply (with or without
-// --quiesce, --resume-quiesce), online.Apply, online.Rollback and
-// UndoQuiesce all return one, never nil, next to their error. Report is the
-// run's own account (R: *Report for Apply, *online.Report, ...).
+// Result is what one run did, whichever run it was: upgrade.Apply (with or
+// without --quiesce, --resume-quiesce), online.Run, online.Rollback and
+// upgrade.UndoQuiesce all return one, never nil, next to their error. Report is the
+// run's own account (R: *upgrade.Report, *online.Report, ...).
 //
 // As JSON it is one object: outcome and message first, then the report's
 // fields.
@@ -122,26 +144,26 @@ func Settle[R any](ctx context.Context, conn *pgx.Conn, res *Result[R], err erro
 	}
 	switch {
 	case ctx.Err() != nil:
-		res.Outcome = OutcomeInterrupted
+		res.Outcome = Interrupted
 	case res.Outcome == "" || res.Outcome.Succeeded():
-		res.Outcome = OutcomeFailed
+		res.Outcome = Failed
 	}
 	if res.Message == "" {
 		res.Message = err.Error()
 	}
-	if res.Outcome == OutcomeFailed {
+	if res.Outcome == Failed {
 		err = session.Lost(conn, err)
 	}
 	return err
 }
 
-// PreflightRefusal is the one mapping from a preflight that did not pass
+// FromPreflight is the one mapping from a preflight that did not pass
 // (res.OK() is false) to a run's outcome and error, for apply and apply
 // --online alike: inconclusive (ErrInconclusive) when nothing blocks but a
 // check could not answer, refused (ErrPreflight) otherwise.
-func PreflightRefusal(res preflight.Result) (Outcome, error) {
+func FromPreflight(res preflight.Result) (Outcome, error) {
 	if len(res.Blockers()) == 0 && res.Inconclusive() {
-		return OutcomeInconclusive, fmt.Errorf("%w: %s", ErrInconclusive, res.Summary())
+		return Inconclusive, fmt.Errorf("%w: %s", ErrInconclusive, res.Summary())
 	}
-	return OutcomeRefused, fmt.Errorf("%w: %s", ErrPreflight, res.Summary())
+	return Refused, fmt.Errorf("%w: %s", ErrPreflight, res.Summary())
 }
