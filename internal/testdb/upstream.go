@@ -16,6 +16,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgflowfiles"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upstreamdb"
 )
 
 // Upstream databases: pgflow as upstream's own migration files build it.
@@ -25,11 +26,9 @@ import (
 // vendored pgmq; never copied into the repository). Each file runs in its
 // own transaction with its row in the Supabase ledger, as `supabase db push`
 // runs them, on pgmq (the real extension where the server offers it) and
-// the project's Supabase stand-ins. Upstream's files need pg_net and
-// pg_cron >= 1.5 (a schedule of "15 seconds"): the stand-ins of
-// fixtures/sql stand for both, each registered as an extension row in
-// pg_catalog.pg_extension (pg_cron in schema cron, pg_net in schema net) so
-// that upstream's CREATE EXTENSION IF NOT EXISTS statements find them.
+// the project's Supabase stand-ins, pg_cron and pg_net stand-ins
+// registered as extensions: internal/upstreamdb builds them, as it builds
+// `fixtures replay --pgflow-migrations`'s databases from a user's copy.
 //
 // A template per file count is built on first use and cloned per test.
 
@@ -39,14 +38,6 @@ const tplUpstreamPrefix = "upstream-"
 
 // NewestRelease is the newest release the vendored files hold.
 const NewestRelease = "0.17.1-endpoint-fix"
-
-// The versions the extension rows of the stand-ins claim: the releases
-// Supabase ships, which upstream's files are written for.
-const (
-	standInCronVersion = "1.6"
-	standInNetVersion  = "0.14.0"
-	standInPGMQVersion = "1.5.1"
-)
 
 // PgflowMigrationsDir returns the vendored upstream pgflow migrations
 // folder (the one holding migrations/ and atlas.sum/). A missing folder
@@ -179,40 +170,15 @@ func upstreamKind(kind string) (int, bool) {
 // fillUpstream builds upstream's first n files into the database of conn,
 // which becomes the template called name.
 func fillUpstream(ctx context.Context, conn *pgx.Conn, n int, name string, info *templateInfo) error {
-	all, err := releaseFiles(NewestRelease)
+	copy, err := vendoredCopy(n)
 	if err != nil {
 		return err
 	}
-	install := fixtures.InstallPGMQ
-	if os.Getenv(envPGMQStandIn) == "1" {
-		install = fixtures.InstallPGMQStandIn
-	}
-	if info.pgmq, err = install(ctx, conn); err != nil {
+	c, err := upstreamdb.Build(ctx, conn, copy, n, upstreamdb.Options{PGMQStandIn: os.Getenv(envPGMQStandIn) == "1"})
+	if err != nil {
 		return err
 	}
-	if err := fixtures.InstallSupabaseStubs(ctx, conn); err != nil {
-		return err
-	}
-	// The stubs fill the ledger for the 0.16.0 fixture; here it holds what
-	// push writes for the files run below, nothing else.
-	if _, err := conn.Exec(ctx, `delete from supabase_migrations.schema_migrations`); err != nil {
-		return fmt.Errorf("emptying the Supabase ledger: %w", err)
-	}
-	rows := [][3]string{{"pg_cron", "cron", standInCronVersion}, {"pg_net", "net", standInNetVersion}}
-	if info.pgmq == fixtures.PGMQStandIn {
-		rows = append(rows, [3]string{"pgmq", "pgmq", standInPGMQVersion})
-	}
-	for _, r := range rows {
-		if err := registerStandIn(ctx, conn, r[0], r[1], r[2]); err != nil {
-			return err
-		}
-	}
-	info.cron = fixtures.CronStandIn
-	for _, f := range all[:n] {
-		if err := pushFile(ctx, conn, f); err != nil {
-			return err
-		}
-	}
+	info.pgmq, info.cron = c.PGMQ, c.Cron
 	// The jobs name the database they run in: the template's own name
 	// (each clone renames them to its own).
 	if _, err := conn.Exec(ctx, `update cron.job set database = $1 where database = pg_catalog.current_database()`, name); err != nil {
@@ -221,50 +187,14 @@ func fillUpstream(ctx context.Context, conn *pgx.Conn, n int, name string, info 
 	return nil
 }
 
-// registerStandIn records a stand-in as extension ext in schema, so that
-// CREATE EXTENSION IF NOT EXISTS ext finds it. The row owns no objects:
-// the stand-in's objects stay plain ones. pg_nextoid gives each row an
-// unused oid (superuser only, as writing pg_extension is).
-func registerStandIn(ctx context.Context, conn *pgx.Conn, ext, schema, version string) error {
-	tag, err := conn.Exec(ctx, `
-		insert into pg_catalog.pg_extension (oid, extname, extowner, extnamespace, extrelocatable, extversion)
-		select pg_catalog.pg_nextoid('pg_catalog.pg_extension', 'oid', 'pg_catalog.pg_extension_oid_index'),
-		       $1::text::pg_catalog.name, r.oid, n.oid, false, $3::text
-		  from pg_catalog.pg_namespace n, pg_catalog.pg_roles r
-		 where n.nspname = $2::text and r.rolname = current_user
-		   and not exists (select 1 from pg_catalog.pg_extension e where e.extname = $1::text::pg_catalog.name)`,
-		ext, schema, version)
+// vendoredCopy is the vendored folder's first n files, as the product finds
+// a user's copy.
+func vendoredCopy(n int) (*pgflowfiles.Copy, error) {
+	dir, err := pgflowMigrationsDir()
 	if err != nil {
-		return fmt.Errorf("registering the %s stand-in as an extension: %w", ext, err)
+		return nil, err
 	}
-	if tag.RowsAffected() != 1 {
-		return fmt.Errorf("registering the %s stand-in as an extension: schema %s missing or %s already installed", ext, schema, ext)
-	}
-	return nil
-}
-
-// pushFile runs one upstream file in its own transaction with its ledger
-// row, as `supabase db push` does.
-func pushFile(ctx context.Context, conn *pgx.Conn, f UpstreamFile) error {
-	sql, err := os.ReadFile(f.Path)
-	if err != nil {
-		return fmt.Errorf("reading upstream's %s: %w", f.Name, err)
-	}
-	tx, err := conn.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx))
-	if _, err := tx.Exec(ctx, string(sql)); err != nil {
-		return fmt.Errorf("applying upstream's %s: %w", f.Name, err)
-	}
-	if _, err := pgflowfiles.RecordApplied(ctx, tx, f.Version(), f.Title(), string(sql)); err != nil {
-		return err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("committing upstream's %s: %w", f.Name, err)
-	}
-	return nil
+	return pgflowfiles.Find(filepath.Join(dir, "migrations"), n)
 }
 
 // UpstreamComponents says what an upstream database was built on, for the
@@ -272,11 +202,11 @@ func pushFile(ctx context.Context, conn *pgx.Conn, f UpstreamFile) error {
 func UpstreamComponents() string {
 	pgmq := "real pgmq extension"
 	if os.Getenv(envPGMQStandIn) == "1" || PGMQKindInUse() == fixtures.PGMQStandIn {
-		pgmq = "the pgmq stand-in (registered as extension pgmq " + standInPGMQVersion + ")"
+		pgmq = "the pgmq stand-in (registered as extension pgmq " + upstreamdb.StandInPGMQVersion + ")"
 	}
 	return fmt.Sprintf("upstream pgflow files from the vendored copy, each in its own transaction; %s; "+
 		"pg_cron and pg_net: the project's stand-ins registered as extensions (pg_cron %s, pg_net %s)",
-		pgmq, standInCronVersion, standInNetVersion)
+		pgmq, upstreamdb.StandInCronVersion, upstreamdb.StandInNetVersion)
 }
 
 // PgflowInstalledCopy returns a folder holding upstream's first n files as
@@ -316,20 +246,19 @@ func InstalledName(i int, name string) string { return fmt.Sprintf("2027010100%0
 // file's transaction took, begin to commit (its locks are held that long).
 func (db *DB) PushUpstream(t testing.TB, from, to int) []time.Duration {
 	t.Helper()
-	var took []time.Duration
 	ctx := context.Background()
-	all := UpstreamReleaseFiles(t, NewestRelease)
+	copy, err := vendoredCopy(to)
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
 	conn, err := pgx.Connect(ctx, db.DSN)
 	if err != nil {
 		t.Fatalf("testdb: %v", err)
 	}
 	defer conn.Close(ctx)
-	for _, f := range all[from:to] {
-		start := time.Now()
-		if err := pushFile(ctx, conn, f); err != nil {
-			t.Fatalf("testdb: %v", err)
-		}
-		took = append(took, time.Since(start))
+	took, err := upstreamdb.Push(ctx, conn, copy, from, to)
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
 	}
 	return took
 }
