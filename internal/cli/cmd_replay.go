@@ -19,6 +19,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/junit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgflowfiles"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/rehearsal"
@@ -34,7 +35,9 @@ func (a *App) fixturesReplayCommand() *ucli.Command {
 		Usage: "prove the upgrade on throwaway databases: run the built-in scenarios (or those named), or replay a captured database (--from)",
 		Description: "Each scenario runs on its own throwaway database. Where they come from: --dsn (or PGFLOW_UPGRADE_DSN, DATABASE_URL, PG*)\n" +
 			"names a server on which databases are created and dropped; else a Docker engine (unless PGFLOW_UPGRADE_NO_DOCKER=1);\n" +
-			"else an ephemeral cluster from the PostgreSQL binaries on this machine. Exit 1 when any scenario fails.",
+			"else an ephemeral cluster from the PostgreSQL binaries on this machine. Exit 1 when any scenario fails.\n" +
+			"The road-* scenarios start from databases built by running your copy of pgflow's migration files (--pgflow-migrations DIR)\n" +
+			"up to a release, then apply to upstream's newest; without --pgflow-migrations they are reported as skipped (not passed).",
 		ArgsUsage: "[NAME...]",
 		Flags: []ucli.Flag{
 			&ucli.StringFlag{Name: "dsn", Usage: "server for the throwaway databases (same as the global --dsn)"},
@@ -45,6 +48,7 @@ func (a *App) fixturesReplayCommand() *ucli.Command {
 			&ucli.DurationFlag{Name: "max-wait", Usage: "with --from: fail capture-online-survives when the probe (a read and an update of a task row every 10 ms) waits longer than `DURATION` during apply --online (always reported)"},
 			&ucli.StringFlag{Name: "calibration-out", Usage: "with --from: write the rehearsal's measured sizes and timings to `FILE`, for `audit --calibration FILE`"},
 			&ucli.StringFlag{Name: "pgmq", Usage: "with --from: rehearse apply --pgmq `VERSION` (the pgmq hop after pgflow's, one transaction): its lock window measured on the capture, pgmq's queue list compared with the repairs it reports"},
+			&ucli.StringFlag{Name: "pgflow-migrations", Usage: "the folder holding your copy of pgflow's own migration files (as apply's flag: recognised by their atlas.sum hash, whatever their names): the road-* scenarios build databases from it up to a release and apply takes them to upstream's newest; without it they are skipped, saying so"},
 		},
 		Action: a.fixturesReplay,
 	}
@@ -86,6 +90,7 @@ type replayReport struct {
 	Scenarios []scenario.Result `json:"scenarios"`
 	Passed    int               `json:"passed"`
 	Failed    int               `json:"failed"`
+	Skipped   int               `json:"skipped"`
 	Seconds   float64           `json:"seconds"`
 }
 
@@ -122,7 +127,8 @@ func (a *App) fixturesReplay(c *ucli.Context) error {
 	}
 	rep := replayReport{Provider: srv.Describe(), From: plan.from, Scenarios: results, Seconds: time.Since(started).Seconds()}
 	rep.Failed = scenario.Failed(results)
-	rep.Passed = len(results) - rep.Failed
+	rep.Passed = scenario.Passed(results)
+	rep.Skipped = scenario.Skipped(results)
 	if plan.captured != nil {
 		rep.Capture = &plan.captured.Header
 		rep.Rehearsal = newRehearsalReport(plan.rehearsal)
@@ -135,7 +141,7 @@ func (a *App) fixturesReplay(c *ucli.Context) error {
 	}
 	if rep.Failed > 0 {
 		for _, res := range results {
-			if !res.Passed {
+			if !res.Passed && !res.Skipped {
 				fmt.Fprintf(a.Stderr, "replay: FAIL %s: %s\n", res.Name, res.Error)
 			}
 		}
@@ -153,6 +159,9 @@ type replayPlan struct {
 	selected  []scenario.Scenario  // the scenarios to run
 	parallel  int                  // scenarios run at once
 	junitPath string               // --junit
+	// pgflowMigrations is --pgflow-migrations: the user's copy of
+	// upstream's files the road scenarios build from ("": skipped).
+	pgflowMigrations string
 }
 
 func newReplayPlan(c *ucli.Context) (*replayPlan, error) {
@@ -169,7 +178,12 @@ func newReplayPlan(c *ucli.Context) (*replayPlan, error) {
 		return nil, usageErrorf("--max-lock-window and --max-wait must be positive durations (e.g. 2s, 500ms)")
 	}
 	all := append(scenario.Builtin(), fleetScenario()) // the fleet is the command line's: its scenario lives here
+	all = append(all, scenario.RoadScenarios()...)
+	p.pgflowMigrations = c.String("pgflow-migrations")
 	if p.from != "" {
+		if p.pgflowMigrations != "" {
+			return nil, usageErrorf("--pgflow-migrations is for the road-* scenarios, not a --from rehearsal")
+		}
 		captured, err := validateReplayCapture(p.from)
 		if err != nil {
 			return nil, err
@@ -196,6 +210,14 @@ func newReplayPlan(c *ucli.Context) (*replayPlan, error) {
 		return nil, usageErrorf("--parallel must be at least 1")
 	}
 	p.junitPath = c.String("junit")
+	if p.pgflowMigrations != "" {
+		// A folder that cannot be read, or holds none of upstream's files,
+		// is refused before any database is made; one lacking a file the
+		// road scenarios need fails them, naming the file.
+		if _, err := pgflowfiles.Find(p.pgflowMigrations, 1); err != nil {
+			return nil, withCode(ExitUsage, fmt.Errorf("--pgflow-migrations: %w", err))
+		}
+	}
 	return p, nil
 }
 
@@ -261,7 +283,7 @@ func (a *App) openReplayServer(ctx context.Context, t *target, opts pgprovider.O
 // runReplayScenarios fills the template database (the 0.16.0 engine, or
 // the capture restored) and runs the selected scenarios on copies of it.
 func (a *App) runReplayScenarios(ctx context.Context, srv *pgprovider.Server, plan *replayPlan, logf func(string, ...any)) ([]scenario.Result, error) {
-	r := &scenario.Runner{Server: srv, Parallel: plan.parallel, Logf: logf}
+	r := &scenario.Runner{Server: srv, Parallel: plan.parallel, Logf: logf, PgflowMigrations: plan.pgflowMigrations}
 	if plan.captured != nil {
 		a.describeCapture(plan.from, plan.captured)
 		r.Baseline = func(ctx context.Context, conn *pgx.Conn) error {
@@ -362,11 +384,19 @@ func (a *App) writeReplayOutput(c *ucli.Context, rep replayReport, provider stri
 		if len(res.Notes) > 0 {
 			detail += "\n→ " + strings.Join(res.Notes, "\n→ ")
 		}
-		if !res.Passed {
+		switch {
+		case res.Skipped:
+			status = "SKIP"
+			detail = res.Proves + "\n– not run: " + res.SkipReason
+		case !res.Passed:
 			status = "FAIL"
 			detail = res.Proves + "\n✗ " + shorten(res.Error, 600)
 		}
-		rows = append(rows, []string{res.Name, status, fmt.Sprintf("%.1fs", res.Seconds), detail})
+		took := fmt.Sprintf("%.1fs", res.Seconds)
+		if res.Skipped {
+			took = "-"
+		}
+		rows = append(rows, []string{res.Name, status, took, detail})
 	}
 	if err := writeTable(a.Stdout, []string{"scenario", "result", "time", "what it proves"}, rows); err != nil {
 		return err
@@ -376,7 +406,11 @@ func (a *App) writeReplayOutput(c *ucli.Context, rep replayReport, provider stri
 			return err
 		}
 	}
-	fmt.Fprintf(a.Stdout, "%d passed, %d failed in %.1fs on %s\n", rep.Passed, rep.Failed, rep.Seconds, provider)
+	skipped := ""
+	if rep.Skipped > 0 {
+		skipped = fmt.Sprintf(", %d skipped", rep.Skipped)
+	}
+	fmt.Fprintf(a.Stdout, "%d passed, %d failed%s in %.1fs on %s\n", rep.Passed, rep.Failed, skipped, rep.Seconds, provider)
 	return nil
 }
 

@@ -1,7 +1,8 @@
 // Package junit writes scenario results as JUnit XML, the subset CI
 // systems read: one <testsuite> with one <testcase> per scenario; a failed
 // scenario has a <failure> whose message is the first line of its error and
-// whose body is the whole error; a scenario's measured figures (and their
+// whose body is the whole error; a scenario that was not run has a
+// <skipped> saying why; a scenario's measured figures (and their
 // budgets) are its <properties>. `pgflow-upgrade fixtures replay --junit`
 // writes it.
 package junit
@@ -42,6 +43,7 @@ type junitCase struct {
 	Time       string           `xml:"time,attr"`
 	Properties *junitProperties `xml:"properties,omitempty"`
 	Failure    *junitFailure    `xml:"failure,omitempty"`
+	Skipped    *junitSkipped    `xml:"skipped,omitempty"`
 	SystemOut  string           `xml:"system-out,omitempty"`
 }
 
@@ -53,6 +55,11 @@ type junitProperties struct {
 type junitProperty struct {
 	Name  string `xml:"name,attr"`
 	Value string `xml:"value,attr"`
+}
+
+// junitSkipped marks a scenario that was not run, with why.
+type junitSkipped struct {
+	Message string `xml:"message,attr"`
 }
 
 type junitFailure struct {
@@ -84,7 +91,11 @@ func Write(w io.Writer, suite string, started time.Time, results []scenario.Resu
 				}
 			}
 		}
-		if !r.Passed {
+		switch {
+		case r.Skipped:
+			s.Skipped++
+			c.Skipped = &junitSkipped{Message: r.SkipReason}
+		case !r.Passed:
 			s.Failures++
 			c.Failure = &junitFailure{Message: firstLine(r.Error), Type: "ScenarioFailed", Body: r.Error}
 		}
