@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/datagen"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
@@ -40,8 +41,8 @@ func TestApplyCancelsAutovacuumOnStepTasks(t *testing.T) {
 	}
 	t.Cleanup(func() { srv.Close() })
 	dsnValue := srv.DSNFor("postgres")
-	if r := run(t, nil, "--dsn", dsnValue, "fixtures", "load", "inflight"); r.code != cli.ExitOK {
-		t.Fatalf("fixtures load: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", dsnValue, "fixtures", "load", "inflight"); r.Code != cli.ExitOK {
+		t.Fatalf("fixtures load: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	pool, err := session.OpenPool(ctx, dsnValue, session.Options{Purpose: session.Admin}) // generates the rows
 	if err != nil {
@@ -97,18 +98,18 @@ func TestApplyCancelsAutovacuumOnStepTasks(t *testing.T) {
 		t.Errorf("the autovacuum worker pid %d is not named as one among the lock holders", avPID)
 	}
 
-	r := run(t, nil, "--dsn", dsnValue, "--format", "json", "apply", "--yes", "--lock-retries", "2")
-	t.Logf("apply: exit %d\n%s", r.code, r.stderr)
+	r := clitest.Run(t, nil, "--dsn", dsnValue, "--format", "json", "apply", "--yes", "--lock-retries", "2")
+	t.Logf("apply: exit %d\n%s", r.Code, r.Stderr)
 	var rep struct {
 		Outcome             string `json:"outcome"`
 		Message             string `json:"message"`
 		AutovacuumCancelled int    `json:"autovacuum_cancelled"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
-		t.Fatalf("apply's JSON: %v\n%s", err, r.stdout)
+	if err := json.Unmarshal([]byte(r.Stdout), &rep); err != nil {
+		t.Fatalf("apply's JSON: %v\n%s", err, r.Stdout)
 	}
-	if r.code != cli.ExitOK || rep.Outcome != string(outcome.Applied) {
-		t.Fatalf("apply with an autovacuum on step_tasks: exit %d, outcome %s: %s", r.code, rep.Outcome, rep.Message)
+	if r.Code != cli.ExitOK || rep.Outcome != string(outcome.Applied) {
+		t.Fatalf("apply with an autovacuum on step_tasks: exit %d, outcome %s: %s", r.Code, rep.Outcome, rep.Message)
 	}
 	if rep.AutovacuumCancelled < 1 {
 		t.Errorf("apply committed but reports %d autovacuum workers cancelled", rep.AutovacuumCancelled)

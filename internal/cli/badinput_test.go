@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
@@ -46,38 +47,6 @@ func withPassword(t *testing.T, dsn string) string {
 	}
 	u.User = url.UserPassword(u.User.Username(), secretPassword)
 	return u.String()
-}
-
-// sqlExec runs statements on db, failing the test on an error.
-func sqlExec(t *testing.T, db *testdb.DB, stmts ...string) {
-	t.Helper()
-	for _, s := range stmts {
-		if _, err := db.Pool.Exec(context.Background(), s); err != nil {
-			t.Fatalf("%s: %v", s, err)
-		}
-	}
-}
-
-// legacyDB is a 0.16.0 database with flow "legacy" (one step "a") and one
-// started run, whose task has a message in queue "legacy".
-func legacyDB(t *testing.T) *testdb.DB {
-	t.Helper()
-	db := testdb.Baseline(t)
-	sqlExec(t, db,
-		`select pgflow.create_flow('legacy')`,
-		`select pgflow.add_step('legacy', 'a')`,
-		`select pgflow.start_flow('legacy', '{"i": 0}'::jsonb)`)
-	return db
-}
-
-// upgradedDB is legacyDB after apply.
-func upgradedDB(t *testing.T) *testdb.DB {
-	t.Helper()
-	db := legacyDB(t)
-	if r := run(t, nil, "--dsn", db.DSN, "apply", "--yes"); r.code != cli.ExitOK {
-		t.Fatalf("setup: apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
-	}
-	return db
 }
 
 // dropPGMQ removes pgmq, extension or stand-in, and what depends on it.
@@ -111,11 +80,11 @@ func noDB(dsn string) func(t *testing.T) (*testdb.DB, string) {
 	return func(t *testing.T) (*testdb.DB, string) { return nil, dsn }
 }
 
-// sabotaged is legacyDB changed by stmts (a malformed pgflow object).
+// sabotaged is clitest.LegacyDB changed by stmts (a malformed pgflow object).
 func sabotaged(stmts ...string) func(t *testing.T) (*testdb.DB, string) {
 	return onDB(func(t *testing.T) *testdb.DB {
-		db := legacyDB(t)
-		sqlExec(t, db, stmts...)
+		db := clitest.LegacyDB(t)
+		db.Exec(t, stmts...)
 		return db
 	})
 }
@@ -131,9 +100,9 @@ func badInputs() []badInput {
 			want: []string{"connecting to alice@127.0.0.1:1/app", "connection refused"},
 			todo: []string{"check the host", "is the server running", "check that the server"}},
 		{name: "role may not log in (auth failure on trust servers)", setup: func(t *testing.T) (*testdb.DB, string) {
-			db := legacyDB(t)
+			db := clitest.LegacyDB(t)
 			role := pgprovider.RandomName("h_nologin")
-			sqlExec(t, db, `create role `+role+` nologin password 'x'`)
+			db.Exec(t, `create role `+role+` nologin password 'x'`)
 			t.Cleanup(func() { dropRole(t, role) })
 			u, _ := url.Parse(db.DSN)
 			u.User = url.UserPassword(role, secretPassword)
@@ -147,19 +116,19 @@ func badInputs() []badInput {
 		{name: "database without pgflow: audit", setup: onDB(func(t *testing.T) *testdb.DB { return testdb.Empty(t) }), args: []string{"audit"}, code: cli.ExitFindings,
 			want: []string{"no pgflow schema in this database"},
 			todo: []string{"point --dsn at the right database"}},
-		{name: "database already upgraded", setup: onDB(upgradedDB), args: []string{"apply", "--yes"}, code: cli.ExitOK,
+		{name: "database already upgraded", setup: onDB(clitest.UpgradedDB), args: []string{"apply", "--yes"}, code: cli.ExitOK,
 			want: []string{"already upgraded", "20261203100000"},
 			todo: []string{"nothing to do"}},
 		{name: "newer unknown schema", setup: onDB(func(t *testing.T) *testdb.DB {
-			db := upgradedDB(t)
-			sqlExec(t, db, `insert into pgflow_upgrade.schema_revisions (version, name) values ('29991231000000', 'from_the_future')`)
+			db := clitest.UpgradedDB(t)
+			db.Exec(t, `insert into pgflow_upgrade.schema_revisions (version, name) values ('29991231000000', 'from_the_future')`)
 			return db
 		}), args: []string{"apply", "--yes"}, code: cli.ExitFindings,
 			want: []string{"29991231000000"},
 			todo: []string{"newer pgflow-upgrade", "newer version of pgflow-upgrade", "upgrade pgflow-upgrade"}},
 		{name: "pgflow without pgmq", setup: onDB(func(t *testing.T) *testdb.DB {
 			db := testdb.Baseline(t)
-			sqlExec(t, db, dropPGMQ)
+			db.Exec(t, dropPGMQ)
 			return db
 		}), args: []string{"apply", "--yes"}, code: cli.ExitFindings,
 			want: []string{"pgmq"},
@@ -201,7 +170,7 @@ func badInputs() []badInput {
 			args: []string{"audit"}, code: cli.ExitFindings,
 			want: []string{"flows.case_alias", "slugs.strict_rule", "flows.queue_name_too_long"},
 			todo: []string{"remedy", "REMEDY"}},
-		{name: "unknown --check ID", setup: onDB(legacyDB), args: []string{"audit", "--check", "no.such.check"}, code: cli.ExitUsage,
+		{name: "unknown --check ID", setup: onDB(clitest.LegacyDB), args: []string{"audit", "--check", "no.such.check"}, code: cli.ExitUsage,
 			want: []string{`unknown check "no.such.check"`},
 			todo: []string{"known: "}},
 		{name: "damaged capture file", setup: func(t *testing.T) (*testdb.DB, string) {
@@ -214,13 +183,13 @@ func badInputs() []badInput {
 		}, args: []string{"fixtures", "replay", "--from", "GOOD", "clean-upgrade"}, code: cli.ExitUsage,
 			want: []string{"clean-upgrade"},
 			todo: []string{"known", "available", "scenarios"}},
-		{name: "bad flag value: --format", setup: onDB(legacyDB), args: []string{"--format", "yaml", "audit"}, code: cli.ExitUsage,
+		{name: "bad flag value: --format", setup: onDB(clitest.LegacyDB), args: []string{"--format", "yaml", "audit"}, code: cli.ExitUsage,
 			want: []string{`--format "yaml"`}, todo: []string{"table or json"}},
-		{name: "bad flag value: --sample", setup: onDB(legacyDB), args: []string{"audit", "--sample", "-1"}, code: cli.ExitUsage,
+		{name: "bad flag value: --sample", setup: onDB(clitest.LegacyDB), args: []string{"audit", "--sample", "-1"}, code: cli.ExitUsage,
 			want: []string{"--sample -1"}, todo: []string{"must be 0 or more"}},
-		{name: "apply off a terminal without --yes", setup: onDB(legacyDB), args: []string{"apply"}, code: cli.ExitUsage,
+		{name: "apply off a terminal without --yes", setup: onDB(clitest.LegacyDB), args: []string{"apply"}, code: cli.ExitUsage,
 			want: []string{"--yes"}, todo: []string{"pass --yes"}},
-		{name: "apply with a zero lock timeout", setup: onDB(legacyDB), args: []string{"apply", "--yes", "--lock-timeout", "0s"}, code: cli.ExitUsage,
+		{name: "apply with a zero lock timeout", setup: onDB(clitest.LegacyDB), args: []string{"apply", "--yes", "--lock-timeout", "0s"}, code: cli.ExitUsage,
 			want: []string{"--lock-timeout"}, todo: []string{"must be positive"}},
 	}
 }
@@ -318,16 +287,16 @@ func TestBadInputs(t *testing.T) {
 			env := map[string]string{"PGFLOW_UPGRADE_NO_DOCKER": "1"}
 			var problems []string
 			for _, format := range []string{"table", "json"} {
-				r := run(t, env, append([]string{"--dsn", dsnValue, "--format", format}, args...)...)
-				out := r.stdout + r.stderr
+				r := clitest.Run(t, env, append([]string{"--dsn", dsnValue, "--format", format}, args...)...)
+				out := r.Stdout + r.Stderr
 				if strings.Contains(out, secretPassword) {
 					t.Fatalf("%s: the password is printed:\n%s", format, out)
 				}
-				if r.code != c.code {
-					problems = append(problems, fmt.Sprintf("%s: exit %d, want %d", format, r.code, c.code))
+				if r.Code != c.code {
+					problems = append(problems, fmt.Sprintf("%s: exit %d, want %d", format, r.Code, c.code))
 				}
 				if format == "table" {
-					t.Logf("exit %d\n%s", r.code, out)
+					t.Logf("exit %d\n%s", r.Code, out)
 					out = cellText(out) // wrapped cells joined
 					for _, w := range c.want {
 						if !strings.Contains(out, w) {
@@ -364,56 +333,26 @@ func TestBadInputs(t *testing.T) {
 // ephemeral cluster whose pg_hba.conf asks for scram-sha-256 over TCP.
 func TestBadInputWrongPassword(t *testing.T) {
 	testdb.SkipIfShort(t, "a wrong password is refused without printing it (starts a cluster with password authentication)")
-	if _, err := pgprovider.FindBinDir(); err != nil {
-		t.Skipf("no PostgreSQL binaries to start a cluster with password authentication: %v", err)
-	}
-	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "h-hba-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	// The cluster runs as an unprivileged user when we are root: it must read the file.
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	hba := filepath.Join(dir, "pg_hba.conf")
-	if err := os.WriteFile(hba, []byte("local all all trust\nhost all postgres 127.0.0.1/32 trust\nhost all all 127.0.0.1/32 scram-sha-256\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	srv, err := pgprovider.Open(ctx, pgprovider.Options{SkipDocker: true, Settings: map[string]string{"hba_file": hba}})
-	if err != nil {
-		t.Fatalf("starting a cluster with password authentication: %v", err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	admin, err := session.Open(ctx, srv.AdminDSN(), session.Admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, `create role h_pw login password 'the-right-one'`); err != nil {
-		t.Fatal(err)
-	}
-	u, _ := url.Parse(srv.DSNFor("postgres"))
+	u := clitest.PasswordServer(t, "h_pw")
 	u.User = url.UserPassword("h_pw", secretPassword)
-	r := run(t, map[string]string{}, "--dsn", u.String(), "audit")
-	out := r.stdout + r.stderr
+	r := clitest.Run(t, map[string]string{}, "--dsn", u.String(), "audit")
+	out := r.Stdout + r.Stderr
 	if strings.Contains(out, secretPassword) {
 		t.Fatalf("the password is printed:\n%s", out)
 	}
-	if r.code != cli.ExitEnvironment || !strings.Contains(out, "password authentication failed") || !strings.Contains(out, "h_pw@") {
-		t.Fatalf("exit %d, want %d with the failed authentication named:\n%s", r.code, cli.ExitEnvironment, out)
+	if r.Code != cli.ExitEnvironment || !strings.Contains(out, "password authentication failed") || !strings.Contains(out, "h_pw@") {
+		t.Fatalf("exit %d, want %d with the failed authentication named:\n%s", r.Code, cli.ExitEnvironment, out)
 	}
 	// The same through PGPASSWORD: neither printed.
 	u.User = url.User("h_pw")
-	r = run(t, map[string]string{"PGPASSWORD": secretPassword}, "--dsn", u.String(), "audit")
-	if out := r.stdout + r.stderr; strings.Contains(out, secretPassword) || r.code != cli.ExitEnvironment {
-		t.Fatalf("PGPASSWORD: exit %d:\n%s", r.code, out)
+	r = clitest.Run(t, map[string]string{"PGPASSWORD": secretPassword}, "--dsn", u.String(), "audit")
+	if out := r.Stdout + r.Stderr; strings.Contains(out, secretPassword) || r.Code != cli.ExitEnvironment {
+		t.Fatalf("PGPASSWORD: exit %d:\n%s", r.Code, out)
 	}
 	// The right password gets through: the failure above was the password.
-	u.User = url.UserPassword("h_pw", "the-right-one")
-	if r := run(t, nil, "--dsn", u.String(), "audit"); r.code == cli.ExitEnvironment || strings.Contains(r.stdout+r.stderr, "the-right-one") {
-		t.Fatalf("right password: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	u.User = url.UserPassword("h_pw", clitest.RightPassword)
+	if r := clitest.Run(t, nil, "--dsn", u.String(), "audit"); r.Code == cli.ExitEnvironment || strings.Contains(r.Stdout+r.Stderr, clitest.RightPassword) {
+		t.Fatalf("right password: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 }
 
@@ -423,7 +362,7 @@ func TestBadInputWrongPassword(t *testing.T) {
 // refuse before it opens a transaction.
 func TestBadInputTamperedMigration(t *testing.T) {
 	ctx := context.Background()
-	db := legacyDB(t)
+	db := clitest.LegacyDB(t)
 	all, err := migrations.All()
 	if err != nil || len(all) == 0 {
 		t.Fatalf("migrations: %v (%d)", err, len(all))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -27,14 +28,14 @@ import (
 // captured data. A full pair (an emoji) is valid text and is accepted.
 func TestReplayRefusesCaptureWithInvalidUTF8(t *testing.T) {
 	db := testdb.Baseline(t)
-	sqlExec(t, db,
+	db.Exec(t,
 		`select pgflow.create_flow('utf')`,
 		`select pgflow.add_step('utf', 'a')`,
 		`select pgflow.start_flow('utf', '{"note": "utf8-marker"}'::jsonb)`)
 	dir := t.TempDir()
 	good := filepath.Join(dir, "good.jsonl.gz")
-	if r := run(t, map[string]string{}, "--dsn", db.DSN, "fixtures", "capture", "--out", good); r.code != cli.ExitOK {
-		t.Fatalf("capture: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, map[string]string{}, "--dsn", db.DSN, "fixtures", "capture", "--out", good); r.Code != cli.ExitOK {
+		t.Fatalf("capture: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	plain := gunzipFile(t, good)
 	if !bytes.Contains(plain, []byte("utf8-marker")) {
@@ -61,13 +62,13 @@ func TestReplayRefusesCaptureWithInvalidUTF8(t *testing.T) {
 		{"lone-surrogate.jsonl.gz", `utf8-\udc80marker`, `\udc80`},
 		{"high-surrogate-alone.jsonl.gz", `utf8-\ud83dmarker`, `\ud83d`},
 	} {
-		r := run(t, replayEnv(t), "fixtures", "replay", "--from", variant(c.name, c.replacement))
-		t.Logf("%s: exit %d: %s", c.name, r.code, strings.TrimSpace(r.stderr))
-		if r.code != cli.ExitUsage {
-			t.Errorf("%s: exit %d, want %d\n%s", c.name, r.code, cli.ExitUsage, r.stdout)
+		r := clitest.Run(t, replayEnv(t), "fixtures", "replay", "--from", variant(c.name, c.replacement))
+		t.Logf("%s: exit %d: %s", c.name, r.Code, strings.TrimSpace(r.Stderr))
+		if r.Code != cli.ExitUsage {
+			t.Errorf("%s: exit %d, want %d\n%s", c.name, r.Code, cli.ExitUsage, r.Stdout)
 		}
 		for _, w := range []string{"row 1 of pgflow.runs", "not valid UTF-8", c.what} {
-			if !strings.Contains(r.stderr, w) {
+			if !strings.Contains(r.Stderr, w) {
 				t.Errorf("%s: the error does not say %q", c.name, w)
 			}
 		}
@@ -93,8 +94,8 @@ func TestCaptureRefusesTextThatIsNotUTF8(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = srv.DropDatabase(context.Background(), name) })
 	dsnValue := srv.DSNFor(name)
-	if r := run(t, nil, "--dsn", dsnValue, "fixtures", "load", "inflight"); r.code != cli.ExitOK {
-		t.Fatalf("fixtures load into a SQL_ASCII database: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", dsnValue, "fixtures", "load", "inflight"); r.Code != cli.ExitOK {
+		t.Fatalf("fixtures load into a SQL_ASCII database: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	conn, err := session.Open(ctx, dsnValue, session.Test)
 	if err != nil {
@@ -108,13 +109,13 @@ func TestCaptureRefusesTextThatIsNotUTF8(t *testing.T) {
 		t.Fatalf("a byte 0xff in a run's input: %v (%d rows)", err, tag.RowsAffected())
 	}
 	out := filepath.Join(t.TempDir(), "ascii.jsonl.gz")
-	r := run(t, nil, "--dsn", dsnValue, "fixtures", "capture", "--out", out)
-	t.Logf("exit %d: %s", r.code, strings.TrimSpace(r.stderr))
-	if r.code != cli.ExitFindings {
-		t.Errorf("exit %d, want %d", r.code, cli.ExitFindings)
+	r := clitest.Run(t, nil, "--dsn", dsnValue, "fixtures", "capture", "--out", out)
+	t.Logf("exit %d: %s", r.Code, strings.TrimSpace(r.Stderr))
+	if r.Code != cli.ExitFindings {
+		t.Errorf("exit %d, want %d", r.Code, cli.ExitFindings)
 	}
 	for _, w := range []string{"not valid UTF-8", "of pgflow.runs", "SQL_ASCII"} {
-		if !strings.Contains(r.stderr, w) {
+		if !strings.Contains(r.Stderr, w) {
 			t.Errorf("the error does not say %q", w)
 		}
 	}

@@ -6,22 +6,23 @@ import (
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
 )
 
 func TestVersionPrintsMigrationsHash(t *testing.T) {
-	r := run(t, nil, "version")
-	if r.code != cli.ExitOK {
-		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	r := clitest.Run(t, nil, "version")
+	if r.Code != cli.ExitOK {
+		t.Fatalf("exit %d: %s", r.Code, r.Stderr)
 	}
-	if !strings.Contains(r.stdout, migrations.Hash()) || len(migrations.Hash()) < 40 {
-		t.Fatalf("version output lacks the atlas.sum hash %q:\n%s", migrations.Hash(), r.stdout)
+	if !strings.Contains(r.Stdout, migrations.Hash()) || len(migrations.Hash()) < 40 {
+		t.Fatalf("version output lacks the atlas.sum hash %q:\n%s", migrations.Hash(), r.Stdout)
 	}
-	r = run(t, nil, "--format", "json", "version")
+	r = clitest.Run(t, nil, "--format", "json", "version")
 	var v map[string]string
-	if err := json.Unmarshal([]byte(r.stdout), &v); err != nil || v["migrations_hash"] != migrations.Hash() {
-		t.Fatalf("json version: %v %q", err, r.stdout)
+	if err := json.Unmarshal([]byte(r.Stdout), &v); err != nil || v["migrations_hash"] != migrations.Hash() {
+		t.Fatalf("json version: %v %q", err, r.Stdout)
 	}
 }
 
@@ -33,48 +34,48 @@ func TestUsageErrors(t *testing.T) {
 		{"fixtures", "load", "no-such-state"},
 	}
 	for _, args := range cases {
-		r := run(t, nil, args...)
-		if r.code != cli.ExitUsage {
-			t.Errorf("%v: exit %d, want %d (stderr %q)", args, r.code, cli.ExitUsage, r.stderr)
+		r := clitest.Run(t, nil, args...)
+		if r.Code != cli.ExitUsage {
+			t.Errorf("%v: exit %d, want %d (stderr %q)", args, r.Code, cli.ExitUsage, r.Stderr)
 		}
-		if r.stderr == "" {
+		if r.Stderr == "" {
 			t.Errorf("%v: no explanation on stderr", args)
 		}
 	}
 }
 
 func TestFixturesListAndLoad(t *testing.T) {
-	r := run(t, nil, "fixtures", "list")
-	if r.code != 0 || !strings.Contains(r.stdout, "baseline") {
-		t.Fatalf("fixtures list: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	r := clitest.Run(t, nil, "fixtures", "list")
+	if r.Code != 0 || !strings.Contains(r.Stdout, "baseline") {
+		t.Fatalf("fixtures list: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	db := testdb.Empty(t)
-	r = run(t, map[string]string{"PGFLOW_UPGRADE_DSN": db.DSN}, "fixtures", "load", "baseline")
-	if r.code != 0 {
-		t.Fatalf("fixtures load baseline: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	r = clitest.Run(t, map[string]string{"PGFLOW_UPGRADE_DSN": db.DSN}, "fixtures", "load", "baseline")
+	if r.Code != 0 {
+		t.Fatalf("fixtures load baseline: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	var n int
 	if err := db.Pool.QueryRow(t.Context(), "select count(*) from pg_catalog.pg_proc p join pg_catalog.pg_namespace n on n.oid = p.pronamespace where n.nspname = 'pgflow' and p.proname = 'start_tasks'").Scan(&n); err != nil || n != 1 {
 		t.Fatalf("baseline not loaded: start_tasks count %d (%v)", n, err)
 	}
 	// A second load refuses: the database is not empty any more.
-	r = run(t, nil, "--dsn", db.DSN, "fixtures", "load", "baseline")
-	if r.code != cli.ExitFindings || !strings.Contains(r.stderr, "already has a pgflow schema") {
-		t.Fatalf("second load: exit %d, stderr %q", r.code, r.stderr)
+	r = clitest.Run(t, nil, "--dsn", db.DSN, "fixtures", "load", "baseline")
+	if r.Code != cli.ExitFindings || !strings.Contains(r.Stderr, "already has a pgflow schema") {
+		t.Fatalf("second load: exit %d, stderr %q", r.Code, r.Stderr)
 	}
 }
 
 func TestConnectionErrorsNeverPrintThePassword(t *testing.T) {
-	r := run(t, nil, "--dsn", "postgres://alice:hunter2secret@127.0.0.1:1/db?connect_timeout=2", "fixtures", "load", "baseline")
-	if r.code != cli.ExitEnvironment {
-		t.Fatalf("exit %d, want %d: %s", r.code, cli.ExitEnvironment, r.stderr)
+	r := clitest.Run(t, nil, "--dsn", "postgres://alice:hunter2secret@127.0.0.1:1/db?connect_timeout=2", "fixtures", "load", "baseline")
+	if r.Code != cli.ExitEnvironment {
+		t.Fatalf("exit %d, want %d: %s", r.Code, cli.ExitEnvironment, r.Stderr)
 	}
-	if strings.Contains(r.stdout+r.stderr, "hunter2secret") {
-		t.Fatalf("password printed: %s %s", r.stdout, r.stderr)
+	if strings.Contains(r.Stdout+r.Stderr, "hunter2secret") {
+		t.Fatalf("password printed: %s %s", r.Stdout, r.Stderr)
 	}
-	r = run(t, nil, "--dsn", "postgres://alice:hunter2secret@127.0.0.1:notaport/db", "fixtures", "load", "baseline")
-	if r.code != cli.ExitUsage || strings.Contains(r.stdout+r.stderr, "hunter2secret") {
-		t.Fatalf("malformed DSN: exit %d, output %q", r.code, r.stderr)
+	r = clitest.Run(t, nil, "--dsn", "postgres://alice:hunter2secret@127.0.0.1:notaport/db", "fixtures", "load", "baseline")
+	if r.Code != cli.ExitUsage || strings.Contains(r.Stdout+r.Stderr, "hunter2secret") {
+		t.Fatalf("malformed DSN: exit %d, output %q", r.Code, r.Stderr)
 	}
 }
 
@@ -89,14 +90,14 @@ func TestMalformedDSNNeverEchoed(t *testing.T) {
 		"postgres://a:e@db.example:notaport/Secret",
 		"host=db.example password='unterminated-Secret",
 	} {
-		for name, r := range map[string]result{
-			"--dsn":              run(t, nil, "audit", "--dsn", bad),
-			"PGFLOW_UPGRADE_DSN": run(t, map[string]string{"PGFLOW_UPGRADE_DSN": bad}, "status"),
-			"DATABASE_URL":       run(t, map[string]string{"DATABASE_URL": bad}, "fixtures", "load", "baseline"),
+		for name, r := range map[string]clitest.Result{
+			"--dsn":              clitest.Run(t, nil, "audit", "--dsn", bad),
+			"PGFLOW_UPGRADE_DSN": clitest.Run(t, map[string]string{"PGFLOW_UPGRADE_DSN": bad}, "status"),
+			"DATABASE_URL":       clitest.Run(t, map[string]string{"DATABASE_URL": bad}, "fixtures", "load", "baseline"),
 		} {
-			out := r.stdout + r.stderr
-			if r.code != cli.ExitUsage {
-				t.Errorf("%s %q: exit %d\n%s", name, bad, r.code, out)
+			out := r.Stdout + r.Stderr
+			if r.Code != cli.ExitUsage {
+				t.Errorf("%s %q: exit %d\n%s", name, bad, r.Code, out)
 			}
 			if strings.Contains(out, "Secret") || strings.Contains(out, "db.example") || strings.Contains(out, "xxxxx") {
 				t.Errorf("%s %q: the string (or a masked piece of it) is in the message:\n%s", name, bad, out)

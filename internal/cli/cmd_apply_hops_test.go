@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
@@ -18,22 +19,22 @@ func TestApplyPlanToNewest(t *testing.T) {
 	env := map[string]string{"PGFLOW_UPGRADE_DSN": db.DSN}
 	dir := testdb.PgflowInstalledCopy(t, 27)
 
-	if r := run(t, env, "apply", "--yes", "--telemetry", "maybe", "--pgflow-migrations", dir); r.code != cli.ExitUsage {
-		t.Fatalf("--telemetry maybe: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, env, "apply", "--yes", "--telemetry", "maybe", "--pgflow-migrations", dir); r.Code != cli.ExitUsage {
+		t.Fatalf("--telemetry maybe: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
-	if r := run(t, env, "apply", "--yes", "--to", "0.16.0"); r.code != cli.ExitUsage || !strings.Contains(r.stdout+r.stderr, "0.17.0 or later") {
-		t.Fatalf("--to 0.16.0: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, env, "apply", "--yes", "--to", "0.16.0"); r.Code != cli.ExitUsage || !strings.Contains(r.Stdout+r.Stderr, "0.17.0 or later") {
+		t.Fatalf("--to 0.16.0: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
-	r := run(t, env, "apply", "--yes", "--pgflow-migrations", dir)
-	out := r.stdout
-	if r.code != cli.ExitOK || !strings.Contains(out, "now "+versions.Newest) ||
+	r := clitest.Run(t, env, "apply", "--yes", "--pgflow-migrations", dir)
+	out := r.Stdout
+	if r.Code != cli.ExitOK || !strings.Contains(out, "now "+versions.Newest) ||
 		!strings.Contains(out, "plan: 0.17.0 -> "+versions.Newest+" (3 hops") ||
 		!strings.Contains(out, "3. 0.17.1 without the endpoint fix -> "+versions.Newest) ||
 		!strings.Contains(out, "telemetry: upstream's default") {
-		t.Fatalf("apply: exit %d\n%s%s", r.code, out, r.stderr)
+		t.Fatalf("apply: exit %d\n%s%s", r.Code, out, r.Stderr)
 	}
-	r = run(t, env, "status")
-	if r.code != cli.ExitOK || !strings.Contains(cellText(r.stdout), "nothing to do") {
-		t.Fatalf("status after: exit %d\n%s", r.code, r.stdout)
+	r = clitest.Run(t, env, "status")
+	if r.Code != cli.ExitOK || !strings.Contains(cellText(r.Stdout), "nothing to do") {
+		t.Fatalf("status after: exit %d\n%s", r.Code, r.Stdout)
 	}
 }

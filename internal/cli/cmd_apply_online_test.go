@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -25,11 +26,11 @@ func TestApplyOnlineCLI(t *testing.T) {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	if r := run(t, env, "apply", "--online", "--dry-run", "--yes"); r.code != cli.ExitUsage {
-		t.Fatalf("--online --dry-run: exit %d, want usage (%s)", r.code, r.stderr)
+	if r := clitest.Run(t, env, "apply", "--online", "--dry-run", "--yes"); r.Code != cli.ExitUsage {
+		t.Fatalf("--online --dry-run: exit %d, want usage (%s)", r.Code, r.Stderr)
 	}
-	if r := run(t, env, "apply", "--online", "--rollback-online", "--yes"); r.code != cli.ExitUsage {
-		t.Fatalf("--online --rollback-online: exit %d, want usage", r.code)
+	if r := clitest.Run(t, env, "apply", "--online", "--rollback-online", "--yes"); r.Code != cli.ExitUsage {
+		t.Fatalf("--online --rollback-online: exit %d, want usage", r.Code)
 	}
 
 	// Stop an online upgrade after its backfill, as a kill would.
@@ -49,7 +50,7 @@ func TestApplyOnlineCLI(t *testing.T) {
 	if !errors.Is(err, stop) {
 		t.Fatalf("online apply did not stop at the check: %v", err)
 	}
-	r := run(t, env, "--format", "json", "status")
+	r := clitest.Run(t, env, "--format", "json", "status")
 	var st struct {
 		ExitCode int `json:"exit_code"`
 		Online   *struct {
@@ -57,38 +58,38 @@ func TestApplyOnlineCLI(t *testing.T) {
 			Next  string `json:"next"`
 		} `json:"online"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || st.Online == nil || st.Online.Phase != "backfill" || st.Online.Next != online.ContinueCommand {
-		t.Fatalf("status of an online upgrade in progress: %v\n%s%s", err, r.stdout, r.stderr)
+	if err := json.Unmarshal([]byte(r.Stdout), &st); err != nil || st.Online == nil || st.Online.Phase != "backfill" || st.Online.Next != online.ContinueCommand {
+		t.Fatalf("status of an online upgrade in progress: %v\n%s%s", err, r.Stdout, r.Stderr)
 	}
-	if r := run(t, env, "status"); !strings.Contains(r.stdout, "online upgrade in progress: phase backfill; next: pgflow-upgrade apply --online") {
-		t.Fatalf("status table does not show the online upgrade:\n%s", r.stdout)
+	if r := clitest.Run(t, env, "status"); !strings.Contains(r.Stdout, "online upgrade in progress: phase backfill; next: pgflow-upgrade apply --online") {
+		t.Fatalf("status table does not show the online upgrade:\n%s", r.Stdout)
 	}
 
 	// Rolled back: the 0.16.0 baseline again, and status says so.
-	if r := run(t, env, "apply", "--rollback-online", "--yes"); r.code != cli.ExitOK || !strings.Contains(r.stdout, "rolled_back") {
-		t.Fatalf("rollback-online: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, env, "apply", "--rollback-online", "--yes"); r.Code != cli.ExitOK || !strings.Contains(r.Stdout, "rolled_back") {
+		t.Fatalf("rollback-online: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
-	if r := run(t, env, "status"); r.code != cli.ExitOK || !strings.Contains(r.stdout, "schema state: baseline") || strings.Contains(r.stdout, "online upgrade") {
-		t.Fatalf("status after rollback-online: exit %d\n%s", r.code, r.stdout)
+	if r := clitest.Run(t, env, "status"); r.Code != cli.ExitOK || !strings.Contains(r.Stdout, "schema state: baseline") || strings.Contains(r.Stdout, "online upgrade") {
+		t.Fatalf("status after rollback-online: exit %d\n%s", r.Code, r.Stdout)
 	}
 
 	// The whole online upgrade through the CLI.
-	r = run(t, env, "--format", "json", "apply", "--online", "--yes", "--batch-size", "3", "--pause", "1ms")
+	r = clitest.Run(t, env, "--format", "json", "apply", "--online", "--yes", "--batch-size", "3", "--pause", "1ms")
 	var rep struct {
 		ExitCode int    `json:"exit_code"`
 		Outcome  string `json:"outcome"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || r.code != cli.ExitOK || rep.Outcome != "applied" {
-		t.Fatalf("apply --online: exit %d, %v\n%s%s", r.code, err, r.stdout, r.stderr)
+	if err := json.Unmarshal([]byte(r.Stdout), &rep); err != nil || r.Code != cli.ExitOK || rep.Outcome != "applied" {
+		t.Fatalf("apply --online: exit %d, %v\n%s%s", r.Code, err, r.Stdout, r.Stderr)
 	}
 	// Off a terminal the phases still show on stderr, as they happen.
-	if !strings.Contains(r.stderr, "- backfill") || !strings.Contains(r.stderr, "done in") {
-		t.Errorf("apply --online off a terminal: no progress on stderr:\n%s", r.stderr)
+	if !strings.Contains(r.Stderr, "- backfill") || !strings.Contains(r.Stderr, "done in") {
+		t.Errorf("apply --online off a terminal: no progress on stderr:\n%s", r.Stderr)
 	}
-	if r := run(t, env, "verify"); r.code != cli.ExitOK {
-		t.Fatalf("verify after apply --online: exit %d\n%s", r.code, r.stdout)
+	if r := clitest.Run(t, env, "verify"); r.Code != cli.ExitOK {
+		t.Fatalf("verify after apply --online: exit %d\n%s", r.Code, r.Stdout)
 	}
-	if r := run(t, env, "apply", "--rollback-online", "--yes"); r.code != cli.ExitFindings {
-		t.Fatalf("rollback-online after the switch: exit %d, want refusal", r.code)
+	if r := clitest.Run(t, env, "apply", "--rollback-online", "--yes"); r.Code != cli.ExitFindings {
+		t.Fatalf("rollback-online after the switch: exit %d, want refusal", r.Code)
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -32,20 +33,20 @@ func TestApplyPGMQCommand(t *testing.T) {
 		{[]string{"--pgmq", "1.10.1"}, cli.ExitFindings, "1.11.0 or later"},
 		{[]string{"--pgmq", "1.42.0"}, cli.ExitFindings, "update scripts are not installed"},
 	} {
-		r := run(t, nil, append([]string{"--dsn", db.DSN, "apply", "--yes"}, c.args...)...)
-		if r.code != c.code || !strings.Contains(cellText(r.stdout+r.stderr), c.says) {
-			t.Errorf("apply %v: exit %d, want %d saying %q\n%s%s", c.args, r.code, c.code, c.says, r.stdout, r.stderr)
+		r := clitest.Run(t, nil, append([]string{"--dsn", db.DSN, "apply", "--yes"}, c.args...)...)
+		if r.Code != c.code || !strings.Contains(cellText(r.Stdout+r.Stderr), c.says) {
+			t.Errorf("apply %v: exit %d, want %d saying %q\n%s%s", c.args, r.Code, c.code, c.says, r.Stdout, r.Stderr)
 		}
 	}
-	r := run(t, nil, "--dsn", db.DSN, "apply", "--yes", "--dry-run", "--pgmq", testdb.PGMQNewest)
-	if r.code != cli.ExitOK || !strings.Contains(cellText(r.stdout), `pgmq.meta "analyzeWebsite" (table pgmq.q_analyzewebsite): renamed to analyzewebsite`) {
-		t.Fatalf("dry run: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--yes", "--dry-run", "--pgmq", testdb.PGMQNewest)
+	if r.Code != cli.ExitOK || !strings.Contains(cellText(r.Stdout), `pgmq.meta "analyzeWebsite" (table pgmq.q_analyzewebsite): renamed to analyzewebsite`) {
+		t.Fatalf("dry run: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	if v := db.PGMQVersion(t); v != "1.5.1" {
 		t.Fatalf("dry run left pgmq at %s", v)
 	}
 
-	r = run(t, nil, "--dsn", db.DSN, "apply", "--yes", "--pgmq", testdb.PGMQNewest, "--format", "json")
+	r = clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--yes", "--pgmq", testdb.PGMQNewest, "--format", "json")
 	var doc struct {
 		Outcome string `json:"outcome"`
 		PGMQ    struct {
@@ -54,19 +55,19 @@ func TestApplyPGMQCommand(t *testing.T) {
 			Locked   []string
 		} `json:"pgmq"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil || r.code != cli.ExitOK {
-		t.Fatalf("apply --pgmq: exit %d, %v\n%s%s", r.code, err, r.stdout, r.stderr)
+	if err := json.Unmarshal([]byte(r.Stdout), &doc); err != nil || r.Code != cli.ExitOK {
+		t.Fatalf("apply --pgmq: exit %d, %v\n%s%s", r.Code, err, r.Stdout, r.Stderr)
 	}
 	if p := doc.PGMQ; doc.Outcome != "applied" || p.From != "1.5.1" || p.To != testdb.PGMQNewest || len(p.Repairs) != 1 || p.Repairs[0].Queue != fixtures.AnalyzeWebsiteSlug || len(p.Locked) != 3 {
-		t.Fatalf("JSON: %s", r.stdout)
+		t.Fatalf("JSON: %s", r.Stdout)
 	}
 
 	// pgflow at 0.17, pgmq stopped at 1.9.0: the pgmq hop alone, its
 	// workers fenced by --quiesce.
 	db2 := testdb.Baseline(t)
 	exec2(t, db2, `select pgflow.create_flow('greet')`)
-	if r := run(t, nil, "--dsn", db2.DSN, "apply", "--yes"); r.code != cli.ExitOK {
-		t.Fatalf("pgflow hop: %d %s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", db2.DSN, "apply", "--yes"); r.Code != cli.ExitOK {
+		t.Fatalf("pgflow hop: %d %s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	db2.UpdatePGMQ(t, "1.9.0")
 	// A live worker and an enabled worker function: the fence deprecates
@@ -76,9 +77,9 @@ func TestApplyPGMQCommand(t *testing.T) {
 	// minute's wait.
 	exec2(t, db2, `insert into pgflow.workers (worker_id, queue_name, function_name, last_heartbeat_at) values ('00000000-0000-0000-0000-0000000000cc', 'greet', 'greet-fn', now() - interval '57 seconds');
 		insert into pgflow.worker_functions (function_name, enabled) values ('greet-fn', true)`)
-	r = run(t, nil, "--dsn", db2.DSN, "apply", "--yes", "--quiesce", "--pgmq", testdb.PGMQNewest)
-	if r.code != cli.ExitOK || !strings.Contains(cellText(r.stdout), "pgmq: 1.9.0 -> "+testdb.PGMQNewest) || !strings.Contains(cellText(r.stdout+r.stderr), "quiesce") {
-		t.Fatalf("apply --quiesce --pgmq on 0.17: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	r = clitest.Run(t, nil, "--dsn", db2.DSN, "apply", "--yes", "--quiesce", "--pgmq", testdb.PGMQNewest)
+	if r.Code != cli.ExitOK || !strings.Contains(cellText(r.Stdout), "pgmq: 1.9.0 -> "+testdb.PGMQNewest) || !strings.Contains(cellText(r.Stdout+r.Stderr), "quiesce") {
+		t.Fatalf("apply --quiesce --pgmq on 0.17: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	if v := db2.PGMQVersion(t); v != testdb.PGMQNewest {
 		t.Fatalf("pgmq %s", v)
@@ -104,23 +105,23 @@ func TestPGMQ1101AuditVerifyStatus(t *testing.T) {
 	testdb.RequirePGMQVersion(t, testdb.PGMQNewest)
 	db := testdb.Baseline(t)
 	exec2(t, db, `select pgflow.create_flow('greet')`)
-	if r := run(t, nil, "--dsn", db.DSN, "apply", "--yes"); r.code != cli.ExitOK {
-		t.Fatalf("pgflow hop: %d %s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--yes"); r.Code != cli.ExitOK {
+		t.Fatalf("pgflow hop: %d %s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	db.UpdatePGMQ(t, "1.10.1")
-	if r := run(t, nil, "--dsn", db.DSN, "audit"); r.code != cli.ExitFindings || !strings.Contains(cellText(r.stdout), "pgmq.claim_path") {
-		t.Errorf("audit on 1.10.1: exit %d\n%s", r.code, r.stdout)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "audit"); r.Code != cli.ExitFindings || !strings.Contains(cellText(r.Stdout), "pgmq.claim_path") {
+		t.Errorf("audit on 1.10.1: exit %d\n%s", r.Code, r.Stdout)
 	}
-	if r := run(t, nil, "--dsn", db.DSN, "verify"); r.code != cli.ExitFindings || !strings.Contains(cellText(r.stdout+r.stderr), "pgmq_claim_path") {
-		t.Errorf("verify on 1.10.1: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "verify"); r.Code != cli.ExitFindings || !strings.Contains(cellText(r.Stdout+r.Stderr), "pgmq_claim_path") {
+		t.Errorf("verify on 1.10.1: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
-	if r := run(t, nil, "--dsn", db.DSN, "status"); !strings.Contains(cellText(r.stdout), "pgmq: extension 1.10.1") || !strings.Contains(cellText(r.stdout), "apply --pgmq 1.13.1") {
-		t.Errorf("status on 1.10.1: exit %d\n%s", r.code, r.stdout)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "status"); !strings.Contains(cellText(r.Stdout), "pgmq: extension 1.10.1") || !strings.Contains(cellText(r.Stdout), "apply --pgmq 1.13.1") {
+		t.Errorf("status on 1.10.1: exit %d\n%s", r.Code, r.Stdout)
 	}
-	if r := run(t, nil, "--dsn", db.DSN, "apply", "--yes", "--pgmq", testdb.PGMQNewest); r.code != cli.ExitOK {
-		t.Fatalf("apply --pgmq from 1.10.1: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--yes", "--pgmq", testdb.PGMQNewest); r.Code != cli.ExitOK {
+		t.Fatalf("apply --pgmq from 1.10.1: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
-	if r := run(t, nil, "--dsn", db.DSN, "verify"); r.code != cli.ExitOK {
-		t.Errorf("verify on 1.13.1: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "verify"); r.Code != cli.ExitOK {
+		t.Errorf("verify on 1.13.1: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -45,9 +46,9 @@ func TestApplyQuiesceFlags(t *testing.T) {
 		{"--resume-quiesce", "--dry-run"}, {"--quiesce", "--rollback-online"}, {"--drain-timeout", "1m"},
 		{"--quiesce", "--drain-timeout", "0s"},
 	} {
-		r := run(t, nil, append([]string{"--dsn", db.DSN, "apply", "--yes"}, args...)...)
-		if r.code != cli.ExitUsage {
-			t.Errorf("apply %v: exit %d, want %d\n%s%s", args, r.code, cli.ExitUsage, r.stdout, r.stderr)
+		r := clitest.Run(t, nil, append([]string{"--dsn", db.DSN, "apply", "--yes"}, args...)...)
+		if r.Code != cli.ExitUsage {
+			t.Errorf("apply %v: exit %d, want %d\n%s%s", args, r.Code, cli.ExitUsage, r.Stdout, r.Stderr)
 		}
 	}
 }
@@ -58,17 +59,17 @@ func TestApplyQuiesceCommands(t *testing.T) {
 	before := recordedValues(t, db)
 
 	// Dry run: says what it would change, changes nothing.
-	r := run(t, nil, "--dsn", db.DSN, "apply", "--quiesce", "--dry-run", "--yes")
-	if r.code != cli.ExitOK || !strings.Contains(r.stdout, "--quiesce would") || !strings.Contains(r.stdout, "worker function a-fn (http): enabled true -> false") ||
-		!strings.Contains(r.stdout, "pgflow_requeue_stalled_tasks") {
-		t.Fatalf("apply --quiesce --dry-run: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--quiesce", "--dry-run", "--yes")
+	if r.Code != cli.ExitOK || !strings.Contains(r.Stdout, "--quiesce would") || !strings.Contains(r.Stdout, "worker function a-fn (http): enabled true -> false") ||
+		!strings.Contains(r.Stdout, "pgflow_requeue_stalled_tasks") {
+		t.Fatalf("apply --quiesce --dry-run: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	if got := recordedValues(t, db); got != before {
 		t.Fatalf("the dry run changed %s into %s", before, got)
 	}
 	// Nothing recorded: undo has nothing to do.
-	if r := run(t, nil, "--dsn", db.DSN, "apply", "--undo-quiesce", "--yes"); r.code != cli.ExitOK || !strings.Contains(r.stdout, "nothing to undo") {
-		t.Fatalf("undo without a quiesce: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--undo-quiesce", "--yes"); r.Code != cli.ExitOK || !strings.Contains(r.Stdout, "nothing to undo") {
+		t.Fatalf("undo without a quiesce: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 
 	// As a crash after the pause leaves it: status shows it and the commands.
@@ -86,28 +87,28 @@ func TestApplyQuiesceCommands(t *testing.T) {
 		}
 	}
 	pause()
-	r = run(t, nil, "--dsn", db.DSN, "status")
-	if r.code != cli.ExitFindings || !strings.Contains(r.stdout, "apply --quiesce in progress") ||
-		!strings.Contains(r.stdout, "apply --resume-quiesce --yes") || !strings.Contains(r.stdout, "apply --undo-quiesce --yes") {
-		t.Fatalf("status with a recorded quiesce: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	r = clitest.Run(t, nil, "--dsn", db.DSN, "status")
+	if r.Code != cli.ExitFindings || !strings.Contains(r.Stdout, "apply --quiesce in progress") ||
+		!strings.Contains(r.Stdout, "apply --resume-quiesce --yes") || !strings.Contains(r.Stdout, "apply --undo-quiesce --yes") {
+		t.Fatalf("status with a recorded quiesce: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	// A new --quiesce is refused while one is recorded.
-	if r := run(t, nil, "--dsn", db.DSN, "apply", "--quiesce", "--yes"); r.code != cli.ExitFindings || !strings.Contains(r.stderr, "already recorded") {
-		t.Fatalf("second --quiesce: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--quiesce", "--yes"); r.Code != cli.ExitFindings || !strings.Contains(r.Stderr, "already recorded") {
+		t.Fatalf("second --quiesce: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
-	if r := run(t, nil, "--dsn", db.DSN, "apply", "--undo-quiesce", "--yes"); r.code != cli.ExitOK || !strings.Contains(r.stdout, "restored") {
-		t.Fatalf("undo: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--undo-quiesce", "--yes"); r.Code != cli.ExitOK || !strings.Contains(r.Stdout, "restored") {
+		t.Fatalf("undo: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	if got := recordedValues(t, db); got != before {
 		t.Fatalf("undo gave %s, want %s", got, before)
 	}
-	if r := run(t, nil, "--dsn", db.DSN, "status"); r.code != cli.ExitOK || strings.Contains(r.stdout, "quiesce") {
-		t.Fatalf("status after undo: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "status"); r.Code != cli.ExitOK || strings.Contains(r.Stdout, "quiesce") {
+		t.Fatalf("status after undo: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 
 	// Resume finishes it: upgraded, every value back.
 	pause()
-	r = run(t, nil, "--dsn", db.DSN, "--format", "json", "apply", "--resume-quiesce", "--yes")
+	r = clitest.Run(t, nil, "--dsn", db.DSN, "--format", "json", "apply", "--resume-quiesce", "--yes")
 	var out struct {
 		Outcome string `json:"outcome"`
 		Quiesce struct {
@@ -116,9 +117,9 @@ func TestApplyQuiesceCommands(t *testing.T) {
 			ResumedFrom string `json:"resumed_from"`
 		} `json:"quiesce"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || r.code != cli.ExitOK || out.Outcome != "applied" ||
+	if err := json.Unmarshal([]byte(r.Stdout), &out); err != nil || r.Code != cli.ExitOK || out.Outcome != "applied" ||
 		!out.Quiesce.Restored || !out.Quiesce.Applied || out.Quiesce.ResumedFrom != "paused" {
-		t.Fatalf("resume: exit %d (%v) %+v\n%s%s", r.code, err, out, r.stdout, r.stderr)
+		t.Fatalf("resume: exit %d (%v) %+v\n%s%s", r.Code, err, out, r.Stdout, r.Stderr)
 	}
 	if got := recordedValues(t, db); got != before {
 		t.Fatalf("resume gave %s, want %s", got, before)
@@ -129,15 +130,15 @@ func TestApplyQuiesceCommands(t *testing.T) {
 func TestApplyOnlineQuiesce(t *testing.T) {
 	db := quiesceDB(t)
 	before := recordedValues(t, db)
-	r := run(t, nil, "--dsn", db.DSN, "apply", "--online", "--quiesce", "--yes")
-	if r.code != cli.ExitOK || !strings.Contains(r.stdout, "quiesce:") || !strings.Contains(r.stdout, "restored true") {
-		t.Fatalf("apply --online --quiesce: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--online", "--quiesce", "--yes")
+	if r.Code != cli.ExitOK || !strings.Contains(r.Stdout, "quiesce:") || !strings.Contains(r.Stdout, "restored true") {
+		t.Fatalf("apply --online --quiesce: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	if got := recordedValues(t, db); got != before {
 		t.Fatalf("after apply --online --quiesce: %s, want %s", got, before)
 	}
-	if r := run(t, nil, "--dsn", db.DSN, "status"); r.code != cli.ExitOK || !strings.Contains(r.stdout, "upgraded") {
-		t.Fatalf("status: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "status"); r.Code != cli.ExitOK || !strings.Contains(r.Stdout, "upgraded") {
+		t.Fatalf("status: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 }
 
@@ -155,16 +156,16 @@ func TestApplyOnlineResumeQuiesce(t *testing.T) {
 	if _, err := quiesce.Pause(ctx, conn, quiesce.ModeOnline); err != nil {
 		t.Fatal(err)
 	}
-	if r := run(t, nil, "--dsn", db.DSN, "status"); r.code != cli.ExitFindings || !strings.Contains(r.stdout, "pgflow-upgrade apply --online --resume-quiesce --yes") {
-		t.Fatalf("status: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "status"); r.Code != cli.ExitFindings || !strings.Contains(r.Stdout, "pgflow-upgrade apply --online --resume-quiesce --yes") {
+		t.Fatalf("status: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
-	if r := run(t, nil, "--dsn", db.DSN, "apply", "--online", "--resume-quiesce", "--yes"); r.code != cli.ExitOK || !strings.Contains(r.stdout, "restored true") {
-		t.Fatalf("apply --online --resume-quiesce: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--online", "--resume-quiesce", "--yes"); r.Code != cli.ExitOK || !strings.Contains(r.Stdout, "restored true") {
+		t.Fatalf("apply --online --resume-quiesce: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	if got := recordedValues(t, db); got != before {
 		t.Fatalf("after the online resume: %s, want %s", got, before)
 	}
-	if r := run(t, nil, "--dsn", db.DSN, "status"); r.code != cli.ExitOK || !strings.Contains(r.stdout, "upgraded") || strings.Contains(r.stdout, "quiesce") {
-		t.Fatalf("status after: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "status"); r.Code != cli.ExitOK || !strings.Contains(r.Stdout, "upgraded") || strings.Contains(r.Stdout, "quiesce") {
+		t.Fatalf("status after: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 }

@@ -1,7 +1,6 @@
 package cli_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -10,18 +9,15 @@ import (
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
 // runWith runs the tool in-process with stdin and the interactive flag.
-func runWith(t *testing.T, interactive bool, stdin string, args ...string) result {
+func runWith(t *testing.T, interactive bool, stdin string, args ...string) clitest.Result {
 	t.Helper()
-	var out, errOut bytes.Buffer
-	app := &cli.App{Stdout: &out, Stderr: &errOut, Stdin: strings.NewReader(stdin), Interactive: interactive,
-		Getenv: func(string) string { return "" }}
-	code := app.Run(context.Background(), append([]string{"pgflow-upgrade"}, args...))
-	return result{code, out.String(), errOut.String()}
+	return clitest.RunApp(&cli.App{Stdin: strings.NewReader(stdin), Interactive: interactive, Getenv: func(string) string { return "" }}, args...)
 }
 
 func TestApplyCommand(t *testing.T) {
@@ -30,13 +26,13 @@ func TestApplyCommand(t *testing.T) {
 
 	// Not on a terminal and no --yes: a usage error, nothing done.
 	r := runWith(t, false, "", "--dsn", db.DSN, "apply")
-	if r.code != cli.ExitUsage || !strings.Contains(r.stderr, "--yes") {
-		t.Fatalf("apply without --yes: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r.Code != cli.ExitUsage || !strings.Contains(r.Stderr, "--yes") {
+		t.Fatalf("apply without --yes: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	// On a terminal, anything but "yes" declines.
 	r = runWith(t, true, "no\n", "--dsn", db.DSN, "apply")
-	if r.code != cli.ExitFindings || !strings.Contains(r.stderr, "Type yes") || !strings.Contains(r.stderr, "not confirmed") {
-		t.Fatalf("declined apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r.Code != cli.ExitFindings || !strings.Contains(r.Stderr, "Type yes") || !strings.Contains(r.Stderr, "not confirmed") {
+		t.Fatalf("declined apply: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	var cols int
 	if err := db.Pool.QueryRow(ctx, `select count(*) from pg_attribute where attrelid = 'pgflow.step_tasks'::regclass and attname = 'queue_name'`).Scan(&cols); err != nil || cols != 0 {
@@ -45,19 +41,19 @@ func TestApplyCommand(t *testing.T) {
 
 	// Confirmed on a terminal: applies, with progress on stderr.
 	r = runWith(t, true, "yes\n", "--dsn", db.DSN, "apply")
-	if r.code != cli.ExitOK || !strings.Contains(r.stdout, "applied") {
-		t.Fatalf("apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r.Code != cli.ExitOK || !strings.Contains(r.Stdout, "applied") {
+		t.Fatalf("apply: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	// It reports the version now found and the next step, not the stale
 	// "0.16.0 / ready: run audit, then apply" it found before.
-	if !strings.Contains(r.stdout, "pgflow version: was 0.16.0, now 0.17.0\n") ||
-		!strings.Contains(r.stdout, "next step: run `pgflow-upgrade verify`, then deploy the 0.17 workers") ||
-		strings.Contains(r.stdout, "pgflow version: pgflow 0.16.0") || strings.Contains(r.stdout, "ready:") {
-		t.Fatalf("apply's version lines:\n%s", r.stdout)
+	if !strings.Contains(r.Stdout, "pgflow version: was 0.16.0, now 0.17.0\n") ||
+		!strings.Contains(r.Stdout, "next step: run `pgflow-upgrade verify`, then deploy the 0.17 workers") ||
+		strings.Contains(r.Stdout, "pgflow version: pgflow 0.16.0") || strings.Contains(r.Stdout, "ready:") {
+		t.Fatalf("apply's version lines:\n%s", r.Stdout)
 	}
 	for _, want := range []string{"table_locks", "preflight", "[1/", "commit done"} {
-		if !strings.Contains(r.stderr, want) {
-			t.Errorf("progress lacks %q:\n%s", want, r.stderr)
+		if !strings.Contains(r.Stderr, want) {
+			t.Errorf("progress lacks %q:\n%s", want, r.Stderr)
 		}
 	}
 	var nulls int
@@ -72,21 +68,21 @@ func TestApplyCommand(t *testing.T) {
 		Message  string `json:"message"`
 		ExitCode int    `json:"exit_code"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
-		t.Fatalf("json: %v\n%s", err, r.stdout)
+	if err := json.Unmarshal([]byte(r.Stdout), &out); err != nil {
+		t.Fatalf("json: %v\n%s", err, r.Stdout)
 	}
-	if r.code != cli.ExitOK || out.Outcome != "already_applied" || !strings.Contains(out.Message, "already upgraded") {
-		t.Fatalf("rerun: exit %d %+v\n%s", r.code, out, r.stderr)
+	if r.Code != cli.ExitOK || out.Outcome != "already_applied" || !strings.Contains(out.Message, "already upgraded") {
+		t.Fatalf("rerun: exit %d %+v\n%s", r.Code, out, r.Stderr)
 	}
 
 	// status and verify agree.
 	r = runWith(t, false, "", "--dsn", db.DSN, "status")
-	if r.code != cli.ExitOK || !strings.Contains(r.stdout, "schema state: upgraded") || !strings.Contains(r.stdout, "pending: none") {
-		t.Fatalf("status: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r.Code != cli.ExitOK || !strings.Contains(r.Stdout, "schema state: upgraded") || !strings.Contains(r.Stdout, "pending: none") {
+		t.Fatalf("status: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	r = runWith(t, false, "", "--dsn", db.DSN, "verify")
-	if r.code != cli.ExitOK || !strings.Contains(r.stdout, "0 of ") {
-		t.Fatalf("verify: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r.Code != cli.ExitOK || !strings.Contains(r.Stdout, "0 of ") {
+		t.Fatalf("verify: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 }
 
@@ -96,13 +92,13 @@ func TestApplyCommandBlockerAndDryRun(t *testing.T) {
 
 	// Dry run: reports statements, steps and the lock window; changes nothing.
 	r := runWith(t, false, "", "--dsn", db.DSN, "apply", "--yes", "--dry-run")
-	if r.code != cli.ExitOK || !strings.Contains(r.stdout, "dry_run") || !strings.Contains(r.stdout, "lock window") ||
-		!strings.Contains(r.stdout, "what would change") {
-		t.Fatalf("dry run: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r.Code != cli.ExitOK || !strings.Contains(r.Stdout, "dry_run") || !strings.Contains(r.Stdout, "lock window") ||
+		!strings.Contains(r.Stdout, "what would change") {
+		t.Fatalf("dry run: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	r = runWith(t, false, "", "--dsn", db.DSN, "status")
-	if !strings.Contains(r.stdout, "schema state: baseline") {
-		t.Fatalf("after dry run: %s", r.stdout)
+	if !strings.Contains(r.Stdout, "schema state: baseline") {
+		t.Fatalf("after dry run: %s", r.Stdout)
 	}
 
 	// A blocker: refused, the findings printed, exit 1.
@@ -110,12 +106,12 @@ func TestApplyCommandBlockerAndDryRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	r = runWith(t, false, "", "--dsn", db.DSN, "apply", "--yes")
-	if r.code != cli.ExitFindings || !strings.Contains(r.stdout, "blockers") || !strings.Contains(r.stdout, "Foo") {
-		t.Fatalf("apply with case aliases: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r.Code != cli.ExitFindings || !strings.Contains(r.Stdout, "blockers") || !strings.Contains(r.Stdout, "Foo") {
+		t.Fatalf("apply with case aliases: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	r = runWith(t, false, "", "--dsn", db.DSN, "verify")
-	if r.code != cli.ExitFindings || !strings.Contains(r.stdout, "FAIL") {
-		t.Fatalf("verify on the baseline: exit %d\n%s", r.code, r.stdout)
+	if r.Code != cli.ExitFindings || !strings.Contains(r.Stdout, "FAIL") {
+		t.Fatalf("verify on the baseline: exit %d\n%s", r.Code, r.Stdout)
 	}
 }
 
@@ -126,14 +122,14 @@ func TestApplyCommandUsage(t *testing.T) {
 		{"apply", "--yes", "--lock-retries", "x"},
 	} {
 		r := runWith(t, false, "", append([]string{"--dsn", "postgres://nobody@127.0.0.1:1/x"}, args...)...)
-		if r.code != cli.ExitUsage {
-			t.Errorf("%v: exit %d, want 2 (%s)", args, r.code, r.stderr)
+		if r.Code != cli.ExitUsage {
+			t.Errorf("%v: exit %d, want 2 (%s)", args, r.Code, r.Stderr)
 		}
 	}
 	// Unreachable server: connection error.
 	r := runWith(t, false, "", "--dsn", "postgres://nobody@127.0.0.1:1/x?connect_timeout=2", "status")
-	if r.code != cli.ExitEnvironment {
-		t.Errorf("status on an unreachable server: exit %d (%s)", r.code, r.stderr)
+	if r.Code != cli.ExitEnvironment {
+		t.Errorf("status on an unreachable server: exit %d (%s)", r.Code, r.Stderr)
 	}
 }
 
@@ -148,12 +144,12 @@ func TestApplyCommandRecordsSupabase(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := runWith(t, false, "", "--dsn", db.DSN, "apply", "--yes", "--dry-run")
-	if r.code != cli.ExitOK || !strings.Contains(r.stdout, upgrade.SupabaseRepairCommand) {
-		t.Fatalf("apply without --supabase-dir must print the repair command: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r.Code != cli.ExitOK || !strings.Contains(r.Stdout, upgrade.SupabaseRepairCommand) {
+		t.Fatalf("apply without --supabase-dir must print the repair command: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	r = runWith(t, false, "", "--dsn", db.DSN, "apply", "--yes", "--supabase-dir", dir)
-	if r.code != cli.ExitOK || !strings.Contains(r.stdout, "supabase: recorded "+upgrade.UpstreamVersion) {
-		t.Fatalf("apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r.Code != cli.ExitOK || !strings.Contains(r.Stdout, "supabase: recorded "+upgrade.UpstreamVersion) {
+		t.Fatalf("apply: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	var name string
 	if err := db.Pool.QueryRow(ctx, `select name from supabase_migrations.schema_migrations where version = $1`, upgrade.UpstreamVersion).Scan(&name); err != nil {
@@ -169,12 +165,12 @@ func TestApplyCommandRecordsSupabase(t *testing.T) {
 func TestApplyProgressOffTerminal(t *testing.T) {
 	db := testdb.Inflight(t, 3)
 	r := runWith(t, false, "", "apply", "--dsn", db.DSN, "--yes")
-	if r.code != cli.ExitOK {
-		t.Fatalf("apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r.Code != cli.ExitOK {
+		t.Fatalf("apply: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	for _, want := range []string{"- ", "done in", "    ["} {
-		if !strings.Contains(r.stderr, want) {
-			t.Errorf("no progress %q on stderr off a terminal:\n%s", want, r.stderr)
+		if !strings.Contains(r.Stderr, want) {
+			t.Errorf("no progress %q on stderr off a terminal:\n%s", want, r.Stderr)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/forecast"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -50,18 +51,18 @@ type forecastDoc struct {
 
 func auditForecast(t *testing.T, dsn string, args ...string) (forecastDoc, string) {
 	t.Helper()
-	r := run(t, nil, append([]string{"--dsn", dsn, "--format", "json", "audit"}, args...)...)
-	if r.code != cli.ExitOK {
-		t.Fatalf("audit %v: exit %d\n%s%s", args, r.code, r.stdout, r.stderr)
+	r := clitest.Run(t, nil, append([]string{"--dsn", dsn, "--format", "json", "audit"}, args...)...)
+	if r.Code != cli.ExitOK {
+		t.Fatalf("audit %v: exit %d\n%s%s", args, r.Code, r.Stdout, r.Stderr)
 	}
 	var doc forecastDoc
-	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil {
-		t.Fatalf("json: %v\n%s", err, r.stdout)
+	if err := json.Unmarshal([]byte(r.Stdout), &doc); err != nil {
+		t.Fatalf("json: %v\n%s", err, r.Stdout)
 	}
 	if doc.Forecast == nil {
-		t.Fatalf("no forecast in the JSON:\n%s", r.stdout)
+		t.Fatalf("no forecast in the JSON:\n%s", r.Stdout)
 	}
-	return doc, r.stderr
+	return doc, r.Stderr
 }
 
 // knownStats gives pgflow's tables statistics the test knows: 2,000,000
@@ -134,15 +135,15 @@ func TestAuditForecastFromCalibrationFile(t *testing.T) {
 	}
 
 	// The table states the estimate and its basis.
-	r := run(t, nil, "--dsn", db.DSN, "audit", "--calibration", path)
-	if !strings.Contains(r.stdout, "forecast: apply holds its locks about 20.1s, apply --online takes about 50.5s; use --online\n") {
-		t.Errorf("the short output lacks the forecast's line:\n%s", r.stdout)
+	r := clitest.Run(t, nil, "--dsn", db.DSN, "audit", "--calibration", path)
+	if !strings.Contains(r.Stdout, "forecast: apply holds its locks about 20.1s, apply --online takes about 50.5s; use --online\n") {
+		t.Errorf("the short output lacks the forecast's line:\n%s", r.Stdout)
 	}
-	r = run(t, nil, "--dsn", db.DSN, "audit", "--verbose", "--calibration", path)
+	r = clitest.Run(t, nil, "--dsn", db.DSN, "audit", "--verbose", "--calibration", path)
 	for _, want := range []string{"pgflow.step_tasks about 2000000 rows", "basis: calibration file " + path, "measured 2026-12-01T10:00:00Z",
 		"locks held about 20.1s", "apply --online: about 50.5s", "recommendation: use apply --online"} {
-		if !strings.Contains(r.stdout, want) {
-			t.Errorf("table lacks %q:\n%s", want, r.stdout)
+		if !strings.Contains(r.Stdout, want) {
+			t.Errorf("table lacks %q:\n%s", want, r.Stdout)
 		}
 	}
 }
@@ -191,9 +192,9 @@ func TestAuditForecastBadCalibrationIsUsage(t *testing.T) {
 		{[]string{"--online-threshold", "0s"}, "--online-threshold"},
 	}
 	for _, c := range cases {
-		r := run(t, nil, append([]string{"--dsn", "postgres://nobody@127.0.0.1:1/x", "audit"}, c.args...)...)
-		if r.code != cli.ExitUsage || !strings.Contains(r.stderr, c.want) {
-			t.Errorf("audit %v: exit %d, stderr %q: want %d and %q", c.args, r.code, r.stderr, cli.ExitUsage, c.want)
+		r := clitest.Run(t, nil, append([]string{"--dsn", "postgres://nobody@127.0.0.1:1/x", "audit"}, c.args...)...)
+		if r.Code != cli.ExitUsage || !strings.Contains(r.Stderr, c.want) {
+			t.Errorf("audit %v: exit %d, stderr %q: want %d and %q", c.args, r.Code, r.Stderr, cli.ExitUsage, c.want)
 		}
 	}
 }

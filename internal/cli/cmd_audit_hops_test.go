@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/forecast"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
@@ -32,12 +33,12 @@ func TestAuditForecastPerHop(t *testing.T) {
 			db.Exec(t, `analyze pgflow.worker_functions`)
 			env := map[string]string{"PGFLOW_UPGRADE_DSN": db.DSN}
 
-			r := run(t, env, "audit", "--format", "json")
+			r := clitest.Run(t, env, "audit", "--format", "json")
 			var rep struct {
 				Forecast forecast.Forecast `json:"forecast"`
 			}
-			if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || r.code == cli.ExitUsage {
-				t.Fatalf("audit --format json: exit %d, %v\n%s%s", r.code, err, r.stdout, r.stderr)
+			if err := json.Unmarshal([]byte(r.Stdout), &rep); err != nil || r.Code == cli.ExitUsage {
+				t.Fatalf("audit --format json: exit %d, %v\n%s%s", r.Code, err, r.Stdout, r.Stderr)
 			}
 			hops := rep.Forecast.Hops
 			if len(hops) != c.hops || !strings.HasSuffix(hops[len(hops)-1].Hop, "-> "+versions.Newest) {
@@ -53,13 +54,13 @@ func TestAuditForecastPerHop(t *testing.T) {
 				}
 			}
 
-			r = run(t, env, "audit")
-			if !strings.Contains(r.stdout, c.line) || !strings.Contains(r.stdout, "forecast per hop: ") {
-				t.Errorf("audit: want %q and the per-hop line\n%s", c.line, r.stdout)
+			r = clitest.Run(t, env, "audit")
+			if !strings.Contains(r.Stdout, c.line) || !strings.Contains(r.Stdout, "forecast per hop: ") {
+				t.Errorf("audit: want %q and the per-hop line\n%s", c.line, r.Stdout)
 			}
-			r = run(t, env, "audit", "--verbose")
-			if txt := cellText(r.stdout); !strings.Contains(txt, "per hop (") || !strings.Contains(txt, hops[0].Hop) {
-				t.Errorf("audit --verbose lists no hop\n%s", r.stdout)
+			r = clitest.Run(t, env, "audit", "--verbose")
+			if txt := cellText(r.Stdout); !strings.Contains(txt, "per hop (") || !strings.Contains(txt, hops[0].Hop) {
+				t.Errorf("audit --verbose lists no hop\n%s", r.Stdout)
 			}
 		})
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -61,11 +62,11 @@ type auditDoc struct {
 
 func TestAuditCleanDatabaseExitsZero(t *testing.T) {
 	db := auditDB(t)
-	r := run(t, map[string]string{"PGFLOW_UPGRADE_DSN": db.DSN}, "audit")
-	if r.code != cli.ExitOK {
-		t.Fatalf("exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	r := clitest.Run(t, map[string]string{"PGFLOW_UPGRADE_DSN": db.DSN}, "audit")
+	if r.Code != cli.ExitOK {
+		t.Fatalf("exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
-	lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
+	lines := strings.Split(strings.TrimRight(r.Stdout, "\n"), "\n")
 	// The one warning is the real pgmq's: pg_dump leaves out the queue
 	// tables an extension owns. The stand-in's are ordinary tables.
 	verdict, wants := "GO: 0 blockers, 0 warnings, 0 cannot tell (exit 0)", []string{"schema state baseline", "pgmq.installed"}
@@ -79,7 +80,7 @@ func TestAuditCleanDatabaseExitsZero(t *testing.T) {
 	// A clean audit of a small real 0.16.0 database: about 30 lines of at
 	// most 100 columns.
 	if len(lines) > 30 {
-		t.Errorf("a clean audit prints %d lines:\n%s", len(lines), r.stdout)
+		t.Errorf("a clean audit prints %d lines:\n%s", len(lines), r.Stdout)
 	}
 	for _, l := range lines {
 		if runewidth.StringWidth(l) > 100 {
@@ -87,23 +88,23 @@ func TestAuditCleanDatabaseExitsZero(t *testing.T) {
 		}
 	}
 	for _, want := range wants {
-		if !strings.Contains(r.stdout, want) {
-			t.Errorf("table output lacks %q:\n%s", want, r.stdout)
+		if !strings.Contains(r.Stdout, want) {
+			t.Errorf("table output lacks %q:\n%s", want, r.Stdout)
 		}
 	}
 	// The details are under --verbose: the tables of findings and of checks.
 	for _, not := range []string{"SEVERITY", "DURATION", "│ sessions.long_transactions", "run `pgflow-upgrade audit`"} {
-		if strings.Contains(r.stdout, not) {
-			t.Errorf("the short output has %q:\n%s", not, r.stdout)
+		if strings.Contains(r.Stdout, not) {
+			t.Errorf("the short output has %q:\n%s", not, r.Stdout)
 		}
 	}
-	v := run(t, map[string]string{"PGFLOW_UPGRADE_DSN": db.DSN}, "audit", "--verbose")
-	if v.code != cli.ExitOK || !strings.HasPrefix(v.stdout, lines[0][:len("GO: ")]) {
-		t.Fatalf("--verbose: exit %d\n%s", v.code, v.stdout)
+	v := clitest.Run(t, map[string]string{"PGFLOW_UPGRADE_DSN": db.DSN}, "audit", "--verbose")
+	if v.Code != cli.ExitOK || !strings.HasPrefix(v.Stdout, lines[0][:len("GO: ")]) {
+		t.Fatalf("--verbose: exit %d\n%s", v.Code, v.Stdout)
 	}
 	for _, want := range []string{"SEVERITY", "│ sessions.long_transactions", "(samples)", "forecast: pgflow.step_tasks about", "exit 0"} {
-		if !strings.Contains(v.stdout, want) {
-			t.Errorf("--verbose lacks %q:\n%s", want, v.stdout)
+		if !strings.Contains(v.Stdout, want) {
+			t.Errorf("--verbose lacks %q:\n%s", want, v.Stdout)
 		}
 	}
 }
@@ -114,13 +115,13 @@ func TestAuditBlockersExitOneWithJSON(t *testing.T) {
 	if _, err := db.Pool.Exec(context.Background(), `select pgflow.add_step('f', 'b__c')`); err != nil {
 		t.Fatal(err)
 	}
-	r := run(t, nil, "--dsn", db.DSN, "--format", "json", "audit", "--sample", "1")
-	if r.code != cli.ExitFindings {
-		t.Fatalf("exit %d, want %d\n%s%s", r.code, cli.ExitFindings, r.stdout, r.stderr)
+	r := clitest.Run(t, nil, "--dsn", db.DSN, "--format", "json", "audit", "--sample", "1")
+	if r.Code != cli.ExitFindings {
+		t.Fatalf("exit %d, want %d\n%s%s", r.Code, cli.ExitFindings, r.Stdout, r.Stderr)
 	}
 	var doc auditDoc
-	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil {
-		t.Fatalf("json: %v\n%s", err, r.stdout)
+	if err := json.Unmarshal([]byte(r.Stdout), &doc); err != nil {
+		t.Fatalf("json: %v\n%s", err, r.Stdout)
 	}
 	if doc.Summary.Blockers != 1 || doc.Summary.ExitCode != 1 || doc.Schema.State != "baseline" || !doc.PGMQ.Installed || doc.ServerVersion == "" {
 		t.Fatalf("document: %+v", doc)
@@ -147,42 +148,42 @@ func TestAuditBlockersExitOneWithJSON(t *testing.T) {
 	}
 	// Table form: the verdict, then the blocker in full with its remedy and
 	// samples, then one line per informational finding.
-	r = run(t, nil, "--dsn", db.DSN, "audit", "--check", "slugs.strict_rule", "--check", "schema.state")
-	if r.code != cli.ExitFindings || !strings.HasPrefix(r.stdout, "NO-GO: 1 blocker, 0 warnings, 0 cannot tell (exit 1)\n") ||
-		!strings.Contains(cellText(r.stdout), "pgflow.delete_flow_and_data") || !strings.Contains(r.stdout, "  e.g. ") || !strings.Contains(r.stdout, "step_slug=b__c") {
-		t.Fatalf("exit %d\n%s", r.code, r.stdout)
+	r = clitest.Run(t, nil, "--dsn", db.DSN, "audit", "--check", "slugs.strict_rule", "--check", "schema.state")
+	if r.Code != cli.ExitFindings || !strings.HasPrefix(r.Stdout, "NO-GO: 1 blocker, 0 warnings, 0 cannot tell (exit 1)\n") ||
+		!strings.Contains(cellText(r.Stdout), "pgflow.delete_flow_and_data") || !strings.Contains(r.Stdout, "  e.g. ") || !strings.Contains(r.Stdout, "step_slug=b__c") {
+		t.Fatalf("exit %d\n%s", r.Code, r.Stdout)
 	}
-	if b, i := strings.Index(r.stdout, "BLOCKER slugs.strict_rule"), strings.Index(r.stdout, "  schema.state: "); b < 0 || i < 0 || b > i {
-		t.Fatalf("blockers are not listed before info:\n%s", r.stdout)
+	if b, i := strings.Index(r.Stdout, "BLOCKER slugs.strict_rule"), strings.Index(r.Stdout, "  schema.state: "); b < 0 || i < 0 || b > i {
+		t.Fatalf("blockers are not listed before info:\n%s", r.Stdout)
 	}
-	if strings.Contains(r.stdout, "run `pgflow-upgrade audit`") {
-		t.Fatalf("the audit tells the user to run the audit:\n%s", r.stdout)
+	if strings.Contains(r.Stdout, "run `pgflow-upgrade audit`") {
+		t.Fatalf("the audit tells the user to run the audit:\n%s", r.Stdout)
 	}
-	r = run(t, nil, "--dsn", db.DSN, "audit", "--verbose", "--check", "slugs.strict_rule", "--check", "schema.state")
-	if b, i := strings.Index(r.stdout, "│ blocker"), strings.Index(r.stdout, "│ info"); b < 0 || i < 0 || b > i || !strings.Contains(r.stdout, "(samples)") {
-		t.Fatalf("--verbose: blockers are not listed before info:\n%s", r.stdout)
+	r = clitest.Run(t, nil, "--dsn", db.DSN, "audit", "--verbose", "--check", "slugs.strict_rule", "--check", "schema.state")
+	if b, i := strings.Index(r.Stdout, "│ blocker"), strings.Index(r.Stdout, "│ info"); b < 0 || i < 0 || b > i || !strings.Contains(r.Stdout, "(samples)") {
+		t.Fatalf("--verbose: blockers are not listed before info:\n%s", r.Stdout)
 	}
 }
 
 func TestAuditUnknownCheckIsAUsageError(t *testing.T) {
-	r := run(t, nil, "--dsn", "postgres://nobody@127.0.0.1:1/x", "audit", "--check", "no.such.check")
-	if r.code != cli.ExitUsage || !strings.Contains(r.stderr, "tasks.duplicate_message_id") {
-		t.Fatalf("exit %d, stderr %q: want %d listing the known ids", r.code, r.stderr, cli.ExitUsage)
+	r := clitest.Run(t, nil, "--dsn", "postgres://nobody@127.0.0.1:1/x", "audit", "--check", "no.such.check")
+	if r.Code != cli.ExitUsage || !strings.Contains(r.Stderr, "tasks.duplicate_message_id") {
+		t.Fatalf("exit %d, stderr %q: want %d listing the known ids", r.Code, r.Stderr, cli.ExitUsage)
 	}
-	if r := run(t, nil, "audit"); r.code != cli.ExitUsage {
-		t.Fatalf("no DSN: exit %d", r.code)
+	if r := clitest.Run(t, nil, "audit"); r.Code != cli.ExitUsage {
+		t.Fatalf("no DSN: exit %d", r.Code)
 	}
 }
 
 func TestAuditInconclusiveUnderLockExitsFour(t *testing.T) {
 	db := auditDB(t)
 	db.HoldLock(t, `lock table pgflow.step_tasks in access exclusive mode`)
-	r := run(t, nil, "--dsn", db.DSN, "--format", "json", "audit", "--lock-timeout", "200ms")
-	if r.code != cli.ExitInconclusive {
-		t.Fatalf("exit %d, want %d\n%s%s", r.code, cli.ExitInconclusive, r.stdout, r.stderr)
+	r := clitest.Run(t, nil, "--dsn", db.DSN, "--format", "json", "audit", "--lock-timeout", "200ms")
+	if r.Code != cli.ExitInconclusive {
+		t.Fatalf("exit %d, want %d\n%s%s", r.Code, cli.ExitInconclusive, r.Stdout, r.Stderr)
 	}
 	var doc auditDoc
-	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil {
+	if err := json.Unmarshal([]byte(r.Stdout), &doc); err != nil {
 		t.Fatal(err)
 	}
 	statuses := map[string]string{}
@@ -213,21 +214,21 @@ func TestAuditNeverPrintsThePassword(t *testing.T) {
 		{"--dsn", good, "audit", "--check", "pgmq.installed", "--check", "sessions.long_transactions"},
 		{"--dsn", bad, "audit"},
 	} {
-		r := run(t, nil, args...)
-		if strings.Contains(r.stdout+r.stderr, password) {
-			t.Fatalf("%v printed the password:\n%s%s", args[2:], r.stdout, r.stderr)
+		r := clitest.Run(t, nil, args...)
+		if strings.Contains(r.Stdout+r.Stderr, password) {
+			t.Fatalf("%v printed the password:\n%s%s", args[2:], r.Stdout, r.Stderr)
 		}
 		if args[1] == bad {
-			if r.code != cli.ExitEnvironment {
-				t.Fatalf("bad database: exit %d, want %d: %s", r.code, cli.ExitEnvironment, r.stderr)
+			if r.Code != cli.ExitEnvironment {
+				t.Fatalf("bad database: exit %d, want %d: %s", r.Code, cli.ExitEnvironment, r.Stderr)
 			}
-		} else if r.code != cli.ExitOK {
-			t.Fatalf("%v as a read-only role: exit %d\n%s%s", args[2:], r.code, r.stdout, r.stderr)
+		} else if r.Code != cli.ExitOK {
+			t.Fatalf("%v as a read-only role: exit %d\n%s%s", args[2:], r.Code, r.Stdout, r.Stderr)
 		}
 	}
 	// Through the environment too.
-	r := run(t, map[string]string{"DATABASE_URL": good}, "--format", "json", "audit")
-	if r.code != cli.ExitOK || strings.Contains(r.stdout+r.stderr, password) || !strings.Contains(r.stdout, role) {
-		t.Fatalf("DATABASE_URL: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	r := clitest.Run(t, map[string]string{"DATABASE_URL": good}, "--format", "json", "audit")
+	if r.Code != cli.ExitOK || strings.Contains(r.Stdout+r.Stderr, password) || !strings.Contains(r.Stdout, role) {
+		t.Fatalf("DATABASE_URL: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -29,19 +30,19 @@ func TestLongRehearsalWithPGMQHop(t *testing.T) {
 	}
 	dir := t.TempDir()
 	file := filepath.Join(dir, "prod.capture.gz")
-	if r := run(t, map[string]string{}, "--dsn", db.DSN, "fixtures", "capture", "--out", file); r.code != 0 {
-		t.Fatalf("capture: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, map[string]string{}, "--dsn", db.DSN, "fixtures", "capture", "--out", file); r.Code != 0 {
+		t.Fatalf("capture: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
-	if r := run(t, replayEnv(t), "fixtures", "replay", "--pgmq", "1.13.1", "clean-upgrade"); r.code != cli.ExitUsage {
-		t.Fatalf("--pgmq without --from: exit %d\n%s", r.code, r.stderr)
+	if r := clitest.Run(t, replayEnv(t), "fixtures", "replay", "--pgmq", "1.13.1", "clean-upgrade"); r.Code != cli.ExitUsage {
+		t.Fatalf("--pgmq without --from: exit %d\n%s", r.Code, r.Stderr)
 	}
 	junit := filepath.Join(dir, "junit.xml")
-	r := run(t, replayEnv(t), "fixtures", "replay", "--from", file, "--pgmq", testdb.PGMQNewest, "--junit", junit)
-	if r.code != cli.ExitOK {
-		t.Fatalf("replay --pgmq: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	r := clitest.Run(t, replayEnv(t), "fixtures", "replay", "--from", file, "--pgmq", testdb.PGMQNewest, "--junit", junit)
+	if r.Code != cli.ExitOK {
+		t.Fatalf("replay --pgmq: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
-	if !strings.Contains(cellText(r.stdout), "pgmq 1.5.1 → "+testdb.PGMQNewest+" in the same transaction: 1 queue(s), 1 pgmq.meta name(s) made to match") {
-		t.Errorf("the rehearsal does not say the pgmq hop ran:\n%s", r.stdout)
+	if !strings.Contains(cellText(r.Stdout), "pgmq 1.5.1 → "+testdb.PGMQNewest+" in the same transaction: 1 queue(s), 1 pgmq.meta name(s) made to match") {
+		t.Errorf("the rehearsal does not say the pgmq hop ran:\n%s", r.Stdout)
 	}
 	found := false
 	for _, c := range readJUnit(t, junit).Suites[0].Cases {
@@ -53,6 +54,6 @@ func TestLongRehearsalWithPGMQHop(t *testing.T) {
 		}
 	}
 	if !found {
-		t.Fatalf("no lock_window_ms property:\n%s", r.stdout)
+		t.Fatalf("no lock_window_ms property:\n%s", r.Stdout)
 	}
 }

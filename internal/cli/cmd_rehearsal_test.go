@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/forecast"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
@@ -62,18 +63,18 @@ func TestRehearsalBudgetsAndCalibration(t *testing.T) {
 	}
 	dir := t.TempDir()
 	file := filepath.Join(dir, "prod.capture.gz")
-	r := run(t, map[string]string{}, "--format", "json", "--dsn", db.DSN, "fixtures", "capture", "--out", file, "--include-schema", "app")
-	if r.code != 0 || !strings.Contains(r.stdout, `"app"`) {
-		t.Fatalf("capture: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	r := clitest.Run(t, map[string]string{}, "--format", "json", "--dsn", db.DSN, "fixtures", "capture", "--out", file, "--include-schema", "app")
+	if r.Code != 0 || !strings.Contains(r.Stdout, `"app"`) {
+		t.Fatalf("capture: exit %d\n%s\n%s", r.Code, r.Stdout, r.Stderr)
 	}
-	r = run(t, map[string]string{}, "--dsn", db.DSN, "fixtures", "capture", "--out", filepath.Join(dir, "x.gz"), "--include-schema", "nope")
-	if r.code != 1 || !strings.Contains(r.stderr, "no such schema") {
-		t.Fatalf("capture of a missing schema: exit %d\n%s", r.code, r.stderr)
+	r = clitest.Run(t, map[string]string{}, "--dsn", db.DSN, "fixtures", "capture", "--out", filepath.Join(dir, "x.gz"), "--include-schema", "nope")
+	if r.Code != 1 || !strings.Contains(r.Stderr, "no such schema") {
+		t.Fatalf("capture of a missing schema: exit %d\n%s", r.Code, r.Stderr)
 	}
 
 	junit := filepath.Join(dir, "junit.xml")
 	calib := filepath.Join(dir, "calibration.json")
-	r = run(t, replayEnv(t), "--format", "json", "fixtures", "replay", "--from", file, "--junit", junit,
+	r = clitest.Run(t, replayEnv(t), "--format", "json", "fixtures", "replay", "--from", file, "--junit", junit,
 		"--max-lock-window", "1h", "--max-wait", "1h", "--calibration-out", calib)
 	var rep struct {
 		Failed    int `json:"failed"`
@@ -84,8 +85,8 @@ func TestRehearsalBudgetsAndCalibration(t *testing.T) {
 			StepTasks           int64   `json:"step_tasks"`
 		} `json:"rehearsal"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || r.code != 0 || rep.Failed != 0 {
-		t.Fatalf("replay with generous budgets: exit %d, %v\n%s\n%s", r.code, err, r.stdout, r.stderr)
+	if err := json.Unmarshal([]byte(r.Stdout), &rep); err != nil || r.Code != 0 || rep.Failed != 0 {
+		t.Fatalf("replay with generous budgets: exit %d, %v\n%s\n%s", r.Code, err, r.Stdout, r.Stderr)
 	}
 	if rep.Rehearsal.MaxLockWindowMS != 3600000 || rep.Rehearsal.OnlineLongestWaitMS <= 0 || rep.Rehearsal.StepTasks <= 0 {
 		t.Errorf("rehearsal figures: %+v", rep.Rehearsal)
@@ -113,17 +114,17 @@ func TestRehearsalBudgetsAndCalibration(t *testing.T) {
 		t.Errorf("calibration %+v", cal)
 	}
 
-	r = run(t, replayEnv(t), "fixtures", "replay", "--from", file, "--junit", junit, "--max-lock-window", "1ns", "capture-upgrade-survives")
-	if r.code != 1 || !strings.Contains(r.stdout, "EXCEEDED") {
-		t.Fatalf("replay with a 1ns lock window budget: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	r = clitest.Run(t, replayEnv(t), "fixtures", "replay", "--from", file, "--junit", junit, "--max-lock-window", "1ns", "capture-upgrade-survives")
+	if r.Code != 1 || !strings.Contains(r.Stdout, "EXCEEDED") {
+		t.Fatalf("replay with a 1ns lock window budget: exit %d\n%s\n%s", r.Code, r.Stdout, r.Stderr)
 	}
 	doc = readJUnit(t, junit)
 	if c := doc.Suites[0].Cases; len(c) != 1 || c[0].Failure == nil || !strings.Contains(c[0].Failure.Message, "exceeds the budget") {
 		t.Fatalf("JUnit of the over-budget run: %+v", c)
 	}
 
-	r = run(t, replayEnv(t), "fixtures", "replay", "--max-wait", "1s", "clean-upgrade")
-	if r.code != 2 || !strings.Contains(r.stderr, "needs --from") {
-		t.Fatalf("a budget without --from: exit %d\n%s", r.code, r.stderr)
+	r = clitest.Run(t, replayEnv(t), "fixtures", "replay", "--max-wait", "1s", "clean-upgrade")
+	if r.Code != 2 || !strings.Contains(r.Stderr, "needs --from") {
+		t.Fatalf("a budget without --from: exit %d\n%s", r.Code, r.Stderr)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
@@ -54,25 +55,25 @@ func TestReplayRoadScenarios(t *testing.T) {
 	dir := filepath.Join(testdb.PgflowMigrationsDir(t), "migrations")
 	junit := filepath.Join(t.TempDir(), "junit.xml")
 	args := append([]string{"--format", "json", "fixtures", "replay", "--pgflow-migrations", dir, "--junit", junit}, roadNames...)
-	r := run(t, replayEnv(t), args...)
+	r := clitest.Run(t, replayEnv(t), args...)
 	var rep struct {
 		Scenarios []scenario.Result `json:"scenarios"`
 		Passed    int               `json:"passed"`
 		Failed    int               `json:"failed"`
 		Skipped   int               `json:"skipped"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
-		t.Fatalf("replay JSON: %v\n%s\n%s", err, r.stdout, r.stderr)
+	if err := json.Unmarshal([]byte(r.Stdout), &rep); err != nil {
+		t.Fatalf("replay JSON: %v\n%s\n%s", err, r.Stdout, r.Stderr)
 	}
 	for _, s := range rep.Scenarios {
 		t.Logf("%s passed=%t %.1fs %s %s", s.Name, s.Passed, s.Seconds, strings.Join(s.Notes, "; "), s.Error)
 	}
-	if r.code != cli.ExitOK || rep.Passed != len(roadNames) || rep.Failed != 0 || rep.Skipped != 0 {
-		t.Fatalf("replay: exit %d, %d passed, %d failed, %d skipped\n%s", r.code, rep.Passed, rep.Failed, rep.Skipped, r.stderr)
+	if r.Code != cli.ExitOK || rep.Passed != len(roadNames) || rep.Failed != 0 || rep.Skipped != 0 {
+		t.Fatalf("replay: exit %d, %d passed, %d failed, %d skipped\n%s", r.Code, rep.Passed, rep.Failed, rep.Skipped, r.Stderr)
 	}
 	// The log says what the databases were built from and on.
-	if !strings.Contains(r.stderr, "upstream's first 20 files (0.14.1) from "+dir) || !strings.Contains(r.stderr, "pg_cron stand-in") {
-		t.Errorf("stderr does not say what the upstream templates were built from:\n%s", r.stderr)
+	if !strings.Contains(r.Stderr, "upstream's first 20 files (0.14.1) from "+dir) || !strings.Contains(r.Stderr, "pg_cron stand-in") {
+		t.Errorf("stderr does not say what the upstream templates were built from:\n%s", r.Stderr)
 	}
 	doc := readRoadJUnit(t, junit, len(roadNames))
 	if s := doc.Suites[0]; s.Failures != 0 || s.Skipped != 0 {
@@ -94,10 +95,10 @@ func TestReplayRoadFailsOnIncompleteCopy(t *testing.T) {
 	if err := os.Remove(filepath.Join(dir, testdb.InstalledName(24, gone.Name))); err != nil {
 		t.Fatal(err)
 	}
-	r := run(t, replayEnv(t), "fixtures", "replay", "--pgflow-migrations", dir, "road-0.17.0-to-newest")
-	if r.code != cli.ExitFindings || !strings.Contains(r.stdout, "FAIL") || !strings.Contains(r.stderr, gone.Name) ||
-		!strings.Contains(r.stderr, "h1:"+gone.Hash) || !strings.Contains(r.stdout, "0 passed, 1 failed") {
-		t.Fatalf("replay on an incomplete copy: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	r := clitest.Run(t, replayEnv(t), "fixtures", "replay", "--pgflow-migrations", dir, "road-0.17.0-to-newest")
+	if r.Code != cli.ExitFindings || !strings.Contains(r.Stdout, "FAIL") || !strings.Contains(r.Stderr, gone.Name) ||
+		!strings.Contains(r.Stderr, "h1:"+gone.Hash) || !strings.Contains(r.Stdout, "0 passed, 1 failed") {
+		t.Fatalf("replay on an incomplete copy: exit %d\n%s\n%s", r.Code, r.Stdout, r.Stderr)
 	}
 }
 
@@ -106,16 +107,16 @@ func TestReplayRoadFailsOnIncompleteCopy(t *testing.T) {
 // the exit code is the other scenarios' (0 here).
 func TestReplayRoadSkippedWithoutCopy(t *testing.T) {
 	junit := filepath.Join(t.TempDir(), "junit.xml")
-	r := run(t, replayEnv(t), append([]string{"fixtures", "replay", "--junit", junit}, roadNames...)...)
-	if r.code != cli.ExitOK || !strings.Contains(r.stdout, "0 passed, 0 failed, 4 skipped") {
-		t.Fatalf("replay without the copy: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	r := clitest.Run(t, replayEnv(t), append([]string{"fixtures", "replay", "--junit", junit}, roadNames...)...)
+	if r.Code != cli.ExitOK || !strings.Contains(r.Stdout, "0 passed, 0 failed, 4 skipped") {
+		t.Fatalf("replay without the copy: exit %d\n%s\n%s", r.Code, r.Stdout, r.Stderr)
 	}
 	for _, n := range roadNames {
-		if !strings.Contains(r.stderr, "replay: SKIP "+n+": "+scenario.NeedsPgflowMigrations) {
-			t.Errorf("stderr does not say %s was skipped and why:\n%s", n, r.stderr)
+		if !strings.Contains(r.Stderr, "replay: SKIP "+n+": "+scenario.NeedsPgflowMigrations) {
+			t.Errorf("stderr does not say %s was skipped and why:\n%s", n, r.Stderr)
 		}
 		line := ""
-		for _, l := range strings.Split(r.stdout, "\n") {
+		for _, l := range strings.Split(r.Stdout, "\n") {
 			if strings.Contains(l, n) {
 				line = l
 				break
@@ -125,8 +126,8 @@ func TestReplayRoadSkippedWithoutCopy(t *testing.T) {
 			t.Errorf("table line of %s is not SKIP: %q", n, line)
 		}
 	}
-	if !strings.Contains(r.stdout, "not run: needs --pgflow-migrations DIR") {
-		t.Errorf("the table does not say why:\n%s", r.stdout)
+	if !strings.Contains(r.Stdout, "not run: needs --pgflow-migrations DIR") {
+		t.Errorf("the table does not say why:\n%s", r.Stdout)
 	}
 	doc := readRoadJUnit(t, junit, len(roadNames))
 	if s := doc.Suites[0]; s.Failures != 0 || s.Skipped != len(roadNames) {
@@ -138,7 +139,7 @@ func TestReplayRoadSkippedWithoutCopy(t *testing.T) {
 		}
 	}
 	// A folder holding none of upstream's files is a usage error.
-	if r := run(t, replayEnv(t), "fixtures", "replay", "--pgflow-migrations", t.TempDir(), "road-0.17.0-to-newest"); r.code != cli.ExitUsage {
-		t.Fatalf("--pgflow-migrations on an empty folder: exit %d\n%s", r.code, r.stderr)
+	if r := clitest.Run(t, replayEnv(t), "fixtures", "replay", "--pgflow-migrations", t.TempDir(), "road-0.17.0-to-newest"); r.Code != cli.ExitUsage {
+		t.Fatalf("--pgflow-migrations on an empty folder: exit %d\n%s", r.Code, r.Stderr)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/rehearsal"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
@@ -21,9 +22,9 @@ func replayEnv(t *testing.T) map[string]string {
 }
 
 func TestReplayUnknownScenarioIsUsage(t *testing.T) {
-	r := run(t, replayEnv(t), "fixtures", "replay", "no-such-scenario")
-	if r.code != 2 || !strings.Contains(r.stderr, "clean-upgrade") {
-		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
+	r := clitest.Run(t, replayEnv(t), "fixtures", "replay", "no-such-scenario")
+	if r.Code != 2 || !strings.Contains(r.Stderr, "clean-upgrade") {
+		t.Fatalf("exit %d, stderr %q", r.Code, r.Stderr)
 	}
 }
 
@@ -52,27 +53,27 @@ func TestReplayDamagedOrForeignFile(t *testing.T) {
 		if err := os.WriteFile(p, c.data, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		r := run(t, replayEnv(t), "fixtures", "replay", "--from", p)
-		if r.code != c.code || !strings.Contains(r.stderr, c.want) {
-			t.Errorf("%s: exit %d (want %d), stderr %q (want %q)", c.name, r.code, c.code, r.stderr, c.want)
+		r := clitest.Run(t, replayEnv(t), "fixtures", "replay", "--from", p)
+		if r.Code != c.code || !strings.Contains(r.Stderr, c.want) {
+			t.Errorf("%s: exit %d (want %d), stderr %q (want %q)", c.name, r.Code, c.code, r.Stderr, c.want)
 		}
 	}
-	r := run(t, replayEnv(t), "fixtures", "replay", "--from", filepath.Join(dir, "missing.gz"))
-	if r.code != 2 {
-		t.Errorf("missing file: exit %d, %s", r.code, r.stderr)
+	r := clitest.Run(t, replayEnv(t), "fixtures", "replay", "--from", filepath.Join(dir, "missing.gz"))
+	if r.Code != 2 {
+		t.Errorf("missing file: exit %d, %s", r.Code, r.Stderr)
 	}
 }
 
 func TestCaptureNeedsADatabase(t *testing.T) {
-	r := run(t, map[string]string{}, "fixtures", "capture", "--out", filepath.Join(t.TempDir(), "x.gz"))
-	if r.code != 2 {
-		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	r := clitest.Run(t, map[string]string{}, "fixtures", "capture", "--out", filepath.Join(t.TempDir(), "x.gz"))
+	if r.Code != 2 {
+		t.Fatalf("exit %d: %s", r.Code, r.Stderr)
 	}
 	db := testdb.Empty(t)
 	out := filepath.Join(t.TempDir(), "x.gz")
-	r = run(t, map[string]string{}, "fixtures", "capture", "--dsn", db.DSN, "--out", out)
-	if r.code != 1 {
-		t.Fatalf("capture of an empty database: exit %d: %s", r.code, r.stderr)
+	r = clitest.Run(t, map[string]string{}, "fixtures", "capture", "--dsn", db.DSN, "--out", out)
+	if r.Code != 1 {
+		t.Fatalf("capture of an empty database: exit %d: %s", r.Code, r.Stderr)
 	}
 	if _, err := os.Stat(out); !os.IsNotExist(err) {
 		t.Fatalf("a refused capture left a file: %v", err)
@@ -88,24 +89,24 @@ func TestCaptureThenReplay(t *testing.T) {
 	}
 	dir := t.TempDir()
 	file := filepath.Join(dir, "state.jsonl.gz")
-	r := run(t, map[string]string{}, "--dsn", db.DSN, "fixtures", "capture", "--out", file, "--redact")
-	if r.code != 0 || !strings.Contains(r.stdout, "(redacted)") {
-		t.Fatalf("capture: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	r := clitest.Run(t, map[string]string{}, "--dsn", db.DSN, "fixtures", "capture", "--out", file, "--redact")
+	if r.Code != 0 || !strings.Contains(r.Stdout, "(redacted)") {
+		t.Fatalf("capture: exit %d\n%s\n%s", r.Code, r.Stdout, r.Stderr)
 	}
 	junit := filepath.Join(dir, "junit.xml")
-	r = run(t, replayEnv(t), "--format", "json", "fixtures", "replay", "--from", file, "--junit", junit)
+	r = clitest.Run(t, replayEnv(t), "--format", "json", "fixtures", "replay", "--from", file, "--junit", junit)
 	var rep struct {
 		Scenarios []scenario.Result `json:"scenarios"`
 		Failed    int               `json:"failed"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
-		t.Fatalf("replay JSON: %v\n%s\n%s", err, r.stdout, r.stderr)
+	if err := json.Unmarshal([]byte(r.Stdout), &rep); err != nil {
+		t.Fatalf("replay JSON: %v\n%s\n%s", err, r.Stdout, r.Stderr)
 	}
 	if len(rep.Scenarios) != len(rehearsal.CaptureScenarios()) {
 		t.Fatalf("replayed %d scenarios, want %d", len(rep.Scenarios), len(rehearsal.CaptureScenarios()))
 	}
-	if r.code != 0 || rep.Failed != 0 {
-		t.Fatalf("replay of a clean capture: exit %d, %d failed:\n%s", r.code, rep.Failed, r.stderr)
+	if r.Code != 0 || rep.Failed != 0 {
+		t.Fatalf("replay of a clean capture: exit %d, %d failed:\n%s", r.Code, rep.Failed, r.Stderr)
 	}
 	b, err := os.ReadFile(junit)
 	if err != nil {
@@ -129,20 +130,20 @@ func TestReplayBuiltinTableAndJUnit(t *testing.T) {
 	testdb.SkipIfShort(t, "Built-in scenarios by name through the command")
 	junit := filepath.Join(t.TempDir(), "junit.xml")
 	names := []string{"realtime-events", "malformed-duplicate-message-id", "old-worker-after-upgrade"}
-	r := run(t, replayEnv(t), append([]string{"fixtures", "replay", "--junit", junit}, names...)...)
-	if r.code != 0 {
-		t.Fatalf("replay: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	r := clitest.Run(t, replayEnv(t), append([]string{"fixtures", "replay", "--junit", junit}, names...)...)
+	if r.Code != 0 {
+		t.Fatalf("replay: exit %d\n%s\n%s", r.Code, r.Stdout, r.Stderr)
 	}
 	for _, n := range names {
 		line := ""
-		for _, l := range strings.Split(r.stdout, "\n") {
+		for _, l := range strings.Split(r.Stdout, "\n") {
 			if strings.Contains(l, n) {
 				line = l
 				break
 			}
 		}
 		if !strings.Contains(line, "PASS") {
-			t.Errorf("table has no PASS line for %s:\n%s", n, r.stdout)
+			t.Errorf("table has no PASS line for %s:\n%s", n, r.Stdout)
 		}
 	}
 	b, err := os.ReadFile(junit)

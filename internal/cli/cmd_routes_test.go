@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/worker"
 )
@@ -62,7 +63,7 @@ func stepFlowWaiting(t *testing.T, upgrade func(*testing.T) *testdb.DB) *testdb.
 	t.Helper()
 	db := upgrade(t)
 	startImgWorker(t, db, "fetch")
-	sqlExec(t, db, `select pgflow.start_flow('img', '{}'::jsonb)`)
+	db.Exec(t, `select pgflow.start_flow('img', '{}'::jsonb)`)
 	waitCount(t, db, 1, `select count(*) from pgmq.q_img__resize`)
 	time.Sleep(300 * time.Millisecond) // older than the tests' --grace
 	return db
@@ -89,11 +90,11 @@ type routesDoc struct {
 	} `json:"routes"`
 }
 
-func routesJSON(t *testing.T, r result) routesDoc {
+func routesJSON(t *testing.T, r clitest.Result) routesDoc {
 	t.Helper()
 	var d routesDoc
-	if err := json.Unmarshal([]byte(r.stdout), &d); err != nil {
-		t.Fatalf("json: %v\n%s%s", err, r.stdout, r.stderr)
+	if err := json.Unmarshal([]byte(r.Stdout), &d); err != nil {
+		t.Fatalf("json: %v\n%s%s", err, r.Stdout, r.Stderr)
 	}
 	return d
 }
@@ -109,8 +110,8 @@ func TestVerifyRoutes(t *testing.T) {
 		"upstream migration": func(t *testing.T) *testdb.DB { db := testdb.Baseline(t); testdb.Migrate(t, db.Pool); return db },
 		"apply": func(t *testing.T) *testdb.DB {
 			db := testdb.Baseline(t)
-			if r := run(t, nil, "--dsn", db.DSN, "apply", "--yes"); r.code != cli.ExitOK {
-				t.Fatalf("setup: apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+			if r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--yes"); r.Code != cli.ExitOK {
+				t.Fatalf("setup: apply: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 			}
 			return db
 		},
@@ -119,55 +120,55 @@ func TestVerifyRoutes(t *testing.T) {
 			db := stepFlowWaiting(t, upgrade)
 			before := testdb.State(t, db.Pool)
 
-			r := run(t, nil, "--dsn", db.DSN, "verify", "--routes", "--grace", "200ms")
-			if r.code != cli.ExitFindings || !strings.HasPrefix(r.stdout, "FAIL: 0 of ") {
-				t.Fatalf("verify --routes: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+			r := clitest.Run(t, nil, "--dsn", db.DSN, "verify", "--routes", "--grace", "200ms")
+			if r.Code != cli.ExitFindings || !strings.HasPrefix(r.Stdout, "FAIL: 0 of ") {
+				t.Fatalf("verify --routes: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 			}
-			text := cellText(r.stdout)
+			text := cellText(r.Stdout)
 			for _, want := range []string{"2 routes, 1 without a worker that can claim", "FAIL route: flow img, step resize, queue img__resize: 1 message(s) waiting since",
 				"and no live worker", "remedy: deploy a pgflow 0.17 worker for step resize of flow img"} {
 				if !strings.Contains(text, want) {
-					t.Errorf("verify --routes lacks %q:\n%s", want, r.stdout)
+					t.Errorf("verify --routes lacks %q:\n%s", want, r.Stdout)
 				}
 			}
-			if strings.Contains(r.stdout, "step fetch") {
-				t.Errorf("verify --routes names the served step:\n%s", r.stdout)
+			if strings.Contains(r.Stdout, "step fetch") {
+				t.Errorf("verify --routes names the served step:\n%s", r.Stdout)
 			}
-			d := routesJSON(t, run(t, nil, "--dsn", db.DSN, "--format", "json", "verify", "--routes", "--grace", "200ms"))
+			d := routesJSON(t, clitest.Run(t, nil, "--dsn", db.DSN, "--format", "json", "verify", "--routes", "--grace", "200ms"))
 			if d.ExitCode != 1 || d.Routes == nil || len(d.Routes.Findings) != 1 || d.Routes.Findings[0].Step != "resize" ||
 				d.Routes.Findings[0].Queue != "img__resize" || d.Routes.Findings[0].Waiting != 1 || d.Routes.Findings[0].Since == nil {
 				t.Fatalf("verify --routes JSON: %+v", d)
 			}
 			// --verbose adds every check and the route table.
-			if r := run(t, nil, "--dsn", db.DSN, "verify", "--routes", "--grace", "200ms", "--verbose"); r.code != cli.ExitFindings ||
-				!strings.Contains(r.stdout, "LIVE WORKERS") || !strings.Contains(cellText(r.stdout), "ok | catalog_0_17_0") {
-				t.Fatalf("verify --routes --verbose: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+			if r := clitest.Run(t, nil, "--dsn", db.DSN, "verify", "--routes", "--grace", "200ms", "--verbose"); r.Code != cli.ExitFindings ||
+				!strings.Contains(r.Stdout, "LIVE WORKERS") || !strings.Contains(cellText(r.Stdout), "ok | catalog_0_17_0") {
+				t.Fatalf("verify --routes --verbose: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 			}
-			if r := run(t, nil, "--dsn", db.DSN, "verify", "--routes", "--grace", "0s"); r.code != cli.ExitUsage {
-				t.Fatalf("verify --grace 0s: exit %d, want %d\n%s", r.code, cli.ExitUsage, r.stderr)
+			if r := clitest.Run(t, nil, "--dsn", db.DSN, "verify", "--routes", "--grace", "0s"); r.Code != cli.ExitUsage {
+				t.Fatalf("verify --grace 0s: exit %d, want %d\n%s", r.Code, cli.ExitUsage, r.Stderr)
 			}
 			// Within the default grace (20 s) the fresh message is not waiting yet.
-			if r := run(t, nil, "--dsn", db.DSN, "verify", "--routes"); r.code != cli.ExitOK || !strings.HasPrefix(r.stdout, "PASS: ") {
-				t.Fatalf("verify --routes within the grace period: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+			if r := clitest.Run(t, nil, "--dsn", db.DSN, "verify", "--routes"); r.Code != cli.ExitOK || !strings.HasPrefix(r.Stdout, "PASS: ") {
+				t.Fatalf("verify --routes within the grace period: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 			}
 			// Without --routes, verify reads the catalog only.
-			if r := run(t, nil, "--dsn", db.DSN, "--format", "json", "verify"); r.code != cli.ExitOK || routesJSON(t, r).Routes != nil {
-				t.Fatalf("verify: exit %d\n%s", r.code, r.stdout)
+			if r := clitest.Run(t, nil, "--dsn", db.DSN, "--format", "json", "verify"); r.Code != cli.ExitOK || routesJSON(t, r).Routes != nil {
+				t.Fatalf("verify: exit %d\n%s", r.Code, r.Stdout)
 			}
 
 			// status: one row per route, the waiting one without a live worker.
-			r = run(t, nil, "--dsn", db.DSN, "status")
-			first, _, _ := strings.Cut(r.stdout, "\n")
-			if r.code != cli.ExitOK || !strings.HasPrefix(first, "pgflow version: pgflow 0.17") || !strings.Contains(first, "next step: ") {
-				t.Fatalf("status: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+			r = clitest.Run(t, nil, "--dsn", db.DSN, "status")
+			first, _, _ := strings.Cut(r.Stdout, "\n")
+			if r.Code != cli.ExitOK || !strings.HasPrefix(first, "pgflow version: pgflow 0.17") || !strings.Contains(first, "next step: ") {
+				t.Fatalf("status: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 			}
-			rows := cellText(r.stdout)
+			rows := cellText(r.Stdout)
 			for _, want := range []string{"img | step | fetch | img__fetch | 0 / 0 | - | fetch-fn", "img | step | resize | img__resize | 1 / 0 |"} {
 				if !strings.Contains(rows, want) {
-					t.Errorf("status lacks the row %q:\n%s", want, r.stdout)
+					t.Errorf("status lacks the row %q:\n%s", want, r.Stdout)
 				}
 			}
-			d = routesJSON(t, run(t, nil, "--dsn", db.DSN, "--format", "json", "status"))
+			d = routesJSON(t, clitest.Run(t, nil, "--dsn", db.DSN, "--format", "json", "status"))
 			if d.Routes == nil || len(d.Routes.Routes) != 2 || d.Routes.Routes[1].Visible != 1 || len(d.Routes.Routes[0].Workers) != 1 ||
 				d.Routes.Routes[0].QueueMode != "step" {
 				t.Fatalf("status JSON routes: %+v", d.Routes)
@@ -176,9 +177,9 @@ func TestVerifyRoutes(t *testing.T) {
 
 			startImgWorker(t, db, "resize")
 			waitCount(t, db, 1, `select count(*) from pgflow.runs where flow_slug = 'img' and status = 'completed'`)
-			r = run(t, nil, "--dsn", db.DSN, "verify", "--routes", "--grace", "200ms")
-			if r.code != cli.ExitOK || !strings.HasPrefix(r.stdout, "PASS: 0 of ") || !strings.Contains(r.stdout, "2 routes, 0 without a worker") {
-				t.Fatalf("verify --routes with both workers: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+			r = clitest.Run(t, nil, "--dsn", db.DSN, "verify", "--routes", "--grace", "200ms")
+			if r.Code != cli.ExitOK || !strings.HasPrefix(r.Stdout, "PASS: 0 of ") || !strings.Contains(r.Stdout, "2 routes, 0 without a worker") {
+				t.Fatalf("verify --routes with both workers: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 			}
 		})
 	}
@@ -190,21 +191,21 @@ func TestVerifyRoutes(t *testing.T) {
 func TestVerifyRoutesReadOnly(t *testing.T) {
 	db := stepFlowWaiting(t, func(t *testing.T) *testdb.DB { db := testdb.Baseline(t); testdb.Migrate(t, db.Pool); return db })
 	_, usage := roleOn(t, db, `grant usage on schema pgflow, pgmq to %[1]s;`)
-	r := run(t, nil, "--dsn", usage, "verify", "--routes", "--grace", "200ms")
-	if r.code != cli.ExitInconclusive || !strings.HasPrefix(r.stdout, "CANNOT TELL: 0 of ") || !strings.Contains(r.stdout, "42501") {
-		t.Fatalf("verify --routes without SELECT: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	r := clitest.Run(t, nil, "--dsn", usage, "verify", "--routes", "--grace", "200ms")
+	if r.Code != cli.ExitInconclusive || !strings.HasPrefix(r.Stdout, "CANNOT TELL: 0 of ") || !strings.Contains(r.Stdout, "42501") {
+		t.Fatalf("verify --routes without SELECT: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	_, ro := roleOn(t, db, readOnlyGrants)
-	r = run(t, nil, "--dsn", ro, "verify", "--routes", "--grace", "200ms")
-	if r.code != cli.ExitFindings || !strings.Contains(cellText(r.stdout), "step resize, queue img__resize") {
-		t.Fatalf("verify --routes with the read-only grants: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	r = clitest.Run(t, nil, "--dsn", ro, "verify", "--routes", "--grace", "200ms")
+	if r.Code != cli.ExitFindings || !strings.Contains(cellText(r.Stdout), "step resize, queue img__resize") {
+		t.Fatalf("verify --routes with the read-only grants: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	// A queue table the role may not read (e.g. created after its grant):
 	// resize's depth is unknown.
 	_, partial := roleOn(t, db, readOnlyGrants+`revoke select on pgmq.q_img__resize from %[1]s;`)
-	r = run(t, nil, "--dsn", partial, "verify", "--routes", "--grace", "200ms")
-	if r.code != cli.ExitInconclusive || !strings.Contains(cellText(r.stdout), "CANNOT TELL route: flow img, step resize, queue img__resize: permission denied") {
-		t.Fatalf("verify --routes with an unreadable queue: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	r = clitest.Run(t, nil, "--dsn", partial, "verify", "--routes", "--grace", "200ms")
+	if r.Code != cli.ExitInconclusive || !strings.Contains(cellText(r.Stdout), "CANNOT TELL route: flow img, step resize, queue img__resize: permission denied") {
+		t.Fatalf("verify --routes with an unreadable queue: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 }
 
@@ -221,11 +222,11 @@ func TestVerifyRoutesThroughPooler(t *testing.T) {
 }
 
 func throughPooler(t *testing.T, dsn string) {
-	if r := run(t, nil, "--dsn", dsn, "verify", "--routes", "--grace", "200ms"); r.code != cli.ExitFindings || !strings.Contains(cellText(r.stdout), "step resize, queue img__resize") {
-		t.Fatalf("verify --routes through the pooler: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", dsn, "verify", "--routes", "--grace", "200ms"); r.Code != cli.ExitFindings || !strings.Contains(cellText(r.Stdout), "step resize, queue img__resize") {
+		t.Fatalf("verify --routes through the pooler: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
-	if r := run(t, nil, "--dsn", dsn, "status"); r.code != cli.ExitOK || !strings.Contains(cellText(r.stdout), "img | step | resize | img__resize | 1 / 0") {
-		t.Fatalf("status through the pooler: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", dsn, "status"); r.Code != cli.ExitOK || !strings.Contains(cellText(r.Stdout), "img | step | resize | img__resize | 1 / 0") {
+		t.Fatalf("status through the pooler: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 }
 
@@ -237,14 +238,14 @@ func TestVerifyRoutesOutOfTime(t *testing.T) {
 	release := db.HoldLock(t, `lock table pgmq.q_img__resize in access exclusive mode`)
 	defer release()
 	start := time.Now()
-	r := run(t, nil, "--dsn", db.DSN, "verify", "--routes", "--grace", "200ms", "--lock-timeout", "200ms")
-	if r.code != cli.ExitInconclusive || !strings.HasPrefix(r.stdout, "CANNOT TELL: 0 of ") || !strings.Contains(cellText(r.stdout), "55P03") {
-		t.Fatalf("verify --routes behind a lock: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	r := clitest.Run(t, nil, "--dsn", db.DSN, "verify", "--routes", "--grace", "200ms", "--lock-timeout", "200ms")
+	if r.Code != cli.ExitInconclusive || !strings.HasPrefix(r.Stdout, "CANNOT TELL: 0 of ") || !strings.Contains(cellText(r.Stdout), "55P03") {
+		t.Fatalf("verify --routes behind a lock: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	if took := time.Since(start); took > 20*time.Second {
 		t.Fatalf("verify --routes waited %s behind the lock", took)
 	}
-	if r := run(t, nil, "--dsn", db.DSN, "status"); r.code != cli.ExitOK || !strings.Contains(cellText(r.stdout), "routes: cannot tell: reading the queue img__resize") {
-		t.Fatalf("status behind a lock: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "status"); r.Code != cli.ExitOK || !strings.Contains(cellText(r.Stdout), "routes: cannot tell: reading the queue img__resize") {
+		t.Fatalf("status behind a lock: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 }

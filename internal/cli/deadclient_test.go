@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/datagen"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -134,8 +135,8 @@ func TestLongDeadClientReleasesLocks(t *testing.T) {
 	})
 
 	// Both rolled back: the database is still the 0.16.0 baseline.
-	if r := run(t, nil, "--dsn", db.DSN, "status"); r.code != 0 || !(strings.Contains(r.stdout, "0.16.0") || strings.Contains(r.stdout, "baseline")) {
-		t.Fatalf("status after the dead clients: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "status"); r.Code != 0 || !(strings.Contains(r.Stdout, "0.16.0") || strings.Contains(r.Stdout, "baseline")) {
+		t.Fatalf("status after the dead clients: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 }
 

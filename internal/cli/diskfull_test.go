@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/datagen"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
@@ -84,7 +85,7 @@ func fullDiskDB(t *testing.T) (*testdb.DB, string) {
 	ts := smallTablespace(t, testdb.Server(t), 8)
 	db := testdb.Baseline(t)
 	ctx := context.Background()
-	sqlExec(t, db, "alter table pgflow.step_tasks set tablespace "+pgx.Identifier{ts}.Sanitize())
+	db.Exec(t, "alter table pgflow.step_tasks set tablespace "+pgx.Identifier{ts}.Sanitize())
 	if _, err := datagen.Generate(ctx, db.Pool, datagen.Shape{Tasks: 33_000, Flows: 1, LiveRuns: 1, LiveTasksPerRun: 3}); err != nil {
 		t.Fatal(err)
 	}
@@ -105,11 +106,11 @@ func fullDiskDB(t *testing.T) (*testdb.DB, string) {
 func TestApplyDiskFull(t *testing.T) {
 	db, _ := fullDiskDB(t)
 	before := testdb.State(t, db.Pool)
-	r := run(t, nil, "--dsn", db.DSN, "apply", "--yes")
-	out := r.stdout + r.stderr
-	t.Logf("exit %d\n%s", r.code, out)
-	if r.code != cli.ExitEnvironment {
-		t.Errorf("exit %d, want %d (the environment)", r.code, cli.ExitEnvironment)
+	r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--yes")
+	out := r.Stdout + r.Stderr
+	t.Logf("exit %d\n%s", r.Code, out)
+	if r.Code != cli.ExitEnvironment {
+		t.Errorf("exit %d, want %d (the environment)", r.Code, cli.ExitEnvironment)
 	}
 	text := strings.Join(strings.Fields(out), " ")
 	for _, w := range []string{"the server ran out of disk space", "No space left on device", "free space on the volume",
@@ -123,8 +124,8 @@ func TestApplyDiskFull(t *testing.T) {
 		t.Error("the output suggests running apply again as if nothing stood in the way")
 	}
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "after the full disk")
-	sqlExec(t, db, "alter table pgflow.step_tasks set tablespace pg_default") // space freed
-	if r := run(t, nil, "--dsn", db.DSN, "apply", "--yes"); r.code != cli.ExitOK {
-		t.Fatalf("the rerun with space: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	db.Exec(t, "alter table pgflow.step_tasks set tablespace pg_default") // space freed
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--yes"); r.Code != cli.ExitOK {
+		t.Fatalf("the rerun with space: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/datagen"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
@@ -27,13 +28,13 @@ func TestApplyEnvironmentSettings(t *testing.T) {
 	}
 	cases := []setting{
 		{"role statement_timeout", func(t *testing.T, db *testdb.DB, role string) {
-			sqlExec(t, db, "alter role "+pgx.Identifier{role}.Sanitize()+" set statement_timeout = '50ms'")
+			db.Exec(t, "alter role "+pgx.Identifier{role}.Sanitize()+" set statement_timeout = '50ms'")
 		}, []string{"statement_timeout", "50ms", "role", "options=-cstatement_timeout=0"}},
 		{"database statement_timeout", func(t *testing.T, db *testdb.DB, role string) {
-			sqlExec(t, db, "alter database "+pgx.Identifier{dbName(t, db)}.Sanitize()+" set statement_timeout = '50ms'")
+			db.Exec(t, "alter database "+pgx.Identifier{dbName(t, db)}.Sanitize()+" set statement_timeout = '50ms'")
 		}, []string{"statement_timeout", "50ms", "database", "options=-cstatement_timeout=0"}},
 		{"default_transaction_read_only", func(t *testing.T, db *testdb.DB, role string) {
-			sqlExec(t, db, "alter role "+pgx.Identifier{role}.Sanitize()+" set default_transaction_read_only = on")
+			db.Exec(t, "alter role "+pgx.Identifier{role}.Sanitize()+" set default_transaction_read_only = on")
 		}, []string{"default_transaction_read_only is on", "role", "default_transaction_read_only = off"}},
 	}
 	// Enough rows that the migration's statements take longer than 50 ms,
@@ -52,23 +53,23 @@ func TestApplyEnvironmentSettings(t *testing.T) {
 				role, dsnValue := superuserOn(t, db)
 				c.setup(t, db, role)
 				for run_ := 0; run_ < 2; run_++ {
-					r := run(t, nil, append([]string{"--dsn", dsnValue}, mode...)...)
-					out := r.stdout + r.stderr
-					t.Logf("exit %d:\n%s", r.code, out)
-					if r.code == cli.ExitOK && strings.Contains(c.name, "statement_timeout") && mode[1] == "--online" {
+					r := clitest.Run(t, nil, append([]string{"--dsn", dsnValue}, mode...)...)
+					out := r.Stdout + r.Stderr
+					t.Logf("exit %d:\n%s", r.Code, out)
+					if r.Code == cli.ExitOK && strings.Contains(c.name, "statement_timeout") && mode[1] == "--online" {
 						// The online path bounds each of its statements itself.
 						t.Log("apply --online sets statement_timeout on its own statements: it went through")
 						return
 					}
-					if r.code != cli.ExitEnvironment {
-						t.Errorf("exit %d, want %d", r.code, cli.ExitEnvironment)
+					if r.Code != cli.ExitEnvironment {
+						t.Errorf("exit %d, want %d", r.Code, cli.ExitEnvironment)
 					}
 					if strings.Contains(c.name, "statement_timeout") && mode[1] == "--online" {
 						// Only its short reads and checks run under the
 						// timeout: whether a rerun meets it again depends on
 						// the load, as the next loop shows (it may pass).
 						for _, w := range []string{"statement_timeout", "50ms", "options=-cstatement_timeout=0", "may get through or stop on this timeout again"} {
-							if r.code == cli.ExitEnvironment && !strings.Contains(out, w) {
+							if r.Code == cli.ExitEnvironment && !strings.Contains(out, w) {
 								t.Errorf("the output does not say %q", w)
 							}
 						}
@@ -99,11 +100,11 @@ func superuserOn(t *testing.T, db *testdb.DB) (string, string) {
 	t.Helper()
 	role, dsnValue := roleOn(t, db, "")
 	ident := pgx.Identifier{role}.Sanitize()
-	sqlExec(t, db, "alter role "+ident+" superuser")
+	db.Exec(t, "alter role "+ident+" superuser")
 	t.Cleanup(func() {
 		// What it made (an online upgrade's schema, with objects of others
 		// depending on it) goes before roleOn's cleanup drops the role.
-		sqlExec(t, db, "drop owned by "+ident+" cascade")
+		db.Exec(t, "drop owned by "+ident+" cascade")
 	})
 	return role, dsnValue
 }
@@ -113,15 +114,15 @@ func superuserOn(t *testing.T, db *testdb.DB) (string, string) {
 // exit 3, the cause, and what the database holds (the phase), with no
 // "run again to continue".
 func TestApplyOnlineEnvironmentSaysWhatRemains(t *testing.T) {
-	db := legacyDB(t)
+	db := clitest.LegacyDB(t)
 	stopOnline(t, db, online.PointBatch)
 	role, dsnValue := superuserOn(t, db)
-	sqlExec(t, db, "alter role "+pgx.Identifier{role}.Sanitize()+" set default_transaction_read_only = on")
-	r := run(t, nil, "--dsn", dsnValue, "apply", "--online", "--yes")
-	out := r.stdout + r.stderr
-	t.Logf("exit %d:\n%s", r.code, out)
-	if r.code != cli.ExitEnvironment {
-		t.Errorf("exit %d, want %d", r.code, cli.ExitEnvironment)
+	db.Exec(t, "alter role "+pgx.Identifier{role}.Sanitize()+" set default_transaction_read_only = on")
+	r := clitest.Run(t, nil, "--dsn", dsnValue, "apply", "--online", "--yes")
+	out := r.Stdout + r.Stderr
+	t.Logf("exit %d:\n%s", r.Code, out)
+	if r.Code != cli.ExitEnvironment {
+		t.Errorf("exit %d, want %d", r.Code, cli.ExitEnvironment)
 	}
 	for _, w := range []string{"default_transaction_read_only is on", "remains in the database: the online upgrade at phase backfill", "once the cause is fixed, apply --online continues"} {
 		if !strings.Contains(out, w) {
@@ -144,8 +145,8 @@ func TestApplyOnStandby(t *testing.T) {
 		t.Fatalf("a local cluster for the primary: %v", err)
 	}
 	t.Cleanup(func() { primary.Close() })
-	if r := run(t, nil, "--dsn", primary.DSNFor("postgres"), "fixtures", "load", "inflight"); r.code != cli.ExitOK {
-		t.Fatalf("fixtures load on the primary: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", primary.DSNFor("postgres"), "fixtures", "load", "inflight"); r.Code != cli.ExitOK {
+		t.Fatalf("fixtures load on the primary: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	standby, err := primary.StartStandby(ctx)
 	if err != nil {
@@ -153,26 +154,26 @@ func TestApplyOnStandby(t *testing.T) {
 	}
 	t.Cleanup(func() { standby.Close() })
 	t.Logf("standby: %s", standby.Describe())
-	if r := run(t, nil, "--dsn", standby.DSNFor("postgres"), "audit"); r.code != cli.ExitOK {
-		t.Errorf("audit on the standby: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", standby.DSNFor("postgres"), "audit"); r.Code != cli.ExitOK {
+		t.Errorf("audit on the standby: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	for _, mode := range [][]string{{"apply", "--yes"}, {"apply", "--online", "--yes"}, {"apply", "--dry-run", "--yes"}} {
-		r := run(t, nil, append([]string{"--dsn", standby.DSNFor("postgres")}, mode...)...)
-		out := r.stdout + r.stderr
-		t.Logf("%v: exit %d: %s", mode, r.code, strings.TrimSpace(out))
-		if r.code != cli.ExitEnvironment || !strings.Contains(out, "standby") || !strings.Contains(out, "point --dsn at the primary") {
-			t.Errorf("%v on a standby: exit %d, want %d naming the standby and the primary", mode, r.code, cli.ExitEnvironment)
+		r := clitest.Run(t, nil, append([]string{"--dsn", standby.DSNFor("postgres")}, mode...)...)
+		out := r.Stdout + r.Stderr
+		t.Logf("%v: exit %d: %s", mode, r.Code, strings.TrimSpace(out))
+		if r.Code != cli.ExitEnvironment || !strings.Contains(out, "standby") || !strings.Contains(out, "point --dsn at the primary") {
+			t.Errorf("%v on a standby: exit %d, want %d naming the standby and the primary", mode, r.Code, cli.ExitEnvironment)
 		}
 	}
 	// The fixtures commands that write: the same error, no raw SQL error
 	// (25006, read_only_sql_transaction).
 	for _, cmd := range [][]string{{"fixtures", "load", "inflight"}, {"fixtures", "replay", "clean-upgrade"}} {
-		r := run(t, map[string]string{"PGFLOW_UPGRADE_NO_DOCKER": "1"}, append([]string{"--dsn", standby.DSNFor("postgres")}, cmd...)...)
-		out := r.stdout + r.stderr
-		t.Logf("%v: exit %d: %s", cmd, r.code, strings.TrimSpace(out))
-		if r.code != cli.ExitEnvironment || !strings.Contains(out, "this server is a standby") || !strings.Contains(out, "point --dsn at the primary") ||
+		r := clitest.Run(t, map[string]string{"PGFLOW_UPGRADE_NO_DOCKER": "1"}, append([]string{"--dsn", standby.DSNFor("postgres")}, cmd...)...)
+		out := r.Stdout + r.Stderr
+		t.Logf("%v: exit %d: %s", cmd, r.Code, strings.TrimSpace(out))
+		if r.Code != cli.ExitEnvironment || !strings.Contains(out, "this server is a standby") || !strings.Contains(out, "point --dsn at the primary") ||
 			strings.Contains(out, "25006") {
-			t.Errorf("%v on a standby: exit %d, want %d naming the standby and the primary, without the raw SQL error", cmd, r.code, cli.ExitEnvironment)
+			t.Errorf("%v on a standby: exit %d, want %d naming the standby and the primary, without the raw SQL error", cmd, r.Code, cli.ExitEnvironment)
 		}
 	}
 }
@@ -181,18 +182,18 @@ func TestApplyOnStandby(t *testing.T) {
 // upgrade, audit reports the state with its next command (a warning, exit
 // 0), as status does, not a blocker that says to restore from backup.
 func TestAuditAndStatusAgreeOnOnlineUpgrade(t *testing.T) {
-	db := legacyDB(t)
+	db := clitest.LegacyDB(t)
 	stopOnline(t, db, online.PointBatch)
-	st := run(t, nil, "--dsn", db.DSN, "status")
-	au := run(t, nil, "--dsn", db.DSN, "audit")
-	t.Logf("status: exit %d\n%s%s\naudit: exit %d\n%s%s", st.code, st.stdout, st.stderr, au.code, au.stdout, au.stderr)
-	if st.code != cli.ExitOK || !strings.Contains(st.stdout, "apply --online") {
-		t.Errorf("status: exit %d, want 0 naming apply --online", st.code)
+	st := clitest.Run(t, nil, "--dsn", db.DSN, "status")
+	au := clitest.Run(t, nil, "--dsn", db.DSN, "audit")
+	t.Logf("status: exit %d\n%s%s\naudit: exit %d\n%s%s", st.Code, st.Stdout, st.Stderr, au.Code, au.Stdout, au.Stderr)
+	if st.Code != cli.ExitOK || !strings.Contains(st.Stdout, "apply --online") {
+		t.Errorf("status: exit %d, want 0 naming apply --online", st.Code)
 	}
-	if au.code != cli.ExitOK || !strings.Contains(au.stdout, "apply --online") || !strings.Contains(au.stdout, "in progress") {
-		t.Errorf("audit: exit %d, want 0 naming the online upgrade in progress and apply --online", au.code)
+	if au.Code != cli.ExitOK || !strings.Contains(au.Stdout, "apply --online") || !strings.Contains(au.Stdout, "in progress") {
+		t.Errorf("audit: exit %d, want 0 naming the online upgrade in progress and apply --online", au.Code)
 	}
-	if strings.Contains(au.stdout, "restore from backup") {
+	if strings.Contains(au.Stdout, "restore from backup") {
 		t.Error("audit tells to restore from backup during an online upgrade")
 	}
 }
@@ -201,15 +202,15 @@ func TestAuditAndStatusAgreeOnOnlineUpgrade(t *testing.T) {
 // apply says which privilege is missing and that it must run as the owner,
 // and does not tell to rerun.
 func TestApplyWithoutAnyGrant(t *testing.T) {
-	db := legacyDB(t)
+	db := clitest.LegacyDB(t)
 	_, dsnValue := roleOn(t, db, "")
 	before := testdb.State(t, db.Pool)
 	for _, mode := range [][]string{{"apply", "--yes"}, {"apply", "--online", "--yes"}} {
-		r := run(t, nil, append([]string{"--dsn", dsnValue}, mode...)...)
-		out := r.stdout + r.stderr
-		t.Logf("%v: exit %d:\n%s", mode, r.code, out)
-		if r.code == cli.ExitOK || r.code == cli.ExitUsage {
-			t.Errorf("%v without grants: exit %d", mode, r.code)
+		r := clitest.Run(t, nil, append([]string{"--dsn", dsnValue}, mode...)...)
+		out := r.Stdout + r.Stderr
+		t.Logf("%v: exit %d:\n%s", mode, r.Code, out)
+		if r.Code == cli.ExitOK || r.Code == cli.ExitUsage {
+			t.Errorf("%v without grants: exit %d", mode, r.Code)
 		}
 		// Both paths check privileges before any lock (preflight.Privileges:
 		// which objects, and to run as their owner); the online path used to

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
@@ -40,15 +41,15 @@ func TestApplySessionEndedUnderIt(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}()
-	r := run(t, nil, "--dsn", db.DSN, "apply", "--yes", "--lock-retries", "50")
+	r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--yes", "--lock-retries", "50")
 	<-done
-	out := r.stdout + r.stderr
-	t.Logf("exit %d\n%s", r.code, out)
+	out := r.Stdout + r.Stderr
+	t.Logf("exit %d\n%s", r.Code, out)
 	if !terminated {
 		t.Fatal("apply's backend was never seen waiting for its lock")
 	}
-	if r.code != cli.ExitEnvironment {
-		t.Errorf("exit %d, want %d (the environment)", r.code, cli.ExitEnvironment)
+	if r.Code != cli.ExitEnvironment {
+		t.Errorf("exit %d, want %d (the environment)", r.Code, cli.ExitEnvironment)
 	}
 	text := strings.Join(strings.Fields(out), " ")
 	for _, w := range []string{"an administrator terminated the session", "the transaction was rolled back: nothing was changed",
@@ -62,8 +63,8 @@ func TestApplySessionEndedUnderIt(t *testing.T) {
 	}
 	release()
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "after the ended session")
-	if r := run(t, nil, "--dsn", db.DSN, "apply", "--yes"); r.code != cli.ExitOK {
-		t.Fatalf("the rerun: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--yes"); r.Code != cli.ExitOK {
+		t.Fatalf("the rerun: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 }
 
@@ -108,8 +109,8 @@ func TestLongStoppedClientResumedIsExplained(t *testing.T) {
 		}
 	}
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "after the stopped client")
-	if r := run(t, nil, "--dsn", db.DSN, "apply", "--yes"); r.code != cli.ExitOK {
-		t.Fatalf("the rerun: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--yes"); r.Code != cli.ExitOK {
+		t.Fatalf("the rerun: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 }
 
@@ -120,12 +121,12 @@ func TestLongStoppedClientResumedIsExplained(t *testing.T) {
 func TestOnlineLockFailureNamesHolders(t *testing.T) {
 	db := testdb.Baseline(t)
 	db.HoldLock(t, "select pg_catalog.set_config('application_name', 'the-lock-holder', true); lock table pgflow.steps in access share mode")
-	r := run(t, nil, "--dsn", db.DSN, "apply", "--online", "--yes", "--lock-retries", "1", "--lock-timeout", "100ms")
-	out := flat(r.stdout + r.stderr)
-	t.Logf("exit %d\n%s", r.code, r.stdout+r.stderr)
-	if r.code != cli.ExitFindings || !strings.Contains(out, "locks not obtained in 2 attempts") ||
+	r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--online", "--yes", "--lock-retries", "1", "--lock-timeout", "100ms")
+	out := flat(r.Stdout + r.Stderr)
+	t.Logf("exit %d\n%s", r.Code, r.Stdout+r.Stderr)
+	if r.Code != cli.ExitFindings || !strings.Contains(out, "locks not obtained in 2 attempts") ||
 		!strings.Contains(out, "the sessions holding locks on the pgflow tables now") || !strings.Contains(out, `"the-lock-holder"`) {
-		t.Errorf("exit %d; the lock failure does not name its holder", r.code)
+		t.Errorf("exit %d; the lock failure does not name its holder", r.Code)
 	}
 }
 
@@ -135,9 +136,9 @@ func TestOnlineLockFailureNamesHolders(t *testing.T) {
 // "all 0 queue(s)").
 func TestApplyPrintsNoWarningAboutNothing(t *testing.T) {
 	db := testdb.Baseline(t)
-	r := run(t, nil, "--dsn", db.DSN, "apply", "--dry-run", "--yes")
-	if r.code != cli.ExitOK || strings.Contains(r.stdout, "warnings (not blocking):") || strings.Contains(r.stdout, "0 queue(s)") {
-		t.Fatalf("apply --dry-run without queues: exit %d\n%s", r.code, r.stdout)
+	r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--dry-run", "--yes")
+	if r.Code != cli.ExitOK || strings.Contains(r.Stdout, "warnings (not blocking):") || strings.Contains(r.Stdout, "0 queue(s)") {
+		t.Fatalf("apply --dry-run without queues: exit %d\n%s", r.Code, r.Stdout)
 	}
 }
 
@@ -163,14 +164,14 @@ func TestRollbackOnlineSessionEndedUnderIt(t *testing.T) {
 		}
 		done <- false
 	}()
-	r := run(t, nil, "--dsn", db.DSN, "apply", "--rollback-online", "--yes", "--lock-retries", "50")
+	r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--rollback-online", "--yes", "--lock-retries", "50")
 	if !<-done {
-		t.Fatalf("the rollback's backend was never seen waiting for its lock: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+		t.Fatalf("the rollback's backend was never seen waiting for its lock: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
-	t.Logf("exit %d\n%s%s", r.code, r.stdout, r.stderr)
-	if r.code != cli.ExitEnvironment {
-		t.Errorf("exit %d, want %d", r.code, cli.ExitEnvironment)
+	t.Logf("exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
+	if r.Code != cli.ExitEnvironment {
+		t.Errorf("exit %d, want %d", r.Code, cli.ExitEnvironment)
 	}
-	says(t, r.stdout+r.stderr, "an administrator terminated the session", "(then run apply --rollback-online again: it starts over)",
+	says(t, r.Stdout+r.Stderr, "an administrator terminated the session", "(then run apply --rollback-online again: it starts over)",
 		"`pgflow-upgrade status` shows where it stands")
 }

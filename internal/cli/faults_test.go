@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/datagen"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
@@ -58,8 +59,8 @@ func newFaultServer(t *testing.T, tasks int64) *faultServer {
 		t.Fatal(err)
 	}
 	dsn := srv.DSNFor(fs.template)
-	if r := run(t, nil, "--dsn", dsn, "fixtures", "load", "inflight"); r.code != cli.ExitOK {
-		t.Fatalf("fixtures load: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", dsn, "fixtures", "load", "inflight"); r.Code != cli.ExitOK {
+		t.Fatalf("fixtures load: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	pool := faultPool(t, dsn)
 	took, err := datagen.Generate(ctx, pool, datagen.Shape{Tasks: tasks, Flows: 2, TasksPerRun: 1000, LiveRuns: 2, LiveTasksPerRun: 20})
@@ -138,7 +139,7 @@ func backendWhere(ctx context.Context, admin *pgx.Conn, db, cond string) int {
 // backend of database db matches cond, kills that backend with SIGKILL: the
 // server crashes and recovers. It returns the command's result once the
 // server accepts sessions again.
-func (fs *faultServer) crashWhen(t *testing.T, db, cond string, args ...string) result {
+func (fs *faultServer) crashWhen(t *testing.T, db, cond string, args ...string) clitest.Result {
 	t.Helper()
 	ctx := context.Background()
 	// On the database itself: pg_locks' relation oids are its own.
@@ -164,10 +165,10 @@ func (fs *faultServer) crashWhen(t *testing.T, db, cond string, args ...string) 
 			}
 		}
 	}()
-	r := run(t, nil, args...)
+	r := clitest.Run(t, nil, args...)
 	close(done)
 	if pid := <-killed; pid == 0 {
-		t.Fatalf("the backend to crash (%s) was never seen; %v: exit %d\n%s%s", cond, args, r.code, r.stdout, r.stderr)
+		t.Fatalf("the backend to crash (%s) was never seen; %v: exit %d\n%s%s", cond, args, r.Code, r.Stdout, r.Stderr)
 	} else {
 		t.Logf("killed backend %d (%s): the server crashed", pid, cond)
 	}
@@ -270,10 +271,10 @@ func TestLongFaultServerCrash(t *testing.T) {
 				args = append(args, "--online", "--lock-retries", "50")
 			}
 			r := fs.crashWhen(t, name, c.cond, append(args, c.extra...)...)
-			out := r.stdout + r.stderr
-			t.Logf("exit %d\n%s", r.code, out)
-			if r.code != cli.ExitEnvironment {
-				t.Errorf("exit %d, want %d", r.code, cli.ExitEnvironment)
+			out := r.Stdout + r.Stderr
+			t.Logf("exit %d\n%s", r.Code, out)
+			if r.Code != cli.ExitEnvironment {
+				t.Errorf("exit %d, want %d", r.Code, cli.ExitEnvironment)
 			}
 			if c.online {
 				says(t, out, crashOnlineMessage, crashOnlineRemains, crashOnlineContinue)
@@ -286,12 +287,12 @@ func TestLongFaultServerCrash(t *testing.T) {
 			if c.online {
 				args = append(args, "--online")
 			}
-			if r := run(t, nil, args...); r.code != cli.ExitOK {
-				t.Fatalf("the rerun: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+			if r := clitest.Run(t, nil, args...); r.Code != cli.ExitOK {
+				t.Fatalf("the rerun: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 			}
 			nothingLost(t, dsn, before, true, "after the rerun")
-			if r := run(t, nil, "--dsn", dsn, "verify"); r.code != cli.ExitOK {
-				t.Fatalf("verify after the rerun: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+			if r := clitest.Run(t, nil, "--dsn", dsn, "verify"); r.Code != cli.ExitOK {
+				t.Fatalf("verify after the rerun: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 			}
 		})
 	}
@@ -328,11 +329,11 @@ func TestLongFaultDiskFull(t *testing.T) {
 			if online {
 				args = append(args, "--online")
 			}
-			r := run(t, nil, args...)
-			out := r.stdout + r.stderr
-			t.Logf("exit %d\n%s", r.code, out)
-			if r.code != cli.ExitEnvironment {
-				t.Errorf("exit %d, want %d", r.code, cli.ExitEnvironment)
+			r := clitest.Run(t, nil, args...)
+			out := r.Stdout + r.Stderr
+			t.Logf("exit %d\n%s", r.Code, out)
+			if r.Code != cli.ExitEnvironment {
+				t.Errorf("exit %d, want %d", r.Code, cli.ExitEnvironment)
 			}
 			says(t, out, diskFullCause, "No space left on device", diskFullHint, diskFullRerun)
 			if online {
@@ -341,9 +342,9 @@ func TestLongFaultDiskFull(t *testing.T) {
 				says(t, out, crashApplyLeft, diskFullApplyNext)
 			}
 			nothingLost(t, db.DSN, before, false, "after the full disk")
-			sqlExec(t, db, "alter table pgflow.step_tasks set tablespace pg_default") // space freed
-			if r := run(t, nil, args...); r.code != cli.ExitOK {
-				t.Fatalf("the rerun with space: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+			db.Exec(t, "alter table pgflow.step_tasks set tablespace pg_default") // space freed
+			if r := clitest.Run(t, nil, args...); r.Code != cli.ExitOK {
+				t.Fatalf("the rerun with space: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 			}
 			nothingLost(t, db.DSN, before, true, "after the rerun")
 		})

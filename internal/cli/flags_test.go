@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 )
 
 // unreachable is a DSN whose connection fails at once: a command that
@@ -62,11 +63,11 @@ func TestFlagPositions(t *testing.T) {
 			forms["global between command and subcommand"] = cat(l.path[:1], dsn, l.path[1:], l.args, l.flags)
 		}
 		for form, args := range forms {
-			r := run(t, nil, args...)
-			if r.code != cli.ExitEnvironment || !strings.Contains(r.stderr, "u@127.0.0.1:1/x") {
-				t.Errorf("%s, %s %q: exit %d, want %d connecting to 127.0.0.1:1\n%s", name, form, args, r.code, cli.ExitEnvironment, r.stderr)
+			r := clitest.Run(t, nil, args...)
+			if r.Code != cli.ExitEnvironment || !strings.Contains(r.Stderr, "u@127.0.0.1:1/x") {
+				t.Errorf("%s, %s %q: exit %d, want %d connecting to 127.0.0.1:1\n%s", name, form, args, r.Code, cli.ExitEnvironment, r.Stderr)
 			}
-			if strings.Contains(r.stdout+r.stderr, "flagtestpw") {
+			if strings.Contains(r.Stdout+r.Stderr, "flagtestpw") {
 				t.Errorf("%s, %s: password printed", name, form)
 			}
 		}
@@ -77,9 +78,9 @@ func TestFlagPositions(t *testing.T) {
 			"--format after":           cat(l.path, yaml, l.args, l.flags, dsn),
 			"--format after arguments": cat(l.path, l.args, l.flags, dsn, yaml),
 		} {
-			r := run(t, nil, args...)
-			if r.code != cli.ExitUsage || !strings.Contains(r.stderr, `--format "yaml"`) {
-				t.Errorf("%s, %s: exit %d, want %d naming --format\n%s", name, form, r.code, cli.ExitUsage, r.stderr)
+			r := clitest.Run(t, nil, args...)
+			if r.Code != cli.ExitUsage || !strings.Contains(r.Stderr, `--format "yaml"`) {
+				t.Errorf("%s, %s: exit %d, want %d naming --format\n%s", name, form, r.Code, cli.ExitUsage, r.Stderr)
 			}
 		}
 	}
@@ -92,16 +93,16 @@ func TestFlagPositions(t *testing.T) {
 		{"fixtures", "--format", "json", "list"},
 		{"fixtures", "list", "--format=json"},
 	} {
-		r := run(t, nil, args...)
-		if r.code != cli.ExitOK || !json.Valid([]byte(r.stdout)) {
-			t.Errorf("%q: exit %d, output not JSON:\n%s%s", args, r.code, r.stdout, r.stderr)
+		r := clitest.Run(t, nil, args...)
+		if r.Code != cli.ExitOK || !json.Valid([]byte(r.Stdout)) {
+			t.Errorf("%q: exit %d, output not JSON:\n%s%s", args, r.Code, r.Stdout, r.Stderr)
 		}
 	}
 	// A command's own flag after its positional argument: replay's
 	// --parallel is read (and refused) after the scenario name.
-	r := run(t, nil, "fixtures", "replay", "clean-upgrade", "--parallel", "0")
-	if r.code != cli.ExitUsage || !strings.Contains(r.stderr, "--parallel") {
-		t.Errorf("replay NAME --parallel 0: exit %d\n%s", r.code, r.stderr)
+	r := clitest.Run(t, nil, "fixtures", "replay", "clean-upgrade", "--parallel", "0")
+	if r.Code != cli.ExitUsage || !strings.Contains(r.Stderr, "--parallel") {
+		t.Errorf("replay NAME --parallel 0: exit %d\n%s", r.Code, r.Stderr)
 	}
 }
 
@@ -153,19 +154,19 @@ func TestUsageErrorsExit2OneLine(t *testing.T) {
 		usage{[]string{"apply", "--dsn", unreachable}, "--yes", "apply"},
 	)
 	for _, c := range cases {
-		r := run(t, nil, c.args...)
-		lines := strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n")
+		r := clitest.Run(t, nil, c.args...)
+		lines := strings.Split(strings.TrimSuffix(r.Stderr, "\n"), "\n")
 		help := strings.Join(strings.Fields("pgflow-upgrade "+c.help+" --help"), " ")
 		switch {
-		case r.code != cli.ExitUsage:
-			t.Errorf("%q: exit %d, want %d\n%s", c.args, r.code, cli.ExitUsage, r.stderr)
+		case r.Code != cli.ExitUsage:
+			t.Errorf("%q: exit %d, want %d\n%s", c.args, r.Code, cli.ExitUsage, r.Stderr)
 		case len(lines) != 1:
-			t.Errorf("%q: %d lines on stderr, want one:\n%s", c.args, len(lines), r.stderr)
-		case !strings.Contains(r.stderr, c.says) || !strings.Contains(r.stderr, "`"+help+"`"):
-			t.Errorf("%q: %q should say %q and point at `%s`", c.args, r.stderr, c.says, help)
+			t.Errorf("%q: %d lines on stderr, want one:\n%s", c.args, len(lines), r.Stderr)
+		case !strings.Contains(r.Stderr, c.says) || !strings.Contains(r.Stderr, "`"+help+"`"):
+			t.Errorf("%q: %q should say %q and point at `%s`", c.args, r.Stderr, c.says, help)
 		}
-		if r.stdout != "" {
-			t.Errorf("%q: a usage error printed on stdout:\n%s", c.args, r.stdout)
+		if r.Stdout != "" {
+			t.Errorf("%q: a usage error printed on stdout:\n%s", c.args, r.Stdout)
 		}
 	}
 }
@@ -178,9 +179,9 @@ func TestHelpEverywhere(t *testing.T) {
 		{"fixtures", "--help"}, {"fixtures", "load", "--help"}, {"fixtures", "load", "baseline", "--help"},
 		{"fixtures", "replay", "clean-upgrade", "-h"}, {"apply", "--dsn", unreachable, "--help"},
 	} {
-		r := run(t, nil, args...)
-		if r.code != cli.ExitOK || !strings.Contains(r.stdout, "USAGE") {
-			t.Errorf("%q: exit %d\n%s%s", args, r.code, r.stdout, r.stderr)
+		r := clitest.Run(t, nil, args...)
+		if r.Code != cli.ExitOK || !strings.Contains(r.Stdout, "USAGE") {
+			t.Errorf("%q: exit %d\n%s%s", args, r.Code, r.Stdout, r.Stderr)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -122,10 +123,10 @@ func TestHostileIdentifiersThroughEveryCommand(t *testing.T) {
 			t.Logf("flows: %q", flows)
 			dsnValue := withPassword(t, db.DSN)
 
-			r := run(t, nil, "--dsn", dsnValue, "--format", "json", "audit")
+			r := clitest.Run(t, nil, "--dsn", dsnValue, "--format", "json", "audit")
 			var doc privilegeDoc
-			if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil {
-				t.Fatalf("audit: exit %d, no JSON: %v\n%s%s", r.code, err, r.stdout, r.stderr)
+			if err := json.Unmarshal([]byte(r.Stdout), &doc); err != nil {
+				t.Fatalf("audit: exit %d, no JSON: %v\n%s%s", r.Code, err, r.Stdout, r.Stderr)
 			}
 			for _, c := range doc.Checks {
 				if c.Status == "error" || c.Status == "inconclusive" {
@@ -133,15 +134,15 @@ func TestHostileIdentifiersThroughEveryCommand(t *testing.T) {
 				}
 			}
 			if doc.Summary.Blockers != 0 {
-				t.Errorf("audit found %d blockers in a valid database:\n%s", doc.Summary.Blockers, r.stdout)
+				t.Errorf("audit found %d blockers in a valid database:\n%s", doc.Summary.Blockers, r.Stdout)
 			}
-			if r.code != cli.ExitOK {
-				t.Fatalf("audit: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+			if r.Code != cli.ExitOK {
+				t.Fatalf("audit: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 			}
 			for _, args := range [][]string{{"apply", "--yes"}, {"status"}, {"verify"}, {"apply", "--yes"}} {
-				r := run(t, nil, append([]string{"--dsn", dsnValue}, args...)...)
-				if r.code != cli.ExitOK || strings.Contains(r.stdout+r.stderr, secretPassword) {
-					t.Fatalf("%v: exit %d\n%s%s", args, r.code, r.stdout, r.stderr)
+				r := clitest.Run(t, nil, append([]string{"--dsn", dsnValue}, args...)...)
+				if r.Code != cli.ExitOK || strings.Contains(r.Stdout+r.Stderr, secretPassword) {
+					t.Fatalf("%v: exit %d\n%s%s", args, r.Code, r.Stdout, r.Stderr)
 				}
 			}
 			// The naming rule held for every spelling: the queue is
@@ -154,8 +155,8 @@ func TestHostileIdentifiersThroughEveryCommand(t *testing.T) {
 				t.Fatalf("%d rows break the naming rule (%v)", bad, err)
 			}
 			// The audit of the upgraded database still runs every check.
-			if r := run(t, nil, "--dsn", dsnValue, "audit"); r.code != cli.ExitOK {
-				t.Fatalf("audit after apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+			if r := clitest.Run(t, nil, "--dsn", dsnValue, "audit"); r.Code != cli.ExitOK {
+				t.Fatalf("audit after apply: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 			}
 		})
 	}
@@ -170,7 +171,7 @@ func TestHostileIdentifiersThroughEveryCommand(t *testing.T) {
 func TestHostileCaseAliasesAndLengths(t *testing.T) {
 	db := testdb.Baseline(t)
 	long := strings.Repeat("Order_", 22)[:128]
-	sqlExec(t, db,
+	db.Exec(t,
 		`select pgflow.create_flow('select')`, `select pgflow.add_step('select', 'from')`,
 		`select pgflow.create_flow('SELECT')`, `select pgflow.add_step('SELECT', 'from')`,
 		// The engine would refuse this flow (no queue can exist for it); it
@@ -179,18 +180,18 @@ func TestHostileCaseAliasesAndLengths(t *testing.T) {
 		// With a step: a stepless long-slug flow would be only a warning.
 		`insert into pgflow.steps (flow_slug, step_slug) values ('`+long+`', 's')`)
 	before := testdb.State(t, db.Pool)
-	r := run(t, nil, "--dsn", db.DSN, "--format", "json", "audit", "--sample", "10")
-	if r.code != cli.ExitFindings {
-		t.Fatalf("audit: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	r := clitest.Run(t, nil, "--dsn", db.DSN, "--format", "json", "audit", "--sample", "10")
+	if r.Code != cli.ExitFindings {
+		t.Fatalf("audit: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	for _, want := range []string{"flows.case_alias", `"SELECT, select"`, "pgmq.flow_queue_missing", long} {
-		if !strings.Contains(r.stdout, want) {
-			t.Errorf("the audit does not name %q:\n%s", want, r.stdout)
+		if !strings.Contains(r.Stdout, want) {
+			t.Errorf("the audit does not name %q:\n%s", want, r.Stdout)
 		}
 	}
-	r = run(t, nil, "--dsn", db.DSN, "apply", "--yes")
-	if r.code != cli.ExitFindings || !strings.Contains(r.stdout, "flows.case_alias") || !strings.Contains(r.stdout, "flows.queue_name_too_long") {
-		t.Fatalf("apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	r = clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--yes")
+	if r.Code != cli.ExitFindings || !strings.Contains(r.Stdout, "flows.case_alias") || !strings.Contains(r.Stdout, "flows.queue_name_too_long") {
+		t.Fatalf("apply: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "refused apply with hostile names")
 }
@@ -198,7 +199,7 @@ func TestHostileCaseAliasesAndLengths(t *testing.T) {
 // TestHostileArguments: SQL fragments, quotes and spaces in arguments are
 // names that do not exist, never SQL: a usage error, the database unchanged.
 func TestHostileArguments(t *testing.T) {
-	db := legacyDB(t)
+	db := clitest.LegacyDB(t)
 	before := testdb.State(t, db.Pool)
 	for _, args := range [][]string{
 		{"audit", "--check", "schema.state'; drop table pgflow.flows; --"},
@@ -208,9 +209,9 @@ func TestHostileArguments(t *testing.T) {
 		{"fixtures", "replay", "clean-upgrade'; drop database postgres; --"},
 		{"fixtures", "load", "baseline' or '1'='1"},
 	} {
-		r := run(t, map[string]string{"PGFLOW_UPGRADE_NO_DOCKER": "1"}, append([]string{"--dsn", db.DSN}, args...)...)
-		if r.code != cli.ExitUsage || r.stderr == "" {
-			t.Errorf("%q: exit %d, want %d with a message\n%s%s", args, r.code, cli.ExitUsage, r.stdout, r.stderr)
+		r := clitest.Run(t, map[string]string{"PGFLOW_UPGRADE_NO_DOCKER": "1"}, append([]string{"--dsn", db.DSN}, args...)...)
+		if r.Code != cli.ExitUsage || r.Stderr == "" {
+			t.Errorf("%q: exit %d, want %d with a message\n%s%s", args, r.Code, cli.ExitUsage, r.Stdout, r.Stderr)
 		}
 	}
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "hostile arguments")
@@ -237,8 +238,8 @@ func TestHostileDatabaseName(t *testing.T) {
 	u.Path = "/" + name
 	dsnValue := u.String()
 	// `fixtures load baseline` loads the real 0.16.0 baseline by name.
-	if r := run(t, nil, "--dsn", dsnValue, "fixtures", "load", "baseline"); r.code != cli.ExitOK {
-		t.Fatalf("fixtures load baseline on database %q: exit %d\n%s%s", name, r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", dsnValue, "fixtures", "load", "baseline"); r.Code != cli.ExitOK {
+		t.Fatalf("fixtures load baseline on database %q: exit %d\n%s%s", name, r.Code, r.Stdout, r.Stderr)
 	}
 	conn, err := session.Open(ctx, dsnValue, session.Test)
 	if err != nil {
@@ -255,9 +256,9 @@ func TestHostileDatabaseName(t *testing.T) {
 	}
 	// Audit, upgrade to 0.17.0 and verify, by that name.
 	for _, args := range [][]string{{"audit"}, {"apply", "--yes"}, {"status"}, {"verify"}} {
-		r := run(t, nil, append([]string{"--dsn", dsnValue}, args...)...)
-		if r.code != cli.ExitOK {
-			t.Fatalf("%v on database %q: exit %d\n%s%s", args, name, r.code, r.stdout, r.stderr)
+		r := clitest.Run(t, nil, append([]string{"--dsn", dsnValue}, args...)...)
+		if r.Code != cli.ExitOK {
+			t.Fatalf("%v on database %q: exit %d\n%s%s", args, name, r.Code, r.Stdout, r.Stderr)
 		}
 	}
 }

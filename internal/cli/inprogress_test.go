@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
@@ -30,20 +31,20 @@ type auditFinding struct {
 // findings and its output.
 func auditFindings(t *testing.T, db *testdb.DB) (int, []auditFinding, string) {
 	t.Helper()
-	r := run(t, nil, "--dsn", db.DSN, "--format", "json", "audit")
+	r := clitest.Run(t, nil, "--dsn", db.DSN, "--format", "json", "audit")
 	var out struct {
 		Checks []struct {
 			Findings []auditFinding `json:"findings"`
 		} `json:"checks"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil {
-		t.Fatalf("audit json (%v): exit %d\n%s%s", err, r.code, r.stdout, r.stderr)
+	if err := json.Unmarshal([]byte(r.Stdout), &out); err != nil {
+		t.Fatalf("audit json (%v): exit %d\n%s%s", err, r.Code, r.Stdout, r.Stderr)
 	}
 	var all []auditFinding
 	for _, c := range out.Checks {
 		all = append(all, c.Findings...)
 	}
-	return r.code, all, r.stdout
+	return r.Code, all, r.Stdout
 }
 
 // flat is out with every run of white space one space: a phrase is found
@@ -108,27 +109,27 @@ func TestCrashedQuiesceIsAStateEveryCommandSees(t *testing.T) {
 	if rec != 1 {
 		t.Fatalf("audit: %d quiesce.recorded findings, want 1\n%s", rec, out)
 	}
-	if r := run(t, nil, "--dsn", db.DSN, "audit"); r.code != cli.ExitFindings || !strings.Contains(flat(r.stdout), "quiesce.recorded") ||
-		!strings.Contains(flat(r.stdout), resume) || !strings.Contains(flat(r.stdout), undo) {
-		t.Fatalf("audit table: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "audit"); r.Code != cli.ExitFindings || !strings.Contains(flat(r.Stdout), "quiesce.recorded") ||
+		!strings.Contains(flat(r.Stdout), resume) || !strings.Contains(flat(r.Stdout), undo) {
+		t.Fatalf("audit table: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 
 	// status: the next step is one of the two commands.
-	r := run(t, nil, "--dsn", db.DSN, "--format", "json", "status")
+	r := clitest.Run(t, nil, "--dsn", db.DSN, "--format", "json", "status")
 	v := versionOf(t, r)
-	if r.code != cli.ExitFindings || !strings.Contains(v.PgflowVersion.NextStep, resume) || !strings.Contains(v.PgflowVersion.NextStep, undo) {
-		t.Fatalf("status: exit %d, next step %q\n%s", r.code, v.PgflowVersion.NextStep, r.stderr)
+	if r.Code != cli.ExitFindings || !strings.Contains(v.PgflowVersion.NextStep, resume) || !strings.Contains(v.PgflowVersion.NextStep, undo) {
+		t.Fatalf("status: exit %d, next step %q\n%s", r.Code, v.PgflowVersion.NextStep, r.Stderr)
 	}
-	if r := run(t, nil, "--dsn", db.DSN, "status"); !strings.Contains(flat(r.stdout), "next step: an interrupted `pgflow-upgrade apply --quiesce` left its record open (phase drained") {
-		t.Fatalf("status table:\n%s", r.stdout)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "status"); !strings.Contains(flat(r.Stdout), "next step: an interrupted `pgflow-upgrade apply --quiesce` left its record open (phase drained") {
+		t.Fatalf("status table:\n%s", r.Stdout)
 	}
 
 	// apply without --resume-quiesce / --undo-quiesce refuses (exit 1),
 	// naming both; nothing changes (plain, dry run, online).
 	for _, args := range [][]string{{"apply", "--yes"}, {"apply", "--dry-run", "--yes"}, {"apply", "--quiesce", "--dry-run", "--yes"}, {"apply", "--online", "--yes"}} {
-		r := run(t, nil, append([]string{"--dsn", db.DSN}, args...)...)
-		if r.code != cli.ExitFindings || !strings.Contains(r.stdout+r.stderr, resume) || !strings.Contains(r.stdout+r.stderr, undo) {
-			t.Fatalf("%v: exit %d, want %d\n%s%s", args, r.code, cli.ExitFindings, r.stdout, r.stderr)
+		r := clitest.Run(t, nil, append([]string{"--dsn", db.DSN}, args...)...)
+		if r.Code != cli.ExitFindings || !strings.Contains(r.Stdout+r.Stderr, resume) || !strings.Contains(r.Stdout+r.Stderr, undo) {
+			t.Fatalf("%v: exit %d, want %d\n%s%s", args, r.Code, cli.ExitFindings, r.Stdout, r.Stderr)
 		}
 		if got := recordedValues(t, db); got != paused {
 			t.Fatalf("%v changed %s into %s", args, paused, got)
@@ -136,14 +137,14 @@ func TestCrashedQuiesceIsAStateEveryCommandSees(t *testing.T) {
 		if !quiesceRecordOpen(t, db) {
 			t.Fatalf("%v closed the record", args)
 		}
-		if r := run(t, nil, "--dsn", db.DSN, "--format", "json", "status"); versionOf(t, r).PgflowVersion.Found != "0.16.0" {
-			t.Fatalf("%v changed the schema: %s", args, r.stdout)
+		if r := clitest.Run(t, nil, "--dsn", db.DSN, "--format", "json", "status"); versionOf(t, r).PgflowVersion.Found != "0.16.0" {
+			t.Fatalf("%v changed the schema: %s", args, r.Stdout)
 		}
 	}
 
 	// Undone: the recorded values are back, and audit and status are clean of it.
-	if r := run(t, nil, "--dsn", db.DSN, "apply", "--undo-quiesce", "--yes"); r.code != cli.ExitOK {
-		t.Fatalf("undo: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--undo-quiesce", "--yes"); r.Code != cli.ExitOK {
+		t.Fatalf("undo: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	if got := recordedValues(t, db); got != before {
 		t.Fatalf("undo gave %s, want %s", got, before)
@@ -157,8 +158,8 @@ func TestCrashedQuiesceIsAStateEveryCommandSees(t *testing.T) {
 			}
 		}
 	}
-	if r := run(t, nil, "--dsn", db.DSN, "--format", "json", "status"); r.code != cli.ExitOK || strings.Contains(versionOf(t, r).PgflowVersion.NextStep, "quiesce") {
-		t.Fatalf("status after undo: exit %d\n%s", r.code, r.stdout)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "--format", "json", "status"); r.Code != cli.ExitOK || strings.Contains(versionOf(t, r).PgflowVersion.NextStep, "quiesce") {
+		t.Fatalf("status after undo: exit %d\n%s", r.Code, r.Stdout)
 	}
 }
 
@@ -168,7 +169,7 @@ func TestCrashedQuiesceIsAStateEveryCommandSees(t *testing.T) {
 func TestOnlineInProgressNamedByAuditAndApply(t *testing.T) {
 	ctx := context.Background()
 	db := testdb.Baseline(t)
-	sqlExec(t, db, `select pgflow.create_flow('Half_Way')`, `select pgflow.add_step('Half_Way', 'only')`, `select pgflow.start_flow('Half_Way', '{}')`)
+	db.Exec(t, `select pgflow.create_flow('Half_Way')`, `select pgflow.add_step('Half_Way', 'only')`, `select pgflow.start_flow('Half_Way', '{}')`)
 	conn, err := session.Open(ctx, db.DSN, session.Test)
 	if err != nil {
 		t.Fatal(err)
@@ -203,26 +204,26 @@ func TestOnlineInProgressNamedByAuditAndApply(t *testing.T) {
 	if state != 1 || code != cli.ExitOK {
 		t.Fatalf("audit: exit %d, %d schema.state findings\n%s", code, state, out)
 	}
-	if r := run(t, nil, "--dsn", db.DSN, "audit"); !strings.Contains(flat(r.stdout), "pgflow version: online upgrade of ours in progress (phase contract)") ||
-		strings.Contains(r.stdout, "restore those objects") {
-		t.Fatalf("audit table: exit %d\n%s", r.code, r.stdout)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "audit"); !strings.Contains(flat(r.Stdout), "pgflow version: online upgrade of ours in progress (phase contract)") ||
+		strings.Contains(r.Stdout, "restore those objects") {
+		t.Fatalf("audit table: exit %d\n%s", r.Code, r.Stdout)
 	}
 
 	for _, args := range [][]string{{"apply", "--yes"}, {"apply", "--dry-run", "--yes"}} {
-		r := run(t, nil, append([]string{"--dsn", db.DSN}, args...)...)
+		r := clitest.Run(t, nil, append([]string{"--dsn", db.DSN}, args...)...)
 		// The refusal, as stderr's last line and stdout's second, starts with what the database is.
-		lines := strings.Split(strings.TrimSpace(r.stderr), "\n")
+		lines := strings.Split(strings.TrimSpace(r.Stderr), "\n")
 		refusal := lines[len(lines)-1]
-		msg := strings.SplitN(r.stdout, "\n", 3)
-		if r.code != cli.ExitFindings || !strings.HasPrefix(refusal, "pgflow-upgrade apply: an online upgrade (pgflow-upgrade apply --online) is in progress on this database (phase contract)") ||
+		msg := strings.SplitN(r.Stdout, "\n", 3)
+		if r.Code != cli.ExitFindings || !strings.HasPrefix(refusal, "pgflow-upgrade apply: an online upgrade (pgflow-upgrade apply --online) is in progress on this database (phase contract)") ||
 			len(msg) < 2 || !strings.HasPrefix(msg[1], "an online upgrade (pgflow-upgrade apply --online) is in progress") ||
-			!strings.Contains(refusal, cont) || !strings.Contains(refusal, undo) || strings.Contains(r.stdout+r.stderr, "restore those objects") {
-			t.Fatalf("%v: exit %d\n%s%s", args, r.code, r.stdout, r.stderr)
+			!strings.Contains(refusal, cont) || !strings.Contains(refusal, undo) || strings.Contains(r.Stdout+r.Stderr, "restore those objects") {
+			t.Fatalf("%v: exit %d\n%s%s", args, r.Code, r.Stdout, r.Stderr)
 		}
 	}
 	// The refusal changed nothing: the online upgrade finishes from there.
-	if r := run(t, nil, "--dsn", db.DSN, "apply", "--online", "--yes"); r.code != cli.ExitOK {
-		t.Fatalf("apply --online after the refusals: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--online", "--yes"); r.Code != cli.ExitOK {
+		t.Fatalf("apply --online after the refusals: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 }
 
@@ -246,10 +247,10 @@ func TestApplyQuiesceChecksTheStateFirst(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			db := c.db(t)
 			for _, args := range [][]string{{"apply", "--quiesce", "--yes"}, {"apply", "--quiesce", "--dry-run", "--yes"}} {
-				r := run(t, nil, append([]string{"--dsn", db.DSN}, args...)...)
-				all := r.stdout + r.stderr
-				if r.code != c.code || !strings.Contains(all, c.want) || strings.Contains(all, "SQLSTATE") {
-					t.Fatalf("%v: exit %d, want %d and %q\n%s%s", args, r.code, c.code, c.want, r.stdout, r.stderr)
+				r := clitest.Run(t, nil, append([]string{"--dsn", db.DSN}, args...)...)
+				all := r.Stdout + r.Stderr
+				if r.Code != c.code || !strings.Contains(all, c.want) || strings.Contains(all, "SQLSTATE") {
+					t.Fatalf("%v: exit %d, want %d and %q\n%s%s", args, r.Code, c.code, c.want, r.Stdout, r.Stderr)
 				}
 				if c.code != cli.ExitOK && !strings.Contains(all, "--quiesce paused nothing") {
 					t.Fatalf("%v: the refusal does not say nothing was paused\n%s", args, all)
@@ -279,11 +280,11 @@ func TestVerifyFailsWhileAQuiesceRecordIsOpen(t *testing.T) {
 			Detail string `json:"detail"`
 		} `json:"checks"`
 	}
-	closed := func(r result) (found, ok bool, detail string) {
+	closed := func(r clitest.Result) (found, ok bool, detail string) {
 		t.Helper()
 		var v verifyJSON
-		if err := json.Unmarshal([]byte(r.stdout), &v); err != nil {
-			t.Fatalf("verify json (%v): %s%s", err, r.stdout, r.stderr)
+		if err := json.Unmarshal([]byte(r.Stdout), &v); err != nil {
+			t.Fatalf("verify json (%v): %s%s", err, r.Stdout, r.Stderr)
 		}
 		for _, c := range v.Checks {
 			if c.ID == "quiesce_closed" {
@@ -292,24 +293,24 @@ func TestVerifyFailsWhileAQuiesceRecordIsOpen(t *testing.T) {
 		}
 		return false, false, ""
 	}
-	r := run(t, nil, "--dsn", db.DSN, "--format", "json", "verify")
-	if found, ok, detail := closed(r); r.code != cli.ExitFindings || !found || ok || !strings.Contains(detail, "phase applied") ||
+	r := clitest.Run(t, nil, "--dsn", db.DSN, "--format", "json", "verify")
+	if found, ok, detail := closed(r); r.Code != cli.ExitFindings || !found || ok || !strings.Contains(detail, "phase applied") ||
 		!strings.Contains(detail, resume) || !strings.Contains(detail, undo) {
-		t.Fatalf("verify with the record open: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+		t.Fatalf("verify with the record open: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
-	if r := run(t, nil, "--dsn", db.DSN, "apply", "--yes"); r.code != cli.ExitFindings || !strings.Contains(r.stdout+r.stderr, resume) ||
-		strings.Contains(r.stdout, "already upgraded: pgflow") {
-		t.Fatalf("plain apply with the record open: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--yes"); r.Code != cli.ExitFindings || !strings.Contains(r.Stdout+r.Stderr, resume) ||
+		strings.Contains(r.Stdout, "already upgraded: pgflow") {
+		t.Fatalf("plain apply with the record open: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
-	if r := run(t, nil, "--dsn", db.DSN, "apply", "--resume-quiesce", "--yes"); r.code != cli.ExitOK {
-		t.Fatalf("resume: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--resume-quiesce", "--yes"); r.Code != cli.ExitOK {
+		t.Fatalf("resume: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	if got := recordedValues(t, db); got != before {
 		t.Fatalf("resume gave %s, want %s", got, before)
 	}
-	r = run(t, nil, "--dsn", db.DSN, "--format", "json", "verify")
-	if found, ok, _ := closed(r); r.code != cli.ExitOK || !found || !ok {
-		t.Fatalf("verify after the resume: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	r = clitest.Run(t, nil, "--dsn", db.DSN, "--format", "json", "verify")
+	if found, ok, _ := closed(r); r.Code != cli.ExitOK || !found || !ok {
+		t.Fatalf("verify after the resume: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 }
 

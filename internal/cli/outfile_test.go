@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 )
 
 // TestCaptureOutTargets: `fixtures capture --out` writes regular files only.
@@ -20,7 +21,7 @@ import (
 // blocks); an existing regular file is replaced only with --force; no
 // temporary file is left behind.
 func TestCaptureOutTargets(t *testing.T) {
-	db := legacyDB(t)
+	db := clitest.LegacyDB(t)
 	dir := t.TempDir()
 	victim := filepath.Join(dir, "victim")
 	if err := os.WriteFile(victim, []byte("precious"), 0o644); err != nil {
@@ -55,9 +56,9 @@ func TestCaptureOutTargets(t *testing.T) {
 				if force {
 					args = append(args, "--force")
 				}
-				r := run(t, nil, args...)
-				if r.code != cli.ExitUsage || !strings.Contains(r.stderr, tg.want) || !strings.Contains(r.stderr, "not a regular file") {
-					t.Errorf("force=%v: exit %d, want %d naming %q\n%s%s", force, r.code, cli.ExitUsage, tg.want, r.stdout, r.stderr)
+				r := clitest.Run(t, nil, args...)
+				if r.Code != cli.ExitUsage || !strings.Contains(r.Stderr, tg.want) || !strings.Contains(r.Stderr, "not a regular file") {
+					t.Errorf("force=%v: exit %d, want %d naming %q\n%s%s", force, r.Code, cli.ExitUsage, tg.want, r.Stdout, r.Stderr)
 				}
 				if after := lstatID(t, p); after != before {
 					t.Errorf("force=%v: the target changed: %s → %s", force, before, after)
@@ -74,16 +75,16 @@ func TestCaptureOutTargets(t *testing.T) {
 		if err := os.WriteFile(p, []byte("old capture"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		r := run(t, nil, "--dsn", db.DSN, "fixtures", "capture", "--out", p)
-		if r.code != cli.ExitUsage || !strings.Contains(r.stderr, "--force") {
-			t.Fatalf("without --force: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+		r := clitest.Run(t, nil, "--dsn", db.DSN, "fixtures", "capture", "--out", p)
+		if r.Code != cli.ExitUsage || !strings.Contains(r.Stderr, "--force") {
+			t.Fatalf("without --force: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 		}
 		if got, _ := os.ReadFile(p); string(got) != "old capture" {
 			t.Fatalf("replaced without --force: %q", got)
 		}
-		r = run(t, nil, "--dsn", db.DSN, "fixtures", "capture", "--out", p, "--force")
-		if r.code != cli.ExitOK {
-			t.Fatalf("with --force: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+		r = clitest.Run(t, nil, "--dsn", db.DSN, "fixtures", "capture", "--out", p, "--force")
+		if r.Code != cli.ExitOK {
+			t.Fatalf("with --force: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 		}
 		got, _ := os.ReadFile(p)
 		fi, err := os.Lstat(p)
@@ -100,10 +101,10 @@ func TestCaptureOutTargets(t *testing.T) {
 		// A role that sees the schemas but may read no table: the capture
 		// fails after the file was started.
 		_, dsnValue := roleOn(t, db, "grant usage on schema pgflow, pgmq to %[1]s")
-		r := run(t, nil, "--dsn", dsnValue, "fixtures", "capture", "--out", p, "--force")
-		t.Logf("capture without SELECT: exit %d: %s", r.code, strings.TrimSpace(r.stderr))
-		if r.code == cli.ExitOK || r.code == cli.ExitUsage {
-			t.Fatalf("capture without SELECT: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+		r := clitest.Run(t, nil, "--dsn", dsnValue, "fixtures", "capture", "--out", p, "--force")
+		t.Logf("capture without SELECT: exit %d: %s", r.Code, strings.TrimSpace(r.Stderr))
+		if r.Code == cli.ExitOK || r.Code == cli.ExitUsage {
+			t.Fatalf("capture without SELECT: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 		}
 		if got, _ := os.ReadFile(p); string(got) != "old capture" {
 			t.Fatalf("a failed capture replaced the file: %q", got)

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb/versiontest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
@@ -30,11 +31,11 @@ type versionJSON struct {
 	} `json:"pgflow_version"`
 }
 
-func versionOf(t *testing.T, r result) versionJSON {
+func versionOf(t *testing.T, r clitest.Result) versionJSON {
 	t.Helper()
 	var v versionJSON
-	if err := json.Unmarshal([]byte(r.stdout), &v); err != nil {
-		t.Fatalf("not JSON (%v): %s%s", err, r.stdout, r.stderr)
+	if err := json.Unmarshal([]byte(r.Stdout), &v); err != nil {
+		t.Fatalf("not JSON (%v): %s%s", err, r.Stdout, r.Stderr)
 	}
 	return v
 }
@@ -70,7 +71,7 @@ func TestCommandsNameThePgflowVersion(t *testing.T) {
 			statusRC: cli.ExitOK, auditRC: cli.ExitOK, applyRC: cli.ExitOK, applyText: "already upgraded"},
 		{name: "unknown", db: func(t *testing.T) *testdb.DB {
 			db := versiontest.DB(t, versions.MustLookup("0.16.0"))
-			sqlExec(t, db, `drop function pgflow.start_tasks(text, bigint[], uuid)`)
+			db.Exec(t, `drop function pgflow.start_tasks(text, bigint[], uuid)`)
 			return db
 		}, found: "", state: "unknown", next: "closest is 0.16.0",
 			statusRC: cli.ExitFindings, auditRC: cli.ExitFindings, applyRC: cli.ExitFindings,
@@ -81,18 +82,18 @@ func TestCommandsNameThePgflowVersion(t *testing.T) {
 			db := c.db(t)
 			env := map[string]string{"PGFLOW_UPGRADE_DSN": db.DSN}
 
-			r := run(t, env, "status")
-			if r.code != c.statusRC || !strings.Contains(r.stdout, "next step: ") || !strings.Contains(cellText(r.stdout), c.next) ||
-				(c.found != "" && !strings.Contains(r.stdout, "pgflow version: pgflow "+c.found)) {
-				t.Fatalf("status: exit %d (want %d)\n%s%s", r.code, c.statusRC, r.stdout, r.stderr)
+			r := clitest.Run(t, env, "status")
+			if r.Code != c.statusRC || !strings.Contains(r.Stdout, "next step: ") || !strings.Contains(cellText(r.Stdout), c.next) ||
+				(c.found != "" && !strings.Contains(r.Stdout, "pgflow version: pgflow "+c.found)) {
+				t.Fatalf("status: exit %d (want %d)\n%s%s", r.Code, c.statusRC, r.Stdout, r.Stderr)
 			}
 			if c.state == "upgraded" { // upgraded by upstream's own migrations: our revision is not needed, not pending
-				if want := "not needed (pgflow " + c.found + " found, applied by"; !strings.Contains(r.stdout, want) ||
-					strings.Contains(r.stdout, " pending") || !strings.Contains(r.stdout, "pending: none") {
-					t.Fatalf("status of an upstream-upgraded database: want %q, no pending row\n%s", want, r.stdout)
+				if want := "not needed (pgflow " + c.found + " found, applied by"; !strings.Contains(r.Stdout, want) ||
+					strings.Contains(r.Stdout, " pending") || !strings.Contains(r.Stdout, "pending: none") {
+					t.Fatalf("status of an upstream-upgraded database: want %q, no pending row\n%s", want, r.Stdout)
 				}
 			}
-			r = run(t, env, "--format", "json", "status")
+			r = clitest.Run(t, env, "--format", "json", "status")
 			v := versionOf(t, r)
 			if c.state == "upgraded" {
 				var mig struct {
@@ -102,7 +103,7 @@ func TestCommandsNameThePgflowVersion(t *testing.T) {
 					} `json:"migrations"`
 					Pending []string `json:"pending"`
 				}
-				if err := json.Unmarshal([]byte(r.stdout), &mig); err != nil || len(mig.Migrations) == 0 || len(mig.Pending) != 0 ||
+				if err := json.Unmarshal([]byte(r.Stdout), &mig); err != nil || len(mig.Migrations) == 0 || len(mig.Pending) != 0 ||
 					mig.Migrations[0].Applied || !strings.HasPrefix(mig.Migrations[0].Status, "not needed (pgflow "+c.found+" found") {
 					t.Fatalf("status json migrations (%v): %+v", err, mig)
 				}
@@ -116,12 +117,12 @@ func TestCommandsNameThePgflowVersion(t *testing.T) {
 			}
 
 			// The audit's next step is the same, less the audit itself.
-			r = run(t, env, "audit", "--check", "schema.state")
+			r = clitest.Run(t, env, "audit", "--check", "schema.state")
 			next := strings.ReplaceAll(c.next, "run `pgflow-upgrade audit`, then ", "run ")
-			if r.code != c.auditRC || !strings.Contains(cellText(r.stdout), next) || strings.Contains(r.stdout, "`pgflow-upgrade audit`") {
-				t.Fatalf("audit: exit %d (want %d)\n%s%s", r.code, c.auditRC, r.stdout, r.stderr)
+			if r.Code != c.auditRC || !strings.Contains(cellText(r.Stdout), next) || strings.Contains(r.Stdout, "`pgflow-upgrade audit`") {
+				t.Fatalf("audit: exit %d (want %d)\n%s%s", r.Code, c.auditRC, r.Stdout, r.Stderr)
 			}
-			r = run(t, env, "--format", "json", "audit", "--check", "schema.state")
+			r = clitest.Run(t, env, "--format", "json", "audit", "--check", "schema.state")
 			if v := versionOf(t, r); v.PgflowVersion.Found != c.found || v.PgflowVersion.State != c.state {
 				t.Fatalf("audit json: %+v", v.PgflowVersion)
 			}
@@ -129,14 +130,14 @@ func TestCommandsNameThePgflowVersion(t *testing.T) {
 			if c.applyRC < 0 {
 				return // applying to the real 0.16.0 is the upgrade itself, tested in cmd_apply_test.go
 			}
-			r = run(t, env, "--format", "json", "apply", "--yes")
-			if v := versionOf(t, r); r.code != c.applyRC || v.PgflowVersion.Found != c.found || v.PgflowVersion.State != c.state ||
-				!strings.Contains(r.stdout, c.applyText) {
-				t.Fatalf("apply: exit %d (want %d), %+v\n%s%s", r.code, c.applyRC, v.PgflowVersion, r.stdout, r.stderr)
+			r = clitest.Run(t, env, "--format", "json", "apply", "--yes")
+			if v := versionOf(t, r); r.Code != c.applyRC || v.PgflowVersion.Found != c.found || v.PgflowVersion.State != c.state ||
+				!strings.Contains(r.Stdout, c.applyText) {
+				t.Fatalf("apply: exit %d (want %d), %+v\n%s%s", r.Code, c.applyRC, v.PgflowVersion, r.Stdout, r.Stderr)
 			}
-			r = run(t, env, "apply", "--yes")
-			if r.code != c.applyRC || !strings.Contains(r.stdout, "next step: ") || !strings.Contains(r.stdout+r.stderr, c.applyText) {
-				t.Fatalf("apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+			r = clitest.Run(t, env, "apply", "--yes")
+			if r.Code != c.applyRC || !strings.Contains(r.Stdout, "next step: ") || !strings.Contains(r.Stdout+r.Stderr, c.applyText) {
+				t.Fatalf("apply: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 			}
 		})
 	}
@@ -145,21 +146,21 @@ func TestCommandsNameThePgflowVersion(t *testing.T) {
 // A half-done online upgrade of ours: its phase and the command that continues it.
 func TestStatusNamesAnOnlineUpgradeInProgress(t *testing.T) {
 	db := testdb.Baseline(t)
-	sqlExec(t, db, `alter table pgflow.steps add column queue_name text`)
-	sqlExec(t, db, `alter table pgflow.step_tasks add column queue_name text`)
+	db.Exec(t, `alter table pgflow.steps add column queue_name text`)
+	db.Exec(t, `alter table pgflow.step_tasks add column queue_name text`)
 	env := map[string]string{"PGFLOW_UPGRADE_DSN": db.DSN}
-	r := run(t, env, "--format", "json", "status")
+	r := clitest.Run(t, env, "--format", "json", "status")
 	v := versionOf(t, r)
-	if r.code != cli.ExitOK || v.PgflowVersion.State != "online_in_progress" || v.PgflowVersion.Online == nil ||
+	if r.Code != cli.ExitOK || v.PgflowVersion.State != "online_in_progress" || v.PgflowVersion.Online == nil ||
 		v.PgflowVersion.Online.Phase != "backfill" || !strings.Contains(v.PgflowVersion.NextStep, "pgflow-upgrade apply --online") {
-		t.Fatalf("status: exit %d %+v\n%s", r.code, v.PgflowVersion, r.stderr)
+		t.Fatalf("status: exit %d %+v\n%s", r.Code, v.PgflowVersion, r.Stderr)
 	}
-	r = run(t, env, "audit", "--check", "schema.state")
-	if !strings.Contains(r.stdout, "phase backfill") || !strings.Contains(r.stdout, "pgflow-upgrade apply --online") {
-		t.Fatalf("audit: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	r = clitest.Run(t, env, "audit", "--check", "schema.state")
+	if !strings.Contains(r.Stdout, "phase backfill") || !strings.Contains(r.Stdout, "pgflow-upgrade apply --online") {
+		t.Fatalf("audit: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
-	r = run(t, env, "apply", "--yes")
-	if r.code != cli.ExitFindings || !strings.Contains(r.stdout+r.stderr, "run `pgflow-upgrade apply --online` to continue it") {
-		t.Fatalf("apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	r = clitest.Run(t, env, "apply", "--yes")
+	if r.Code != cli.ExitFindings || !strings.Contains(r.Stdout+r.Stderr, "run `pgflow-upgrade apply --online` to continue it") {
+		t.Fatalf("apply: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
@@ -39,11 +40,11 @@ func TestPoolerRefusesOptions(t *testing.T) {
 	q.Set("options", "-cstatement_timeout=0")
 	u.RawQuery = q.Encode()
 
-	r := run(t, nil, "--dsn", u.String(), "audit")
-	out := r.stdout + r.stderr
-	t.Logf("exit %d: %s", r.code, strings.TrimSpace(out))
-	if r.code != cli.ExitEnvironment {
-		t.Errorf("exit %d, want %d", r.code, cli.ExitEnvironment)
+	r := clitest.Run(t, nil, "--dsn", u.String(), "audit")
+	out := r.Stdout + r.Stderr
+	t.Logf("exit %d: %s", r.Code, strings.TrimSpace(out))
+	if r.Code != cli.ExitEnvironment {
+		t.Errorf("exit %d, want %d", r.Code, cli.ExitEnvironment)
 	}
 	for _, w := range []string{"unsupported startup parameter: options", "refuses the startup parameter options", "ALTER ROLE", "connect to PostgreSQL directly"} {
 		if !strings.Contains(out, w) {

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
@@ -152,12 +153,12 @@ func TestPoolerExecModes(t *testing.T) {
 // connections.
 func TestPoolerAudit(t *testing.T) {
 	b := pooled(t)
-	db := legacyDB(t)
+	db := clitest.LegacyDB(t)
 	ctx := context.Background()
 	for _, mode := range []string{"simple_protocol", "exec", ""} {
-		r := run(t, nil, "--dsn", viaBouncer(t, b, db, mode), "audit")
-		if r.code != cli.ExitOK {
-			t.Errorf("audit through PgBouncer (default_query_exec_mode=%q): exit %d\n%s%s", mode, r.code, r.stdout, r.stderr)
+		r := clitest.Run(t, nil, "--dsn", viaBouncer(t, b, db, mode), "audit")
+		if r.Code != cli.ExitOK {
+			t.Errorf("audit through PgBouncer (default_query_exec_mode=%q): exit %d\n%s%s", mode, r.Code, r.Stdout, r.Stderr)
 		}
 	}
 
@@ -168,10 +169,10 @@ func TestPoolerAudit(t *testing.T) {
 	if _, err := tx.Exec(ctx, `lock table pgflow.step_tasks in access exclusive mode`); err != nil {
 		t.Fatal(err)
 	}
-	r := run(t, nil, "--dsn", viaBouncer(t, b, db, "simple_protocol"), "audit", "--lock-timeout", "100ms", "--check-timeout", "30s")
+	r := clitest.Run(t, nil, "--dsn", viaBouncer(t, b, db, "simple_protocol"), "audit", "--lock-timeout", "100ms", "--check-timeout", "30s")
 	_ = tx.Rollback(ctx)
-	if r.code != cli.ExitInconclusive || !strings.Contains(r.stdout, "inconclusive") {
-		t.Fatalf("audit behind a lock through the pooler: exit %d, want %d (lock_timeout must hold)\n%s%s", r.code, cli.ExitInconclusive, r.stdout, r.stderr)
+	if r.Code != cli.ExitInconclusive || !strings.Contains(r.Stdout, "inconclusive") {
+		t.Fatalf("audit behind a lock through the pooler: exit %d, want %d (lock_timeout must hold)\n%s%s", r.Code, cli.ExitInconclusive, r.Stdout, r.Stderr)
 	}
 
 	// Every server connection of the pool is back at the server defaults:
@@ -215,7 +216,7 @@ func TestPoolerAudit(t *testing.T) {
 // saying another apply is running, change nothing, and A then migrates.
 func TestPoolerApplyAdvisoryLock(t *testing.T) {
 	b := pooled(t)
-	db := legacyDB(t)
+	db := clitest.LegacyDB(t)
 	ctx := context.Background()
 	before := testdb.State(t, db.Pool)
 
@@ -250,11 +251,11 @@ func TestPoolerApplyAdvisoryLock(t *testing.T) {
 		t.Fatalf("apply A ended before taking the advisory lock: %v", o.err)
 	}
 
-	r := run(t, nil, "--dsn", viaBouncer(t, b, db, "simple_protocol"), "apply", "--yes", "--wait", "0s")
-	if r.code != cli.ExitFindings || !strings.Contains(r.stdout+r.stderr, "another pgflow-upgrade apply is running") {
+	r := clitest.Run(t, nil, "--dsn", viaBouncer(t, b, db, "simple_protocol"), "apply", "--yes", "--wait", "0s")
+	if r.Code != cli.ExitFindings || !strings.Contains(r.Stdout+r.Stderr, "another pgflow-upgrade apply is running") {
 		close(release)
 		<-done
-		t.Fatalf("apply B through the pooler while A holds the lock: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+		t.Fatalf("apply B through the pooler while A holds the lock: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "apply B while A holds the advisory lock")
 	close(release)
@@ -276,7 +277,7 @@ func TestPoolerApplyAdvisoryLock(t *testing.T) {
 func TestPoolerConcurrentApplies(t *testing.T) {
 	testdb.SkipIfShort(t, "two applies at once through PgBouncer: exactly one migrates")
 	b := pooled(t)
-	db := legacyDB(t)
+	db := clitest.LegacyDB(t)
 	procs := make([]*started, 2)
 	for i := range procs {
 		procs[i] = start(t, nil, "--dsn", viaBouncer(t, b, db, "simple_protocol"), "--format", "json", "apply", "--yes")
@@ -304,20 +305,20 @@ func TestPoolerConcurrentApplies(t *testing.T) {
 // locks go with the transaction), and a dry run leaves nothing either.
 func TestPoolerApplySingleTransaction(t *testing.T) {
 	b := pooled(t)
-	db := legacyDB(t)
-	sqlExec(t, db, `select pgflow.create_flow('Legacy')`)
+	db := clitest.LegacyDB(t)
+	db.Exec(t, `select pgflow.create_flow('Legacy')`)
 	before := testdb.State(t, db.Pool)
-	r := run(t, nil, "--dsn", viaBouncer(t, b, db, "simple_protocol"), "apply", "--yes")
-	if r.code != cli.ExitFindings || !strings.Contains(r.stdout, "flows.case_alias") {
-		t.Fatalf("apply with a blocker through the pooler: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	r := clitest.Run(t, nil, "--dsn", viaBouncer(t, b, db, "simple_protocol"), "apply", "--yes")
+	if r.Code != cli.ExitFindings || !strings.Contains(r.Stdout, "flows.case_alias") {
+		t.Fatalf("apply with a blocker through the pooler: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "refused apply through the pooler")
 
-	sqlExec(t, db, `delete from pgflow.flows where flow_slug = 'Legacy'`)
+	db.Exec(t, `delete from pgflow.flows where flow_slug = 'Legacy'`)
 	before = testdb.State(t, db.Pool)
-	r = run(t, nil, "--dsn", viaBouncer(t, b, db, "simple_protocol"), "apply", "--yes", "--dry-run")
-	if r.code != cli.ExitOK || !strings.Contains(r.stdout, "dry_run") {
-		t.Fatalf("dry run through the pooler: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	r = clitest.Run(t, nil, "--dsn", viaBouncer(t, b, db, "simple_protocol"), "apply", "--yes", "--dry-run")
+	if r.Code != cli.ExitOK || !strings.Contains(r.Stdout, "dry_run") {
+		t.Fatalf("dry run through the pooler: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "dry run through the pooler")
 
@@ -342,7 +343,7 @@ func TestPoolerApplySingleTransaction(t *testing.T) {
 func TestPoolerConcurrentAudits(t *testing.T) {
 	testdb.SkipIfShort(t, "concurrent audits through PgBouncer with a plain DSN all succeed")
 	b := pooled(t)
-	db := legacyDB(t)
+	db := clitest.LegacyDB(t)
 	audits := func(mode string) []string {
 		procs := make([]*started, 6)
 		for i := range procs {
@@ -369,7 +370,7 @@ func TestPoolerConcurrentAudits(t *testing.T) {
 func TestPoolerConcurrentStatusVerify(t *testing.T) {
 	testdb.SkipIfShort(t, "concurrent status and verify through PgBouncer with a plain DSN all succeed")
 	b := pooled(t)
-	db := upgradedDB(t)
+	db := clitest.UpgradedDB(t)
 	procs := make([]*started, 8)
 	for i := range procs {
 		cmd := []string{"status", "verify"}[i%2]

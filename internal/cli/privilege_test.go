@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -47,32 +48,32 @@ type privilegeDoc struct {
 // TestAuditWithReadOnlyRole: every check of the catalog runs with the
 // documented read-only grants: no check errors, the clean database passes.
 func TestAuditWithReadOnlyRole(t *testing.T) {
-	db := legacyDB(t)
+	db := clitest.LegacyDB(t)
 	_, dsnValue := roleOn(t, db, readOnlyGrants)
 	before := testdb.State(t, db.Pool)
-	r := run(t, nil, "--dsn", dsnValue, "--format", "json", "audit")
-	if strings.Contains(r.stdout+r.stderr, secretPassword) {
+	r := clitest.Run(t, nil, "--dsn", dsnValue, "--format", "json", "audit")
+	if strings.Contains(r.Stdout+r.Stderr, secretPassword) {
 		t.Fatal("the password is printed")
 	}
 	var doc privilegeDoc
-	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil {
-		t.Fatalf("exit %d, no JSON: %v\n%s%s", r.code, err, r.stdout, r.stderr)
+	if err := json.Unmarshal([]byte(r.Stdout), &doc); err != nil {
+		t.Fatalf("exit %d, no JSON: %v\n%s%s", r.Code, err, r.Stdout, r.Stderr)
 	}
 	for _, c := range doc.Checks {
 		if c.Status == "error" || c.Status == "inconclusive" {
 			t.Errorf("check %s with the read-only role: %s %s", c.ID, c.Status, c.Error)
 		}
 	}
-	if r.code != cli.ExitOK {
-		t.Fatalf("audit with the read-only role: exit %d\n%s", r.code, r.stdout)
+	if r.Code != cli.ExitOK {
+		t.Fatalf("audit with the read-only role: exit %d\n%s", r.Code, r.Stdout)
 	}
 	testdb.SameState(t, before, testdb.State(t, db.Pool), "audit with a read-only role")
 
 	// With blockers present the read-only role sees them as the owner does.
-	sqlExec(t, db, `select pgflow.add_step('legacy', 'b__c')`, `select pgflow.create_flow('Legacy')`)
-	r = run(t, nil, "--dsn", dsnValue, "audit")
-	if r.code != cli.ExitFindings || !strings.Contains(r.stdout, "slugs.strict_rule") || !strings.Contains(r.stdout, "flows.case_alias") {
-		t.Fatalf("audit of blockers with the read-only role: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	db.Exec(t, `select pgflow.add_step('legacy', 'b__c')`, `select pgflow.create_flow('Legacy')`)
+	r = clitest.Run(t, nil, "--dsn", dsnValue, "audit")
+	if r.Code != cli.ExitFindings || !strings.Contains(r.Stdout, "slugs.strict_rule") || !strings.Contains(r.Stdout, "flows.case_alias") {
+		t.Fatalf("audit of blockers with the read-only role: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 }
 
@@ -80,15 +81,15 @@ func TestAuditWithReadOnlyRole(t *testing.T) {
 // that says so (which check, permission denied), not a crash, and no
 // blocker is invented from what it could not read.
 func TestAuditWithoutGrants(t *testing.T) {
-	db := legacyDB(t)
+	db := clitest.LegacyDB(t)
 	_, dsnValue := roleOn(t, db, "")
-	r := run(t, nil, "--dsn", dsnValue, "audit")
-	out := r.stdout + r.stderr
-	if r.code == cli.ExitOK {
+	r := clitest.Run(t, nil, "--dsn", dsnValue, "audit")
+	out := r.Stdout + r.Stderr
+	if r.Code == cli.ExitOK {
 		t.Fatalf("audit without any grant passed:\n%s", out)
 	}
 	if !strings.Contains(out, "permission denied") && !strings.Contains(out, "privilege") {
-		t.Fatalf("exit %d, but the output does not name the missing privilege:\n%s", r.code, out)
+		t.Fatalf("exit %d, but the output does not name the missing privilege:\n%s", r.Code, out)
 	}
 	if !strings.Contains(out, "grant usage") && !strings.Contains(out, "GRANT USAGE") {
 		t.Skipf("known gap: the error does not say which grants the audit needs (audit/runner.go or cmd_audit.go; docs/hardening.md lists them):\n%s", out)
@@ -107,10 +108,10 @@ func TestApplyWithoutPrivilegesRefusesBeforeAnyChange(t *testing.T) {
 			grant execute on all functions in schema pgflow, pgmq to %[1]s;`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			db := legacyDB(t)
+			db := clitest.LegacyDB(t)
 			role, dsnValue := roleOn(t, db, c.grants)
 			before := testdb.State(t, db.Pool)
-			r := run(t, nil, "--dsn", dsnValue, "--format", "json", "apply", "--yes")
+			r := clitest.Run(t, nil, "--dsn", dsnValue, "--format", "json", "apply", "--yes")
 			var doc struct {
 				Outcome  string `json:"outcome"`
 				Blockers []struct {
@@ -122,11 +123,11 @@ func TestApplyWithoutPrivilegesRefusesBeforeAnyChange(t *testing.T) {
 					Step string `json:"step"`
 				} `json:"steps"`
 			}
-			if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil {
-				t.Fatalf("exit %d, no JSON: %v\n%s%s", r.code, err, r.stdout, r.stderr)
+			if err := json.Unmarshal([]byte(r.Stdout), &doc); err != nil {
+				t.Fatalf("exit %d, no JSON: %v\n%s%s", r.Code, err, r.Stdout, r.Stderr)
 			}
-			if r.code != cli.ExitFindings || doc.Outcome != "refused" || len(doc.Blockers) == 0 {
-				t.Fatalf("apply as %s: exit %d, outcome %s\n%s%s", role, r.code, doc.Outcome, r.stdout, r.stderr)
+			if r.Code != cli.ExitFindings || doc.Outcome != "refused" || len(doc.Blockers) == 0 {
+				t.Fatalf("apply as %s: exit %d, outcome %s\n%s%s", role, r.Code, doc.Outcome, r.Stdout, r.Stderr)
 			}
 			b := doc.Blockers[0]
 			if b.CheckID != "apply.privileges" || !strings.Contains(b.Message, "cannot change") || !strings.Contains(b.Message, "pgflow._") || !strings.Contains(b.Remedy, "GRANT") {
@@ -137,14 +138,14 @@ func TestApplyWithoutPrivilegesRefusesBeforeAnyChange(t *testing.T) {
 					t.Fatalf("apply went on to %s without the privileges", s.Step)
 				}
 			}
-			if strings.Contains(r.stdout+r.stderr, secretPassword) {
+			if strings.Contains(r.Stdout+r.Stderr, secretPassword) {
 				t.Fatal("the password is printed")
 			}
 			testdb.SameState(t, before, testdb.State(t, db.Pool), "apply without privileges")
 			// The table form says it on stderr too.
-			r = run(t, nil, "--dsn", dsnValue, "apply", "--yes")
-			if r.code != cli.ExitFindings || !strings.Contains(r.stdout+r.stderr, "cannot change") {
-				t.Fatalf("table form: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+			r = clitest.Run(t, nil, "--dsn", dsnValue, "apply", "--yes")
+			if r.Code != cli.ExitFindings || !strings.Contains(r.Stdout+r.Stderr, "cannot change") {
+				t.Fatalf("table form: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 			}
 		})
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -22,7 +23,7 @@ func TestQuiesceSaysWhatItLeavesStarted(t *testing.T) {
 	db := quiesceDB(t)
 	ctx := context.Background()
 	db.Exec(t, testdb.InflightStatements(3)...)
-	sqlExec(t, db, `update pgflow.workers set last_heartbeat_at = now() - interval '2 hours' where worker_id = '00000000-0000-0000-0000-0000000000aa'`,
+	db.Exec(t, `update pgflow.workers set last_heartbeat_at = now() - interval '2 hours' where worker_id = '00000000-0000-0000-0000-0000000000aa'`,
 		`update pgflow.step_tasks set queued_at = now() - interval '3 hours', started_at = now() - interval '2 hours' where status = 'started'`)
 	var started int
 	if err := db.Pool.QueryRow(ctx, `select count(*) from pgflow.step_tasks where status = 'started'`).Scan(&started); err != nil {
@@ -33,13 +34,13 @@ func TestQuiesceSaysWhatItLeavesStarted(t *testing.T) {
 	}
 	leave := fmt.Sprintf("leave %d task(s) started by 1 worker(s) that are not live", started)
 
-	dry := run(t, nil, "--dsn", db.DSN, "apply", "--quiesce", "--dry-run", "--yes")
-	t.Logf("dry run: exit %d\n%s", dry.code, dry.stdout)
-	if dry.code != cli.ExitOK || !strings.Contains(flat(dry.stdout), leave) || !strings.Contains(flat(dry.stdout), "pgflow.requeue_stalled_tasks()") {
-		t.Errorf("the dry run does not say it would %s:\n%s%s", leave, dry.stdout, dry.stderr)
+	dry := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--quiesce", "--dry-run", "--yes")
+	t.Logf("dry run: exit %d\n%s", dry.Code, dry.Stdout)
+	if dry.Code != cli.ExitOK || !strings.Contains(flat(dry.Stdout), leave) || !strings.Contains(flat(dry.Stdout), "pgflow.requeue_stalled_tasks()") {
+		t.Errorf("the dry run does not say it would %s:\n%s%s", leave, dry.Stdout, dry.Stderr)
 	}
 
-	r := run(t, nil, "--dsn", db.DSN, "--format", "json", "apply", "--quiesce", "--yes")
+	r := clitest.Run(t, nil, "--dsn", db.DSN, "--format", "json", "apply", "--quiesce", "--yes")
 	var doc struct {
 		Message string `json:"message"`
 		Quiesce struct {
@@ -54,8 +55,8 @@ func TestQuiesceSaysWhatItLeavesStarted(t *testing.T) {
 			} `json:"left_started"`
 		} `json:"quiesce"`
 	}
-	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil || r.code != cli.ExitOK {
-		t.Fatalf("apply --quiesce: exit %d, %v\n%s%s", r.code, err, r.stdout, r.stderr)
+	if err := json.Unmarshal([]byte(r.Stdout), &doc); err != nil || r.Code != cli.ExitOK {
+		t.Fatalf("apply --quiesce: exit %d, %v\n%s%s", r.Code, err, r.Stdout, r.Stderr)
 	}
 	l := doc.Quiesce.LeftStarted
 	t.Logf("message: %s", doc.Message)

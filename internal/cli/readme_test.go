@@ -9,6 +9,7 @@ import (
 	"github.com/mattn/go-runewidth"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -119,13 +120,13 @@ func TestReadmeExamples(t *testing.T) {
 		}
 		for _, line := range block {
 			args := shellWords(line, env)
-			r := run(t, env, args[1:]...)
-			if r.code != cli.ExitOK || strings.TrimSpace(r.stdout) == "" {
-				t.Errorf("README example %q: exit %d\n%s%s", line, r.code, r.stdout, r.stderr)
+			r := clitest.Run(t, env, args[1:]...)
+			if r.Code != cli.ExitOK || strings.TrimSpace(r.Stdout) == "" {
+				t.Errorf("README example %q: exit %d\n%s%s", line, r.Code, r.Stdout, r.Stderr)
 			}
-			for _, l := range strings.Split(r.stdout, "\n") {
+			for _, l := range strings.Split(r.Stdout, "\n") {
 				if strings.ContainsAny(l, "│┌└├") && runewidth.StringWidth(l) > 100 {
-					t.Errorf("README example %q: a table line of %d columns:\n%s", line, runewidth.StringWidth(l), r.stdout)
+					t.Errorf("README example %q: a table line of %d columns:\n%s", line, runewidth.StringWidth(l), r.Stdout)
 					break
 				}
 			}
@@ -143,10 +144,10 @@ func TestReadmeListsEveryFlag(t *testing.T) {
 	for _, path := range [][]string{{"audit"}, {"apply"}, {"status"}, {"verify"}, {"version"},
 		{"fixtures", "list"}, {"fixtures", "load"}, {"fixtures", "replay"}, {"fixtures", "capture"},
 		{"fleet", "audit"}, {"fleet", "status"}, {"fleet", "verify"}, {"fleet", "apply"}, {"fleet", "report"}} {
-		r := run(t, nil, append(path, "--help")...)
-		_, options, ok := strings.Cut(r.stdout, "OPTIONS:")
+		r := clitest.Run(t, nil, append(path, "--help")...)
+		_, options, ok := strings.Cut(r.Stdout, "OPTIONS:")
 		if !ok {
-			t.Fatalf("%v --help has no OPTIONS:\n%s", path, r.stdout)
+			t.Fatalf("%v --help has no OPTIONS:\n%s", path, r.Stdout)
 		}
 		for _, line := range strings.Split(options, "\n") {
 			// A flag's line: "   --name value   usage"; wrapped usage lines

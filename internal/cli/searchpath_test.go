@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
@@ -209,14 +210,14 @@ func hostileSchema(t *testing.T, db *testdb.DB) hostile {
 	ctx := context.Background()
 	evil := pgprovider.RandomName("h_evil")
 	ident := pgx.Identifier{evil}.Sanitize()
-	sqlExec(t, db, "create role "+ident+" nologin")
+	db.Exec(t, "create role "+ident+" nologin")
 	t.Cleanup(func() {
 		if _, err := db.Pool.Exec(context.Background(), "drop owned by "+ident+" cascade"); err != nil {
 			t.Errorf("drop owned by %s: %v", evil, err)
 		}
 		dropRole(t, evil)
 	})
-	sqlExec(t, db,
+	db.Exec(t,
 		"grant create, usage on schema public to "+ident,
 		"alter database "+pgx.Identifier{dbName(t, db)}.Sanitize()+" set track_functions = 'all'")
 	conn, err := db.Pool.Acquire(ctx)
@@ -259,7 +260,7 @@ func hostileSchema(t *testing.T, db *testdb.DB) hostile {
 	if err := db.Pool.QueryRow(ctx, "select pg_catalog.count(*) from public.shadow_calls").Scan(&recorded); err != nil || recorded < 2 {
 		t.Fatalf("the shadows do not record: %d calls, %v", recorded, err)
 	}
-	sqlExec(t, db, "delete from public.shadow_calls")
+	db.Exec(t, "delete from public.shadow_calls")
 	h := hostile{evil: evil}
 	if !eventually(func() bool { h.baseline = shadowCallsCounted(t, db, evil); return h.baseline >= 2 }, 10*time.Second) {
 		t.Fatal("the server does not count the shadows' calls (track_functions)")
@@ -376,7 +377,7 @@ func hostilePaths(t *testing.T, db *testdb.DB) map[string]string {
 
 	admin := pgprovider.RandomName("h_admin")
 	ident := pgx.Identifier{admin}.Sanitize()
-	sqlExec(t, db, "create role "+ident+" login superuser", "alter role "+ident+" set search_path = public, pg_catalog")
+	db.Exec(t, "create role "+ident+" login superuser", "alter role "+ident+" set search_path = public, pg_catalog")
 	t.Cleanup(func() {
 		// What the tool created as this role (the upgrade's objects) first.
 		if _, err := db.Pool.Exec(context.Background(), "drop owned by "+ident+" cascade"); err != nil {
@@ -413,7 +414,7 @@ func TestHostileSearchPathShadows(t *testing.T) {
 	for _, mode := range []string{"dsn options", "alter role set"} {
 		t.Run(mode, func(t *testing.T) {
 			t.Run("apply", func(t *testing.T) {
-				db := legacyDB(t)
+				db := clitest.LegacyDB(t)
 				h := hostileSchema(t, db)
 				dsnValue := hostilePaths(t, db)[mode]
 				roles := rolesSnapshot(t, db)
@@ -424,22 +425,22 @@ func TestHostileSearchPathShadows(t *testing.T) {
 					{"apply", "--dry-run", "--yes"},
 					{"apply", "--yes"}, {"verify"}, {"status"}, {"audit"}, {"apply", "--yes"},
 				} {
-					r := run(t, nil, append([]string{"--dsn", dsnValue}, args...)...)
-					t.Logf("%v: exit %d: %s", args, r.code, firstLine(r.stdout+r.stderr))
-					if r.code != cli.ExitOK {
-						t.Errorf("%v: exit %d\n%s%s", args, r.code, r.stdout, r.stderr)
+					r := clitest.Run(t, nil, append([]string{"--dsn", dsnValue}, args...)...)
+					t.Logf("%v: exit %d: %s", args, r.Code, firstLine(r.Stdout+r.Stderr))
+					if r.Code != cli.ExitOK {
+						t.Errorf("%v: exit %d\n%s%s", args, r.Code, r.Stdout, r.Stderr)
 					}
 				}
 				assertNoShadowCalled(t, db, h, roles)
 				// The capture replays (its throwaway databases are the tool's own).
-				r := run(t, map[string]string{"PGFLOW_UPGRADE_NO_DOCKER": "1"}, "--dsn", serverDSNOf(t, dsnValue), "fixtures", "replay", "--from", out, "--parallel", "1")
-				t.Logf("replay --from: exit %d: %s", r.code, lastLine(r.stdout))
-				if r.code != cli.ExitOK {
-					t.Errorf("replay --from: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+				r := clitest.Run(t, map[string]string{"PGFLOW_UPGRADE_NO_DOCKER": "1"}, "--dsn", serverDSNOf(t, dsnValue), "fixtures", "replay", "--from", out, "--parallel", "1")
+				t.Logf("replay --from: exit %d: %s", r.Code, lastLine(r.Stdout))
+				if r.Code != cli.ExitOK {
+					t.Errorf("replay --from: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 				}
 			})
 			t.Run("apply --online and rollback", func(t *testing.T) {
-				db := legacyDB(t)
+				db := clitest.LegacyDB(t)
 				h := hostileSchema(t, db)
 				dsnValue := hostilePaths(t, db)[mode]
 				roles := rolesSnapshot(t, db)
@@ -450,10 +451,10 @@ func TestHostileSearchPathShadows(t *testing.T) {
 					{"status"}, {"audit"}, {"apply", "--rollback-online", "--yes"}, {"status"},
 					{"apply", "--online", "--yes"}, {"verify"}, {"status"},
 				} {
-					r := run(t, nil, append([]string{"--dsn", dsnValue}, args...)...)
-					t.Logf("%v: exit %d: %s", args, r.code, firstLine(r.stdout+r.stderr))
-					if r.code != cli.ExitOK && !(args[0] == "audit" && r.code == cli.ExitFindings) {
-						t.Errorf("%v: exit %d\n%s%s", args, r.code, r.stdout, r.stderr)
+					r := clitest.Run(t, nil, append([]string{"--dsn", dsnValue}, args...)...)
+					t.Logf("%v: exit %d: %s", args, r.Code, firstLine(r.Stdout+r.Stderr))
+					if r.Code != cli.ExitOK && !(args[0] == "audit" && r.Code == cli.ExitFindings) {
+						t.Errorf("%v: exit %d\n%s%s", args, r.Code, r.Stdout, r.Stderr)
 					}
 				}
 				assertNoShadowCalled(t, db, h, roles)
@@ -464,10 +465,10 @@ func TestHostileSearchPathShadows(t *testing.T) {
 				dsnValue := hostilePaths(t, db)[mode]
 				roles := rolesSnapshot(t, db)
 				for _, args := range [][]string{{"fixtures", "load", "inflight"}, {"audit"}} {
-					r := run(t, nil, append([]string{"--dsn", dsnValue}, args...)...)
-					t.Logf("%v: exit %d: %s", args, r.code, firstLine(r.stdout+r.stderr))
-					if r.code != cli.ExitOK {
-						t.Errorf("%v: exit %d\n%s%s", args, r.code, r.stdout, r.stderr)
+					r := clitest.Run(t, nil, append([]string{"--dsn", dsnValue}, args...)...)
+					t.Logf("%v: exit %d: %s", args, r.Code, firstLine(r.Stdout+r.Stderr))
+					if r.Code != cli.ExitOK {
+						t.Errorf("%v: exit %d\n%s%s", args, r.Code, r.Stdout, r.Stderr)
 					}
 				}
 				assertNoShadowCalled(t, db, h, roles)
@@ -569,16 +570,16 @@ func TestSessionSearchPathPinned(t *testing.T) {
 // commands call no shadow either.
 func TestHostileSearchPathThroughPooler(t *testing.T) {
 	b := pooled(t)
-	db := legacyDB(t)
+	db := clitest.LegacyDB(t)
 	h := hostileSchema(t, db)
-	sqlExec(t, db, "alter database "+pgx.Identifier{dbName(t, db)}.Sanitize()+" set search_path = public, pg_catalog")
+	db.Exec(t, "alter database "+pgx.Identifier{dbName(t, db)}.Sanitize()+" set search_path = public, pg_catalog")
 	roles := rolesSnapshot(t, db)
 	dsnValue := viaBouncer(t, b, db, "simple_protocol")
 	for _, args := range [][]string{{"audit"}, {"status"}, {"apply", "--yes"}, {"verify"}, {"status"}, {"audit"}} {
-		r := run(t, nil, append([]string{"--dsn", dsnValue}, args...)...)
-		t.Logf("%v: exit %d: %s", args, r.code, firstLine(r.stdout+r.stderr))
-		if r.code != cli.ExitOK {
-			t.Errorf("%v: exit %d\n%s%s", args, r.code, r.stdout, r.stderr)
+		r := clitest.Run(t, nil, append([]string{"--dsn", dsnValue}, args...)...)
+		t.Logf("%v: exit %d: %s", args, r.Code, firstLine(r.Stdout+r.Stderr))
+		if r.Code != cli.ExitOK {
+			t.Errorf("%v: exit %d\n%s%s", args, r.Code, r.Stdout, r.Stderr)
 		}
 	}
 	// PgBouncer keeps its server connections: they end when the bouncer does.

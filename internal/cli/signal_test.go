@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -229,7 +230,7 @@ func interrupt(t *testing.T, s *started) {
 }
 
 func TestSignalAudit(t *testing.T) {
-	db := legacyDB(t)
+	db := clitest.LegacyDB(t)
 	before := testdb.State(t, db.Pool)
 	release := db.HoldLock(t, `lock table pgflow.step_tasks in access exclusive mode`)
 	s := start(t, []string{"PGFLOW_UPGRADE_DSN=" + db.DSN}, "audit", "--lock-timeout", "5m", "--check-timeout", "5m", "--timeout", "10m")
@@ -256,7 +257,7 @@ func TestSignalAudit(t *testing.T) {
 }
 
 func TestSignalApply(t *testing.T) {
-	db := legacyDB(t)
+	db := clitest.LegacyDB(t)
 	before := testdb.State(t, db.Pool)
 	// apply takes its table locks first thing after the advisory lock and the
 	// privileges check: it queues behind this one.
@@ -286,8 +287,8 @@ func TestSignalApply(t *testing.T) {
 		t.Fatalf("advisory locks left: %d (%v)", locks, err)
 	}
 	// And a new apply goes through: nothing of the interrupted one is left.
-	if r := run(t, nil, "--dsn", db.DSN, "apply", "--yes"); r.code != cli.ExitOK {
-		t.Fatalf("apply after the interrupted one: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	if r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--yes"); r.Code != cli.ExitOK {
+		t.Fatalf("apply after the interrupted one: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
 }
 

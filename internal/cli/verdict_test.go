@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
@@ -66,7 +67,7 @@ func TestVerdictAgreesWithNextStep(t *testing.T) {
 		{"baseline", func(t *testing.T) *testdb.DB { return testdb.Baseline(t) }},
 		{"online stopped in its backfill (a crash there)", func(t *testing.T) *testdb.DB {
 			db := testdb.Baseline(t)
-			sqlExec(t, db, `select pgflow.create_flow('half_way')`, `select pgflow.add_step('half_way', 'only')`, `select pgflow.start_flow('half_way', '{}')`, `select pgflow.start_flow('half_way', '{}')`)
+			db.Exec(t, `select pgflow.create_flow('half_way')`, `select pgflow.add_step('half_way', 'only')`, `select pgflow.start_flow('half_way', '{}')`, `select pgflow.start_flow('half_way', '{}')`)
 			stopOnlineAt(t, db, online.PointBatch)
 			return db
 		}},
@@ -89,16 +90,16 @@ func TestVerdictAgreesWithNextStep(t *testing.T) {
 		}},
 		{"newer than known", func(t *testing.T) *testdb.DB {
 			db := testdb.Baseline(t)
-			if r := run(t, nil, "--dsn", db.DSN, "apply", "--yes"); r.code != cli.ExitOK {
-				t.Fatalf("apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+			if r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--yes"); r.Code != cli.ExitOK {
+				t.Fatalf("apply: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 			}
-			sqlExec(t, db, `insert into pgflow_upgrade.schema_revisions (version, name) values ('29991231000000', 'from_the_future')`)
+			db.Exec(t, `insert into pgflow_upgrade.schema_revisions (version, name) values ('29991231000000', 'from_the_future')`)
 			return db
 		}},
 		{"upgraded", func(t *testing.T) *testdb.DB {
 			db := testdb.Baseline(t)
-			if r := run(t, nil, "--dsn", db.DSN, "apply", "--yes"); r.code != cli.ExitOK {
-				t.Fatalf("apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+			if r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--yes"); r.Code != cli.ExitOK {
+				t.Fatalf("apply: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 			}
 			return db
 		}},
@@ -106,16 +107,16 @@ func TestVerdictAgreesWithNextStep(t *testing.T) {
 	for _, s := range states {
 		t.Run(s.name, func(t *testing.T) {
 			db := s.db(t)
-			audit := run(t, nil, "--dsn", db.DSN, "audit")
-			status := run(t, nil, "--dsn", db.DSN, "status")
-			verify := run(t, nil, "--dsn", db.DSN, "verify")
-			dry := run(t, nil, "--dsn", db.DSN, "apply", "--dry-run", "--yes")
-			first := func(r result) string { l, _, _ := strings.Cut(r.stdout, "\n"); return l }
-			t.Logf("audit (exit %d): %s\n  next: %s", audit.code, first(audit), nextStepOf(audit.stdout))
-			t.Logf("status (exit %d): next: %s", status.code, nextStepOf(status.stdout))
-			t.Logf("verify (exit %d): %s", verify.code, first(verify))
-			dryLines := strings.Split(strings.TrimSpace(dry.stderr), "\n")
-			t.Logf("apply --dry-run: exit %d: %s", dry.code, dryLines[len(dryLines)-1])
+			audit := clitest.Run(t, nil, "--dsn", db.DSN, "audit")
+			status := clitest.Run(t, nil, "--dsn", db.DSN, "status")
+			verify := clitest.Run(t, nil, "--dsn", db.DSN, "verify")
+			dry := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--dry-run", "--yes")
+			first := func(r clitest.Result) string { l, _, _ := strings.Cut(r.Stdout, "\n"); return l }
+			t.Logf("audit (exit %d): %s\n  next: %s", audit.Code, first(audit), nextStepOf(audit.Stdout))
+			t.Logf("status (exit %d): next: %s", status.Code, nextStepOf(status.Stdout))
+			t.Logf("verify (exit %d): %s", verify.Code, first(verify))
+			dryLines := strings.Split(strings.TrimSpace(dry.Stderr), "\n")
+			t.Logf("apply --dry-run: exit %d: %s", dry.Code, dryLines[len(dryLines)-1])
 
 			bareGO := strings.HasPrefix(first(audit), "GO:")
 			var doc struct {
@@ -123,14 +124,14 @@ func TestVerdictAgreesWithNextStep(t *testing.T) {
 					Verdict string `json:"verdict"`
 				} `json:"summary"`
 			}
-			js := run(t, nil, "--dsn", db.DSN, "--format", "json", "audit")
-			if err := json.Unmarshal([]byte(js.stdout), &doc); err != nil || !strings.HasPrefix(first(audit), doc.Summary.Verdict+":") {
+			js := clitest.Run(t, nil, "--dsn", db.DSN, "--format", "json", "audit")
+			if err := json.Unmarshal([]byte(js.Stdout), &doc); err != nil || !strings.HasPrefix(first(audit), doc.Summary.Verdict+":") {
 				t.Errorf("audit's JSON verdict %q (%v) is not its first line's: %s", doc.Summary.Verdict, err, first(audit))
 			}
-			if bareGO && dry.code != cli.ExitOK {
-				t.Errorf("audit says GO, but apply --dry-run exits %d:\n%s\n%s", dry.code, audit.stdout, dry.stderr)
+			if bareGO && dry.Code != cli.ExitOK {
+				t.Errorf("audit says GO, but apply --dry-run exits %d:\n%s\n%s", dry.Code, audit.Stdout, dry.Stderr)
 			}
-			an, sn := nextStepOf(audit.stdout), nextStepOf(status.stdout)
+			an, sn := nextStepOf(audit.Stdout), nextStepOf(status.Stdout)
 			if bareGO && !strings.Contains(an, "`pgflow-upgrade apply`") {
 				t.Errorf("audit says GO but its next step is not to apply: %s", an)
 			}
@@ -145,18 +146,18 @@ func TestVerdictAgreesWithNextStep(t *testing.T) {
 			verdict := first(verify)
 			// A FAIL says what the database is and what to do: status's
 			// next step (before, verify printed its failed checks alone).
-			if vn := nextStepOf(verify.stdout); strings.HasPrefix(verdict, "FAIL") && !strings.Contains(sn, "pgflow-upgrade verify") && vn != sn {
+			if vn := nextStepOf(verify.Stdout); strings.HasPrefix(verdict, "FAIL") && !strings.Contains(sn, "pgflow-upgrade verify") && vn != sn {
 				t.Errorf("verify fails without status's next step:\n  verify: %s\n  status: %s", vn, sn)
 			}
-			upgrades := dry.code == cli.ExitOK && strings.Contains(dry.stdout, "dry run: the migration ran")
+			upgrades := dry.Code == cli.ExitOK && strings.Contains(dry.Stdout, "dry run: the migration ran")
 			if strings.HasPrefix(verdict, "PASS") && upgrades {
-				t.Errorf("verify passes, but apply would upgrade:\n%s", dry.stdout)
+				t.Errorf("verify passes, but apply would upgrade:\n%s", dry.Stdout)
 			}
-			if !strings.HasPrefix(verdict, "PASS") && dry.code == cli.ExitOK && strings.Contains(dry.stdout, "already upgraded") {
+			if !strings.HasPrefix(verdict, "PASS") && dry.Code == cli.ExitOK && strings.Contains(dry.Stdout, "already upgraded") {
 				t.Errorf("verify does not pass (%s) but apply says already upgraded", verdict)
 			}
-			if (dry.code != cli.ExitOK) != (status.code != cli.ExitOK) && !strings.Contains(sn, "apply --online") {
-				t.Errorf("apply --dry-run exits %d but status %d (status's next step: %s)", dry.code, status.code, sn)
+			if (dry.Code != cli.ExitOK) != (status.Code != cli.ExitOK) && !strings.Contains(sn, "apply --online") {
+				t.Errorf("apply --dry-run exits %d but status %d (status's next step: %s)", dry.Code, status.Code, sn)
 			}
 		})
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
@@ -19,7 +20,7 @@ import (
 // verifyCode is the single verify's exit code on db: 0 once upgraded.
 func verifyCode(t *testing.T, db *testdb.DB) int {
 	t.Helper()
-	return run(t, nil, "verify", "--dsn", db.DSN).code
+	return clitest.Run(t, nil, "verify", "--dsn", db.DSN).Code
 }
 
 // sameRows fails unless every row and message of before is in after,
@@ -38,16 +39,16 @@ func sameRows(t *testing.T, name string, before *fingerprint.Fingerprint, db *te
 // the blocked target (failed in the same state), upgrades the rest; once
 // the blocker is fixed, the next rerun audits it again and upgrades it.
 func TestFleetApplyStaged(t *testing.T) {
-	c1, block, c2, c3 := legacy(t), blocked(t), legacy(t), legacy(t)
+	c1, block, c2, c3 := clitest.LegacyDB(t), blocked(t), clitest.LegacyDB(t), clitest.LegacyDB(t)
 	fps := map[string]*fingerprint.Fingerprint{"c1": take(t, c1), "blocked": take(t, block), "c2": take(t, c2), "c3": take(t, c3)}
 	dbs := map[string]*testdb.DB{"c1": c1, "blocked": block, "c2": c2, "c3": c3}
 
 	// A canary that fails: nothing else starts.
 	first := writeTargets(t, "blocked "+block.DSN, "c2 "+c2.DSN)
-	r := run(t, nil, "fleet", "apply", "--yes", "--targets", first, "--canary", "1", "--format", "json")
+	r := clitest.Run(t, nil, "fleet", "apply", "--yes", "--targets", first, "--canary", "1", "--format", "json")
 	doc := report(t, r)
-	if r.code != cli.ExitFindings || entry(t, doc, "c2")["status"] != "not_started" || !strings.Contains(mustJSON(doc["stopped"]), "canary blocked failed") {
-		t.Fatalf("failing canary: exit %d\n%s", r.code, r.stdout)
+	if r.Code != cli.ExitFindings || entry(t, doc, "c2")["status"] != "not_started" || !strings.Contains(mustJSON(doc["stopped"]), "canary blocked failed") {
+		t.Fatalf("failing canary: exit %d\n%s", r.Code, r.Stdout)
 	}
 	if verifyCode(t, c2) != cli.ExitFindings {
 		t.Fatal("c2 was upgraded although the canary failed")
@@ -56,10 +57,10 @@ func TestFleetApplyStaged(t *testing.T) {
 	targets := writeTargets(t, "c1 "+c1.DSN, "blocked "+block.DSN, "c2 "+c2.DSN, "c3 "+c3.DSN)
 	ledger := filepath.Join(t.TempDir(), "ledger.json")
 	args := []string{"fleet", "apply", "--yes", "--targets", targets, "--ledger", ledger, "--canary", "1", "--parallel", "1", "--format", "json"}
-	r = run(t, nil, args...)
+	r = clitest.Run(t, nil, args...)
 	doc = report(t, r)
-	if r.code != cli.ExitFindings {
-		t.Fatalf("exit %d, want 1\n%s\n%s", r.code, r.stdout, r.stderr)
+	if r.Code != cli.ExitFindings {
+		t.Fatalf("exit %d, want 1\n%s\n%s", r.Code, r.Stdout, r.Stderr)
 	}
 	for name, want := range map[string]string{"c1": "applied", "blocked": "refused", "c2": "NOT STARTED", "c3": "NOT STARTED"} {
 		if e := entry(t, doc, name); e["verdict"] != want {
@@ -71,10 +72,10 @@ func TestFleetApplyStaged(t *testing.T) {
 	}
 
 	// Rerun: c1 checked and skipped, blocked skipped (same state), c2 and c3 upgraded.
-	r = run(t, nil, args...)
+	r = clitest.Run(t, nil, args...)
 	doc = report(t, r)
-	if r.code != cli.ExitFindings {
-		t.Fatalf("rerun: exit %d, want 1 (blocked's recorded failure)\n%s\n%s", r.code, r.stdout, r.stderr)
+	if r.Code != cli.ExitFindings {
+		t.Fatalf("rerun: exit %d, want 1 (blocked's recorded failure)\n%s\n%s", r.Code, r.Stdout, r.Stderr)
 	}
 	if e := entry(t, doc, "c1"); e["status"] != "skipped" || !strings.Contains(e["note"].(string), "verify passes again") {
 		t.Errorf("c1 on the rerun: %v", e)
@@ -91,25 +92,25 @@ func TestFleetApplyStaged(t *testing.T) {
 	// The blocker fixed: its state changed, so it is audited again and upgraded.
 	block.Exec(t, `delete from pgflow.flows where flow_slug = 'Foo'`)
 	fps["blocked"] = take(t, block)
-	r = run(t, nil, args...)
+	r = clitest.Run(t, nil, args...)
 	doc = report(t, r)
-	if e := entry(t, doc, "blocked"); r.code != cli.ExitOK || e["verdict"] != "applied" || !strings.Contains(e["note"].(string), "state changed") {
-		t.Fatalf("after the fix: exit %d, blocked %v\n%s", r.code, e, r.stderr)
+	if e := entry(t, doc, "blocked"); r.Code != cli.ExitOK || e["verdict"] != "applied" || !strings.Contains(e["note"].(string), "state changed") {
+		t.Fatalf("after the fix: exit %d, blocked %v\n%s", r.Code, e, r.Stderr)
 	}
 	for name, fp := range fps {
 		sameRows(t, name, fp, dbs[name])
 	}
 
 	// fleet verify and fleet status read what the single commands read.
-	r = run(t, nil, "fleet", "verify", "--targets", targets, "--format", "json")
+	r = clitest.Run(t, nil, "fleet", "verify", "--targets", targets, "--format", "json")
 	doc = report(t, r)
-	if r.code != cli.ExitOK || entry(t, doc, "c2")["verdict"] != "PASS" || len(doc["groups"].([]any)) != 1 {
-		t.Errorf("fleet verify: exit %d\n%s", r.code, r.stdout)
+	if r.Code != cli.ExitOK || entry(t, doc, "c2")["verdict"] != "PASS" || len(doc["groups"].([]any)) != 1 {
+		t.Errorf("fleet verify: exit %d\n%s", r.Code, r.Stdout)
 	}
-	r = run(t, nil, "fleet", "status", "--targets", targets, "--format", "json")
+	r = clitest.Run(t, nil, "fleet", "status", "--targets", targets, "--format", "json")
 	doc = report(t, r)
-	if single := run(t, nil, "status", "--dsn", c1.DSN); r.code != single.code || entry(t, doc, "c1")["release"] == "" {
-		t.Errorf("fleet status: exit %d, the single status %d\n%s", r.code, single.code, r.stdout)
+	if single := clitest.Run(t, nil, "status", "--dsn", c1.DSN); r.Code != single.Code || entry(t, doc, "c1")["release"] == "" {
+		t.Errorf("fleet status: exit %d, the single status %d\n%s", r.Code, single.Code, r.Stdout)
 	}
 }
 
@@ -124,7 +125,7 @@ func TestLongFleetApplyResumeAfterKill(t *testing.T) {
 	fps := make([]*fingerprint.Fingerprint, n)
 	var lines []string
 	for i := range dbs {
-		dbs[i] = legacy(t)
+		dbs[i] = clitest.LegacyDB(t)
 		fps[i] = take(t, dbs[i])
 		lines = append(lines, "t"+string(rune('1'+i))+" "+dbs[i].DSN)
 	}
@@ -132,42 +133,19 @@ func TestLongFleetApplyResumeAfterKill(t *testing.T) {
 	ledger := filepath.Join(t.TempDir(), "ledger.json")
 	args := []string{"fleet", "apply", "--yes", "--targets", targets, "--ledger", ledger, "--parallel", "1", "--format", "json"}
 
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	enc, _ := json.Marshal(args)
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), helperVar+"=1", helperArgs+"="+string(enc))
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := 0
-	deadline := time.Now().Add(60 * time.Second)
-	for done < 2 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-		done = countDone(ledger)
-	}
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	cmd.Wait()
-	if done < 2 {
-		t.Fatalf("the fleet run finished %d targets in 60 s", done)
-	}
+	killAfter(t, args, ledger, 2, time.Minute)
 	killedAt := countDone(ledger)
-	t.Logf("killed with %d of %d targets recorded done", killedAt, n)
 	// The killed run's ledger as a report: what was done, what was running
 	// (unfinished, exit 4), nothing claimed for the rest.
-	rep := run(t, nil, "fleet", "report", "--format", "json", ledger)
-	if doc := report(t, rep); rep.code == cli.ExitOK || entry(t, doc, "t5")["verdict"] != "NOT RUN" {
-		t.Errorf("report of the killed run's ledger: exit %d\n%s", rep.code, rep.stdout)
+	rep := clitest.Run(t, nil, "fleet", "report", "--format", "json", ledger)
+	if doc := report(t, rep); rep.Code == cli.ExitOK || entry(t, doc, "t5")["verdict"] != "NOT RUN" {
+		t.Errorf("report of the killed run's ledger: exit %d\n%s", rep.Code, rep.Stdout)
 	}
 
-	r := run(t, nil, args...)
+	r := clitest.Run(t, nil, args...)
 	doc := report(t, r)
-	if r.code != cli.ExitOK {
-		t.Fatalf("rerun: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	if r.Code != cli.ExitOK {
+		t.Fatalf("rerun: exit %d\n%s\n%s", r.Code, r.Stdout, r.Stderr)
 	}
 	skipped := 0
 	for i, db := range dbs {
@@ -181,7 +159,7 @@ func TestLongFleetApplyResumeAfterKill(t *testing.T) {
 		sameRows(t, e["name"].(string), fps[i], db)
 	}
 	if skipped != killedAt {
-		t.Errorf("the rerun skipped %d targets, the ledger had %d done:\n%s", skipped, killedAt, r.stdout)
+		t.Errorf("the rerun skipped %d targets, the ledger had %d done:\n%s", skipped, killedAt, r.Stdout)
 	}
 }
 
@@ -214,7 +192,7 @@ func countDone(path string) int {
 // finishes.
 func TestLongFleetApplyOnlineAndInterrupt(t *testing.T) {
 	testdb.SkipUnlessLong(t, "fleet apply --online, and SIGINT starting no new target")
-	dbs := []*testdb.DB{legacy(t), legacy(t), legacy(t), legacy(t)}
+	dbs := []*testdb.DB{clitest.LegacyDB(t), clitest.LegacyDB(t), clitest.LegacyDB(t), clitest.LegacyDB(t)}
 	fps := make([]*fingerprint.Fingerprint, len(dbs))
 	var lines []string
 	for i, db := range dbs {
@@ -225,26 +203,13 @@ func TestLongFleetApplyOnlineAndInterrupt(t *testing.T) {
 	ledger := filepath.Join(t.TempDir(), "ledger.json")
 	args := []string{"fleet", "apply", "--yes", "--online", "--targets", targets, "--ledger", ledger, "--parallel", "1", "--format", "json"}
 
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	enc, _ := json.Marshal(args)
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), helperVar+"=1", helperArgs+"="+string(enc))
 	var out strings.Builder
-	cmd.Stdout = &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(60 * time.Second)
-	for countDone(ledger) < 1 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	cmd := startTool(t, &out, args)
+	waitDone(ledger, 1, time.Minute)
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
-	err = cmd.Wait()
+	err := cmd.Wait()
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != cli.ExitInterrupted {
 		t.Fatalf("after SIGINT: %v, want exit 130\n%s", err, out.String())
 	}
@@ -267,13 +232,13 @@ func TestLongFleetApplyOnlineAndInterrupt(t *testing.T) {
 		default:
 			t.Errorf("t%d after the interrupt: %v", i+1, e)
 		}
-		st := run(t, nil, "status", "--dsn", db.DSN)
-		first, _, _ := strings.Cut(st.stdout, "\n")
+		st := clitest.Run(t, nil, "status", "--dsn", db.DSN)
+		first, _, _ := strings.Cut(st.Stdout, "\n")
 		t.Logf("t%d after the interrupt: %s %s; status: %s", i+1, e["status"], e["verdict"], first)
 	}
-	r := run(t, nil, args...)
-	if r.code != cli.ExitOK {
-		t.Fatalf("rerun: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	r := clitest.Run(t, nil, args...)
+	if r.Code != cli.ExitOK {
+		t.Fatalf("rerun: exit %d\n%s\n%s", r.Code, r.Stdout, r.Stderr)
 	}
 	for i, db := range dbs {
 		if verifyCode(t, db) != 0 {
@@ -288,8 +253,8 @@ func TestLongFleetApplyOnlineAndInterrupt(t *testing.T) {
 func TestFleetReplayScenario(t *testing.T) {
 	testdb.SkipIfShort(t, "fixtures replay fleet-staged: the fleet's replay scenario passes (four databases, three fleet runs)")
 	env := map[string]string{"PGFLOW_UPGRADE_NO_DOCKER": "1", "PGFLOW_UPGRADE_DSN": testdb.Server(t).AdminDSN()}
-	r := run(t, env, "fixtures", "replay", "fleet-staged")
-	if r.code != cli.ExitOK || !strings.Contains(r.stdout, "fleet-staged") || !strings.Contains(r.stdout, "1 passed") {
-		t.Fatalf("exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	r := clitest.Run(t, env, "fixtures", "replay", "fleet-staged")
+	if r.Code != cli.ExitOK || !strings.Contains(r.Stdout, "fleet-staged") || !strings.Contains(r.Stdout, "1 passed") {
+		t.Fatalf("exit %d\n%s\n%s", r.Code, r.Stdout, r.Stderr)
 	}
 }

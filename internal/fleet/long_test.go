@@ -1,18 +1,15 @@
 package fleet_test
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/url"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
@@ -48,15 +45,15 @@ func TestLongFleet50(t *testing.T) {
 			ts = append(ts, longTarget{name: fmt.Sprintf("%s-%02d", prefix, numbered[prefix]), dsn: db.DSN, db: db, upgradable: upgradable})
 		}
 	}
-	add("clean", 15, true, legacy)
+	add("clean", 15, true, clitest.LegacyDB)
 	add("blocked", 2, false, blocked)
 	add("v0141", 4, true, func(t *testing.T) *testdb.DB { return testdb.Upstream(t, "0.14.1") })
-	add("upgraded", 3, true, upgraded)
+	add("upgraded", 3, true, clitest.UpgradedDB)
 	add("up0170", 2, true, func(t *testing.T) *testdb.DB { return testdb.Upstream(t, "0.17.0") })
 	add("newest", 4, true, func(t *testing.T) *testdb.DB { return testdb.Upstream(t, testdb.NewestRelease) })
-	add("clean", 15, true, legacy)
+	add("clean", 15, true, clitest.LegacyDB)
 	add("blocked", 3, false, blocked)
-	pw := passwordServer(t)
+	pw := clitest.PasswordServer(t, "fleet_pw")
 	pw.User = url.UserPassword("fleet_pw", secretPassword)
 	ts = append(ts, longTarget{name: "gone", dsn: unreachableDSN(t)}, longTarget{name: "wrongpw", dsn: pw.String()})
 	if len(ts) != 50 {
@@ -72,10 +69,10 @@ func TestLongFleet50(t *testing.T) {
 	targets := writeTargets(t, lines...)
 
 	// Audit: grouped, worst exit code.
-	r := run(t, nil, "fleet", "audit", "--targets", targets, "--parallel", "8", "--format", "json")
+	r := clitest.Run(t, nil, "fleet", "audit", "--targets", targets, "--parallel", "8", "--format", "json")
 	doc := report(t, r)
-	if r.code != cli.ExitEnvironment || strings.Contains(r.stdout+r.stderr, secretPassword) {
-		t.Fatalf("fleet audit: exit %d, want 3\n%s", r.code, r.stderr)
+	if r.Code != cli.ExitEnvironment || strings.Contains(r.Stdout+r.Stderr, secretPassword) {
+		t.Fatalf("fleet audit: exit %d, want 3\n%s", r.Code, r.Stderr)
 	}
 	sizes := map[string]float64{}
 	for _, g := range doc["groups"].([]any) {
@@ -93,9 +90,9 @@ func TestLongFleet50(t *testing.T) {
 				tg = x
 			}
 		}
-		single := run(t, nil, "audit", "--dsn", tg.dsn)
-		if e := entry(t, doc, name); int(e["exit_code"].(float64)) != single.code {
-			t.Errorf("%s: fleet exit %v, the single audit %d", name, e["exit_code"], single.code)
+		single := clitest.Run(t, nil, "audit", "--dsn", tg.dsn)
+		if e := entry(t, doc, name); int(e["exit_code"].(float64)) != single.Code {
+			t.Errorf("%s: fleet exit %v, the single audit %d", name, e["exit_code"], single.Code)
 		}
 	}
 
@@ -105,14 +102,14 @@ func TestLongFleet50(t *testing.T) {
 	// newest release too; --telemetry off opts every target out.
 	args := []string{"fleet", "apply", "--yes", "--targets", targets, "--ledger", ledger, "--canary", "1", "--parallel", "4", "--format", "json",
 		"--pgflow-migrations", testdb.PgflowInstalledCopy(t, 27), "--telemetry", "off"}
-	killAfter(t, args, ledger, 8)
+	killAfter(t, args, ledger, 8, 3*time.Minute)
 	killedAt := countDone(ledger)
 
 	// The rerun skips what was done, and stops at the failure limit (1).
-	r = run(t, nil, args...)
+	r = clitest.Run(t, nil, args...)
 	doc = report(t, r)
-	if r.code == cli.ExitOK || !strings.Contains(mustJSON(doc["stopped"]), "--max-failures 1") {
-		t.Fatalf("rerun: exit %d, stopped %v", r.code, doc["stopped"])
+	if r.Code == cli.ExitOK || !strings.Contains(mustJSON(doc["stopped"]), "--max-failures 1") {
+		t.Fatalf("rerun: exit %d, stopped %v", r.Code, doc["stopped"])
 	}
 	skipped, notStarted := 0, 0
 	for _, e := range doc["entries"].([]any) {
@@ -128,10 +125,10 @@ func TestLongFleet50(t *testing.T) {
 	}
 
 	// Without the limit: everything upgradable is upgraded.
-	r = run(t, nil, append(args, "--max-failures", "0")...)
+	r = clitest.Run(t, nil, append(args, "--max-failures", "0")...)
 	doc = report(t, r)
-	if r.code != cli.ExitEnvironment {
-		t.Errorf("last run: exit %d, want 3 (the unreachable targets)\n%s", r.code, r.stderr)
+	if r.Code != cli.ExitEnvironment {
+		t.Errorf("last run: exit %d, want 3 (the unreachable targets)\n%s", r.Code, r.Stderr)
 	}
 	for _, x := range ts {
 		e := entry(t, doc, x.name)
@@ -143,34 +140,5 @@ func TestLongFleet50(t *testing.T) {
 			t.Errorf("%s: verify passes %v, want %v (%v)", x.name, upgradedNow, x.upgradable, e)
 		}
 		sameRows(t, x.name, x.fp, x.db)
-	}
-}
-
-// killAfter runs the tool with args in a child process and kills it with
-// SIGKILL once the ledger records done targets.
-func killAfter(t *testing.T, args []string, ledger string, done int) {
-	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	enc, _ := json.Marshal(args)
-	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), helperVar+"=1", helperArgs+"="+string(enc))
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(3 * time.Minute)
-	for countDone(ledger) < done && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	cmd.Wait()
-	if n := countDone(ledger); n < done {
-		t.Fatalf("the fleet run recorded %d targets done in 3 minutes, want %d", n, done)
-	} else {
-		t.Logf("killed (SIGKILL) with %d targets recorded done", n)
 	}
 }

@@ -1,23 +1,23 @@
 package fleet_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
-	"net/url"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -45,47 +45,60 @@ func TestMain(m *testing.M) {
 	os.Exit(testdb.Main(m))
 }
 
-type result struct {
-	code           int
-	stdout, stderr string
-}
-
-// run runs the tool in-process; env is all of the environment it sees.
-func run(t *testing.T, env map[string]string, args ...string) result {
+// startTool runs the tool with args in a child process (this test binary,
+// which TestMain makes the tool), its standard output into stdout unless
+// nil.
+func startTool(t *testing.T, stdout io.Writer, args []string) *exec.Cmd {
 	t.Helper()
-	var out, errOut bytes.Buffer
-	app := &cli.App{Stdout: &out, Stderr: &errOut, Getenv: func(k string) string { return env[k] }}
-	code := app.Run(context.Background(), append([]string{"pgflow-upgrade"}, args...))
-	return result{code, out.String(), errOut.String()}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc, _ := json.Marshal(args)
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), helperVar+"=1", helperArgs+"="+string(enc))
+	cmd.Stdout = stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd
 }
 
-// legacy is a 0.16.0 database with flow "legacy" (one step) and one
-// started run, whose task has a message in queue "legacy".
-func legacy(t *testing.T) *testdb.DB {
+// waitDone waits until the ledger records done targets or within has
+// passed, and returns how many it records.
+func waitDone(ledger string, done int, within time.Duration) int {
+	deadline := time.Now().Add(within)
+	n := countDone(ledger)
+	for n < done && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+		n = countDone(ledger)
+	}
+	return n
+}
+
+// killAfter runs the tool with args in a child process and kills it with
+// SIGKILL once the ledger records done targets; it fails t when within
+// passes first.
+func killAfter(t *testing.T, args []string, ledger string, done int, within time.Duration) {
 	t.Helper()
-	db := testdb.Baseline(t)
-	db.Exec(t,
-		`select pgflow.create_flow('legacy')`,
-		`select pgflow.add_step('legacy', 'a')`,
-		`select pgflow.start_flow('legacy', '{"i": 0}'::jsonb)`)
-	return db
+	cmd := startTool(t, nil, args)
+	waitDone(ledger, done, within)
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	if n := countDone(ledger); n < done {
+		t.Fatalf("the fleet run recorded %d targets done in %s, want %d", n, within, done)
+	} else {
+		t.Logf("killed (SIGKILL) with %d targets recorded done", n)
+	}
 }
 
-// blocked is legacy with case-only flow aliases: a blocker for 0.17.0.
+// blocked is clitest.LegacyDB with case-only flow aliases: a blocker for 0.17.0.
 func blocked(t *testing.T) *testdb.DB {
 	t.Helper()
-	db := legacy(t)
+	db := clitest.LegacyDB(t)
 	db.Exec(t, `insert into pgflow.flows (flow_slug) values ('Foo'), ('foo')`)
-	return db
-}
-
-// upgraded is legacy after apply.
-func upgraded(t *testing.T) *testdb.DB {
-	t.Helper()
-	db := legacy(t)
-	if r := run(t, nil, "apply", "--dsn", db.DSN, "--yes"); r.code != cli.ExitOK {
-		t.Fatalf("setup: apply: exit %d\n%s%s", r.code, r.stdout, r.stderr)
-	}
 	return db
 }
 
@@ -103,46 +116,6 @@ func unreachableDSN(t *testing.T) string {
 
 const secretPassword = "Fleet-S3cret-pw"
 
-// passwordServer starts a cluster that asks for scram-sha-256 over TCP
-// (the shared test server trusts everyone) with role fleet_pw, whose
-// password is "the-right-one", and returns the DSN of its postgres
-// database for that role without a password.
-func passwordServer(t *testing.T) *url.URL {
-	t.Helper()
-	if _, err := pgprovider.FindBinDir(); err != nil {
-		t.Skipf("no PostgreSQL binaries to start a cluster with password authentication: %v", err)
-	}
-	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "fleet-hba-") // t.TempDir's parent is private to us
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil { // the cluster's user reads it
-		t.Fatal(err)
-	}
-	hba := filepath.Join(dir, "pg_hba.conf")
-	if err := os.WriteFile(hba, []byte("local all all trust\nhost all postgres 127.0.0.1/32 trust\nhost all all 127.0.0.1/32 scram-sha-256\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	srv, err := pgprovider.Open(ctx, pgprovider.Options{SkipDocker: true, ReuseInitdb: true, Settings: map[string]string{"hba_file": hba}})
-	if err != nil {
-		t.Fatalf("starting a cluster with password authentication: %v", err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	admin, err := session.Open(ctx, srv.AdminDSN(), session.Admin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, `create role fleet_pw login password 'the-right-one'`); err != nil {
-		t.Fatal(err)
-	}
-	u, _ := url.Parse(srv.DSNFor("postgres"))
-	u.User = url.User("fleet_pw")
-	return u
-}
-
 // writeTargets writes lines to a targets file only its owner reads.
 func writeTargets(t *testing.T, lines ...string) string {
 	t.Helper()
@@ -154,11 +127,11 @@ func writeTargets(t *testing.T, lines ...string) string {
 }
 
 // report reads a fleet's JSON report.
-func report(t *testing.T, r result) map[string]any {
+func report(t *testing.T, r clitest.Result) map[string]any {
 	t.Helper()
 	var doc map[string]any
-	if err := json.Unmarshal([]byte(r.stdout), &doc); err != nil {
-		t.Fatalf("not JSON (exit %d): %v\n%s\n%s", r.code, err, r.stdout, r.stderr)
+	if err := json.Unmarshal([]byte(r.Stdout), &doc); err != nil {
+		t.Fatalf("not JSON (exit %d): %v\n%s\n%s", r.Code, err, r.Stdout, r.Stderr)
 	}
 	return doc
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -18,16 +19,16 @@ import (
 func TestLongFleetApplyPGMQ(t *testing.T) {
 	testdb.SkipUnlessLong(t, "fleet apply --pgmq takes every target through both hops")
 	testdb.RequirePGMQVersion(t, testdb.PGMQNewest)
-	mixed, plain := legacy(t), legacy(t)
+	mixed, plain := clitest.LegacyDB(t), clitest.LegacyDB(t)
 	if err := fixtures.CreateAnalyzeWebsite(context.Background(), mixed.Pool); err != nil {
 		t.Fatal(err)
 	}
 	targets := writeTargets(t, "mixed "+mixed.DSN, "plain "+plain.DSN)
 	junit := filepath.Join(t.TempDir(), "fleet.xml")
-	r := run(t, nil, "fleet", "apply", "--yes", "--targets", targets, "--parallel", "1", "--pgmq", testdb.PGMQNewest, "--junit", junit, "--format", "json")
+	r := clitest.Run(t, nil, "fleet", "apply", "--yes", "--targets", targets, "--parallel", "1", "--pgmq", testdb.PGMQNewest, "--junit", junit, "--format", "json")
 	doc := report(t, r)
-	if r.code != cli.ExitOK {
-		t.Fatalf("fleet apply --pgmq: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	if r.Code != cli.ExitOK {
+		t.Fatalf("fleet apply --pgmq: exit %d\n%s\n%s", r.Code, r.Stdout, r.Stderr)
 	}
 	for name, db := range map[string]*testdb.DB{"mixed": mixed, "plain": plain} {
 		if v := db.PGMQVersion(t); v != testdb.PGMQNewest {
