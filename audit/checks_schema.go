@@ -11,9 +11,10 @@ import (
 var schemaState = Check{
 	ID: "schema.state", Title: "pgflow version and schema state", Severity: Blocker, Preflight: true,
 	Meaning: "The live catalog is compared with every pgflow version this tool knows (internal/versions: 0.14.x, 0.15.x, 0.16.0, 0.17.0, 0.17.1+), " +
-		"tolerating what users add (their own indexes, constraints, functions). 0.16.0 and 0.17.x are reported as info; an older version, " +
-		"a schema no known version matches (the differences from the closest one named) or no pgflow schema is a blocker.",
-	Remedy: "Older than 0.16.0: upgrade pgflow to 0.16.0 first with pgflow's own installer. Unknown: restore what differs from the closest " +
+		"tolerating what users add (their own indexes, constraints, functions). A release on the way to upstream's newest (0.14.1 to 0.17.1, told exactly) " +
+		"is reported as info; an older version whose release cannot be told, a schema no known version matches (the differences from the closest one named) " +
+		"or no pgflow schema is a blocker.",
+	Remedy: "Older than 0.16.0 and not told exactly: upgrade pgflow to 0.16.0 first with pgflow's own installer. Unknown: restore what differs from the closest " +
 		"version (or restore from backup), then audit again. No pgflow schema: point --dsn at the right database.",
 	Run: checkSchemaState,
 }
@@ -34,6 +35,11 @@ func checkSchemaState(ctx context.Context, c Check, q Querier, env Env) ([]Findi
 		f.Severity, f.Remedy, f.Count = Info, "None: apply will report that there is nothing to do.", 0
 	case versions.SchemaOlder:
 		f.Count = 1
+		if s.Version.PlanStarts() {
+			// On the road: apply runs upstream's files up to 0.16.0 first.
+			f.Severity, f.Count = Info, 0
+			f.Remedy = "None: apply takes it to upstream's newest release, running upstream's files from your copy (--pgflow-migrations) up to 0.16.0 first (plan.hops lists every hop)."
+		}
 	case versions.SchemaPartial:
 		// Between the two shapes by design while an online upgrade of ours
 		// runs (the version detection names it, with its phase): a state

@@ -220,6 +220,9 @@ func auditVerdict(code int, d *versions.Detection, newer []string) string {
 		return "GO"
 	case d.State == versions.StateOnline:
 		return "GO for `apply --online` only (an online upgrade is half done: plain apply refuses)"
+	case d.PlanStarts():
+		// A release on the road to upstream's newest: apply takes it there.
+		return "GO to " + d.Release.Newest + " (" + d.Summary() + "; apply runs upstream's files from your copy, --pgflow-migrations)"
 	case d.State == versions.StateUpgraded:
 		return "ALREADY UPGRADED (" + d.Summary() + ")"
 	}

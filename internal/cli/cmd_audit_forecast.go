@@ -123,17 +123,13 @@ func (a *App) runForecast(ctx context.Context, conn *pgx.Conn, rep *audit.Report
 	return f
 }
 
-// planStart is the number of upstream's files the database holds, when it
-// is a release (or a prefix between releases) with hops left to the newest.
+// planStart is the number of upstream's files the database holds, when a
+// plan to the newest release may start there.
 func planStart(v *versions.Detection) (int, bool) {
-	if v == nil || v.Release == nil || v.Release.AtNewest() || v.Release.Refusal() != "" {
+	if !v.PlanStarts() {
 		return 0, false
 	}
-	switch v.State {
-	case versions.StateOlder, versions.StateReady, versions.StateUpgraded:
-		return v.Release.Files, true
-	}
-	return 0, false
+	return v.Release.Files, true
 }
 
 // ownHopForecast estimates this tool's own hop (0.16.0 -> 0.17.0), the one

@@ -28,11 +28,12 @@ const statusRouteTimeout = 10 * time.Second
 func (a *App) statusCommand() *ucli.Command {
 	return &ucli.Command{
 		Name:  "status",
-		Usage: "the pgflow version found (older than 0.16.0, 0.16.0, 0.17.x, an online upgrade in progress, unknown: what differs) with the next step, applied revisions, pending migrations, atlas.sum validity; on 0.17, every queue route with its depth and live workers",
+		Usage: "the pgflow version found (a release from 0.14.1 to upstream's newest, an online upgrade in progress, unknown: what differs) with the next step, applied revisions, pending migrations, atlas.sum validity; on 0.17, every queue route with its depth and live workers",
 		Description: "Read-only: catalog queries, pgflow_upgrade.schema_revisions and, on pgflow 0.17, the queue routes\n" +
 			"(pgflow.flows, pgflow.steps, the pgmq queue tables, pgflow.workers), in READ ONLY transactions with\n" +
 			"statement_timeout and lock_timeout set.\n" +
-			"Exit codes: 0 pgflow 0.16.0, 0.17.x, an online upgrade of ours in progress, or not pgflow; 1 older than 0.16.0,\n" +
+			"Exit codes: 0 a release from 0.14.1 to upstream's newest, an online upgrade of ours in progress, or not pgflow;\n" +
+			"1 older than 0.16.0 and not told exactly,\n" +
 			"partial/unknown schema, embedded migrations not matching atlas.sum, or an apply --quiesce record left open;\n" +
 			"3 connection error. A route without a worker does not change it: verify --routes does.",
 		Flags: []ucli.Flag{

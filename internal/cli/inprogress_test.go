@@ -240,7 +240,7 @@ func TestApplyQuiesceChecksTheStateFirst(t *testing.T) {
 		want string
 	}{
 		{"no pgflow", func(t *testing.T) *testdb.DB { return testdb.PGMQ(t) }, cli.ExitFindings, "no pgflow schema"},
-		{"0.14.x", func(t *testing.T) *testdb.DB { return versiontest.DB(t, versions.MustLookup(versions.V0_14)) }, cli.ExitFindings, "older than 0.16.0"},
+		{"0.14.x without upstream's files", func(t *testing.T) *testdb.DB { return versiontest.DB(t, versions.MustLookup(versions.V0_14)) }, cli.ExitFindings, "needs upstream's files 21-27"},
 		{"0.17.0", func(t *testing.T) *testdb.DB { return versiontest.DB(t, versions.MustLookup(versions.V0_17_0)) }, cli.ExitOK, "already upgraded"},
 	}
 	for _, c := range cases {

@@ -55,11 +55,11 @@ func TestCommandsNameThePgflowVersion(t *testing.T) {
 		applyText string
 	}{
 		{name: "0.14.x", db: func(t *testing.T) *testdb.DB { return versiontest.DB(t, versions.MustLookup("0.14.x")) },
-			found: "0.14.x", state: "older", next: "upgrade pgflow to 0.16.0 first with pgflow's own installer",
-			statusRC: cli.ExitFindings, auditRC: cli.ExitFindings, applyRC: cli.ExitFindings, applyText: "older than 0.16.0"},
+			found: "0.14.x", state: "older", next: "run `pgflow-upgrade audit`, then `pgflow-upgrade apply --pgflow-migrations DIR`",
+			statusRC: cli.ExitOK, auditRC: cli.ExitOK, applyRC: cli.ExitFindings, applyText: "upstream's files"},
 		{name: "0.15.1", db: func(t *testing.T) *testdb.DB { return versiontest.DB(t, versions.MustLookup("0.15.1")) },
-			found: "0.15.1", state: "older", next: "upgrade pgflow to 0.16.0 first with pgflow's own installer",
-			statusRC: cli.ExitFindings, auditRC: cli.ExitFindings, applyRC: cli.ExitFindings, applyText: "older than 0.16.0"},
+			found: "0.15.1", state: "older", next: "run `pgflow-upgrade audit`, then `pgflow-upgrade apply --pgflow-migrations DIR`",
+			statusRC: cli.ExitOK, auditRC: cli.ExitOK, applyRC: cli.ExitFindings, applyText: "upstream's files"},
 		{name: "real 0.16.0 baseline", db: func(t *testing.T) *testdb.DB { return testdb.Baseline(t) },
 			found: "0.16.0", state: "ready", next: "run `pgflow-upgrade audit`, then `pgflow-upgrade apply`",
 			statusRC: cli.ExitOK, auditRC: cli.ExitOK, applyRC: -1},

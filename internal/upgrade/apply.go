@@ -744,6 +744,10 @@ func (a *applyRun) admit() error {
 		}
 	case r.State.Version != nil && r.State.Version.Online != nil:
 		return a.fail(outcome.Refused, onlineRefusal(r.State.Version)) // inprogress.go
+	case r.State.Version.PlanStarts() && a.plan != nil && a.plan.Rest != "":
+		// On the road, but upstream's files are not at hand: say what the
+		// plan needs, once.
+		return a.fail(outcome.Refused, fmt.Errorf("%w: pgflow %s: %s", ErrNoUpstreamFiles, r.State.Version.Release.Name, a.plan.Rest))
 	default:
 		// Name the version found and the next step (internal/versions).
 		why := strings.Join(r.State.Differences, "; ")

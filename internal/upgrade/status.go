@@ -65,9 +65,11 @@ type StatusReport struct {
 	PGMQ audit.PGMQInfo `json:"pgmq"`
 }
 
-// NeedsAttention: a state apply cannot act on, or tampered migrations.
+// NeedsAttention: a state apply cannot act on, or tampered migrations (an
+// older release is one it acts on when its plan may start).
 func (s *StatusReport) NeedsAttention() bool {
-	return !s.AtlasSum.Valid || len(s.Newer) > 0 || s.State.State == versions.SchemaPartial || s.State.State == versions.SchemaUnknown || s.State.State == versions.SchemaOlder
+	return !s.AtlasSum.Valid || len(s.Newer) > 0 || s.State.State == versions.SchemaPartial || s.State.State == versions.SchemaUnknown ||
+		(s.State.State == versions.SchemaOlder && !s.State.Version.PlanStarts())
 }
 
 // Status reads the schema state and revisions in one READ ONLY transaction

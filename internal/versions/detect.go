@@ -122,6 +122,18 @@ func (d *Detection) Summary() string {
 	return s
 }
 
+// PlanStarts says whether a plan to upstream's newest release may start
+// here: a known release (or a prefix of upstream's files) below the newest,
+// told exactly, whose Supabase ledger raises no refusal, with no online
+// upgrade of ours under way. Older releases are on the road too: apply runs
+// upstream's files from the user's copy up to 0.16.0, then its own hop.
+func (d *Detection) PlanStarts() bool {
+	if d == nil || d.Release == nil || d.Online != nil || d.Release.AtNewest() || d.Release.Refusal() != "" {
+		return false
+	}
+	return d.State == StateOlder || d.State == StateReady || d.State == StateUpgraded
+}
+
 // DifferenceStrings renders Differences one per item.
 func (d *Detection) DifferenceStrings() []string { return catalog.Strings(d.Differences) }
 
@@ -234,7 +246,11 @@ func nextStep(d *Detection) string {
 	case StateNotPgflow:
 		return "no pgflow schema in this database: point --dsn at the right database (there is nothing to upgrade here)"
 	case StateOlder:
-		return fmt.Sprintf("pgflow %s is older than 0.16.0: upgrade pgflow to 0.16.0 first with pgflow's own installer (its migrations up to %s), then run `pgflow-upgrade audit`",
+		if d.PlanStarts() {
+			return fmt.Sprintf("pgflow %s; upstream's newest release is %s: run `pgflow-upgrade audit`, then `pgflow-upgrade apply --pgflow-migrations DIR` (DIR: your copy of pgflow's migrations, e.g. supabase/migrations after `npx pgflow install`; "+
+				"upstream's files take it to 0.16.0, this tool's own hop to 0.17.0, upstream's files the rest)", d.Release.Name, d.Release.Newest)
+		}
+		return fmt.Sprintf("pgflow %s is older than 0.16.0 and its release could not be told exactly: upgrade pgflow to 0.16.0 first with pgflow's own installer (its migrations up to %s), then run `pgflow-upgrade audit`",
 			d.Found, MustLookup(V0_16_0).Last().File())
 	case StateReady:
 		return "ready: run `pgflow-upgrade audit`, then `pgflow-upgrade apply`"

@@ -14,7 +14,7 @@ type SchemaState string
 const (
 	SchemaBaseline  SchemaState = "baseline"   // pgflow 0.16.0, not upgraded: what apply starts from
 	SchemaUpgraded  SchemaState = "upgraded"   // pgflow 0.17.x (by this tool or pgflow's own migration)
-	SchemaOlder     SchemaState = "older"      // pgflow before 0.16.0: pgflow's own installer first
+	SchemaOlder     SchemaState = "older"      // pgflow before 0.16.0: upstream's files (the user's copy) take it to 0.16.0 first
 	SchemaPartial   SchemaState = "partial"    // pgflow tables, but no known version exactly
 	SchemaUnknown   SchemaState = "unknown"    // a pgflow schema without the pgflow tables
 	SchemaNotPgflow SchemaState = "not_pgflow" // no schema pgflow

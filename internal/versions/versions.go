@@ -45,7 +45,7 @@ type State string
 
 const (
 	StateNotPgflow State = "not_pgflow"         // no schema pgflow
-	StateOlder     State = "older"              // before 0.16.0: pgflow's own installer first
+	StateOlder     State = "older"              // before 0.16.0: upstream's files (the user's copy) first
 	StateReady     State = "ready"              // 0.16.0: audit, then apply
 	StateUpgraded  State = "upgraded"           // 0.17.x: nothing to do
 	StateOnline    State = "online_in_progress" // an unfinished apply --online of ours
