@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fleet"
@@ -43,11 +44,23 @@ func (a *App) runSingle(ctx context.Context, r *fleetRun, t fleet.Target, comman
 	// The row names the target already.
 	cause = strings.Replace(cause, "connecting to "+t.Database+" (--dsn): ", "", 1)
 	s := subRun{code: code, out: out.Bytes(), cause: cause}
-	if errors.Is(tctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil && code != ExitOK {
+	if r.timeout > 0 && timedOut(tctx) && ctx.Err() == nil && code != ExitOK {
 		s.code = ExitInconclusive
 		s.cause = fmt.Sprintf("did not finish within --target-timeout %s (what it was doing rolled back)", r.timeout)
 	}
 	return s
+}
+
+// timedOut: ctx's deadline has passed. Its Err may still be nil then: the
+// timer that sets it runs on its own goroutine, late on a loaded machine,
+// while a dial given the same deadline has already failed with an i/o
+// timeout (which would otherwise read as an unreachable server).
+func timedOut(ctx context.Context) bool {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
 }
 
 // lastError is the error a command ends with on stderr (from its last
