@@ -161,16 +161,50 @@ const (
 	NeedsPGMQ                            // schema pgmq with list_queues()
 )
 
-// Check is one check: what it is and the function that runs it.
+// Moment is a moment a check runs at. A check declares the set of its
+// moments (Check.Runs), and each runner selects the checks declared for
+// its own. What runs after the change (apply's post-conditions, verify) is
+// not a Check but an upgrade.PostCondition: it asks whether the change is
+// right, with an ok and a detail, not findings.
+type Moment uint8
+
+const (
+	// InAudit: `pgflow-upgrade audit`, read only, bounded (Run). A hop's
+	// checks run there within plan.hops, when the plan has the hop.
+	InAudit Moment = 1 << iota
+	// BeforeLocks: apply, in its transaction before it takes any table
+	// lock, so a role that cannot upgrade never queues for one.
+	BeforeLocks
+	// UnderLocks: apply's preflight, in its transaction under its table
+	// locks, exact (RunPreflight): the checks of every plan right after the
+	// locks, a hop's checks right before that hop.
+	UnderLocks
+)
+
+// Has says whether m includes every moment of x.
+func (m Moment) Has(x Moment) bool { return m&x == x }
+
+// HopFile names the hop a check belongs to: the 1-based index of the
+// upstream file whose hop brings the check (see versions.UpstreamFiles).
+// Such a check runs only for a plan that takes that hop, and under the
+// locks right before it; EveryPlan is a check of every plan.
+type HopFile int
+
+// EveryPlan: the check is not a hop's own; it runs whatever the plan.
+const EveryPlan HopFile = 0
+
+// Check is one check: what it is, when it runs, and the function that runs it.
 type Check struct {
 	ID       string
 	Title    string
 	Severity Severity // the severity of its findings (a few checks vary it per finding)
 	Meaning  string   // what a finding means
 	Remedy   string   // what to do about it
-	// Preflight: apply runs this check, exactly, under its locks.
-	Preflight bool
-	Needs     Requirement
+	// Runs: the moments it runs at.
+	Runs Moment
+	// Hop: the hop that brings it, or EveryPlan.
+	Hop   HopFile
+	Needs Requirement
 	// Run runs the check; c is the check itself (its findings are c's).
 	Run func(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error)
 }
@@ -195,6 +229,21 @@ func (c Check) finding(count int64, msg string, samples []map[string]any) Findin
 func Checks() []Check {
 	out := make([]Check, len(allChecks))
 	copy(out, allChecks)
+	return out
+}
+
+// For returns the checks declared to run at moment m for hop (EveryPlan:
+// the checks of every plan), in their fixed order.
+func For(m Moment, hop HopFile) []Check { return declared(allChecks, m, hop) }
+
+// declared returns the checks of list declared for moment m and hop.
+func declared(list []Check, m Moment, hop HopFile) []Check {
+	var out []Check
+	for _, c := range list {
+		if c.Runs.Has(m) && c.Hop == hop {
+			out = append(out, c)
+		}
+	}
 	return out
 }
 

@@ -7,7 +7,7 @@ import (
 
 // backupPgdumpPGMQ is backup.pgdump_pgmq.
 var backupPgdumpPGMQ = Check{
-	ID: "backup.pgdump_pgmq", Title: "backups include the queues", Severity: Warning, Preflight: true,
+	ID: "backup.pgdump_pgmq", Title: "backups include the queues", Severity: Warning, Runs: InAudit | UnderLocks,
 	Needs: NeedsPGMQ,
 	Meaning: "Below pgmq 1.6.0 the extension registers its queue tables as extension members without pg_extension_config_dump, so pg_dump leaves pgmq.meta, " +
 		"every q_/a_ table and all their rows out. From 1.6.0 they are detached and pgmq.meta is marked for pg_dump, so pg_dump includes them, " +

@@ -10,7 +10,7 @@ import (
 
 // flowsCaseAlias is flows.case_alias.
 var flowsCaseAlias = Check{
-	ID: "flows.case_alias", Title: "flows whose slugs differ only in case", Severity: Blocker, Preflight: true,
+	ID: "flows.case_alias", Title: "flows whose slugs differ only in case", Severity: Blocker, Runs: InAudit | UnderLocks,
 	Needs: NeedsPgflow,
 	Meaning: "0.17.0 creates a unique index on lower(flow_slug) (every flow's queue is lower(flow_slug)); the migration fails while two flows " +
 		"differ only in case (MyFlow, myflow). Such flows already share one physical queue on 0.16.0 (pgmq names tables in lower case).",
@@ -49,7 +49,7 @@ func checkCaseAlias(ctx context.Context, c Check, q Querier, env Env) ([]Finding
 
 // flowsQueueNameTooLong is flows.queue_name_too_long.
 var flowsQueueNameTooLong = Check{
-	ID: "flows.queue_name_too_long", Title: "queue names over pgmq's 47 characters", Severity: Blocker, Preflight: true,
+	ID: "flows.queue_name_too_long", Title: "queue names over pgmq's 47 characters", Severity: Blocker, Runs: InAudit | UnderLocks,
 	Needs: NeedsPgflow,
 	Meaning: "0.17.0 stores each step's and task's queue as lower(flow_slug) under CHECK is_valid_queue_name (at most 47 characters, pgmq's limit); " +
 		"the migration fails on a flow whose slug is longer and has steps or tasks (a blocker). A longer-slug flow with neither does not stop it " +

@@ -115,7 +115,7 @@ select (select pg_catalog.count(*) from l),
 
 // pgmqInstalled is pgmq.installed.
 var pgmqInstalled = Check{
-	ID: "pgmq.installed", Title: "pgmq installed, version and functions", Severity: Blocker, Preflight: true,
+	ID: "pgmq.installed", Title: "pgmq installed, version and functions", Severity: Blocker, Runs: InAudit | UnderLocks,
 	Meaning: "pgflow keeps every task's message in pgmq and calls pgmq's public functions. " +
 		"Reports which pgmq is installed (extension and version, or a plain schema); a missing pgmq or missing functions block.",
 	Remedy: "Install pgmq 1.5 or later (CREATE EXTENSION pgmq) in schema pgmq before upgrading pgflow.",
@@ -156,7 +156,7 @@ func checkPGMQInstalled(ctx context.Context, c Check, q Querier, env Env) ([]Fin
 
 // pgmqUnownedQueue is pgmq.unowned_queue.
 var pgmqUnownedQueue = Check{
-	ID: "pgmq.unowned_queue", Title: "listed queues no flow owns", Severity: Warning, Preflight: true,
+	ID: "pgmq.unowned_queue", Title: "listed queues no flow owns", Severity: Warning, Runs: InAudit | UnderLocks,
 	Needs: NeedsPgflow | NeedsPGMQ,
 	Meaning: "A queue in pgmq.list_queues() whose lower-case name is no flow's lower(flow_slug). The migration leaves queues alone, but after it " +
 		"create_flow refuses a new flow whose queue name is already listed (unique_violation) and a step-mode flow refuses a listed queue it does not own.",
@@ -203,7 +203,7 @@ func checkUnownedQueue(ctx context.Context, c Check, q Querier, env Env) ([]Find
 
 // pgmqQueueCaseSpellings is pgmq.queue_case_spellings.
 var pgmqQueueCaseSpellings = Check{
-	ID: "pgmq.queue_case_spellings", Title: "queues listed under more than one case spelling", Severity: Warning, Preflight: true,
+	ID: "pgmq.queue_case_spellings", Title: "queues listed under more than one case spelling", Severity: Warning, Runs: InAudit | UnderLocks,
 	Needs: NeedsPgflow | NeedsPGMQ,
 	Meaning: "pgmq names a queue's tables in lower case, so MyFlow and myflow listed together are one set of tables with two pgmq.meta rows. " +
 		"The migration does not mind, but after it delete_flow_and_data raises ambiguous_alias for such a flow and step-mode routes refuse such a name.",
@@ -242,7 +242,7 @@ func checkQueueCaseSpellings(ctx context.Context, c Check, q Querier, env Env) (
 
 // pgmqFlowQueueMissing is pgmq.flow_queue_missing.
 var pgmqFlowQueueMissing = Check{
-	ID: "pgmq.flow_queue_missing", Title: "every flow has its queue", Severity: Warning, Preflight: true,
+	ID: "pgmq.flow_queue_missing", Title: "every flow has its queue", Severity: Warning, Runs: InAudit | UnderLocks,
 	Needs: NeedsPgflow | NeedsPGMQ,
 	Meaning: "A flow's queue is lower(flow_slug) in any listed spelling (on 0.17.0: each step's stored queue_name, plus lower(flow_slug) in flow mode). " +
 		"A flow without one has nowhere to put its tasks' messages: start_flow fails before and after the upgrade. The migration itself does not need it. " +
@@ -253,16 +253,13 @@ var pgmqFlowQueueMissing = Check{
 }
 
 func checkFlowQueueMissing(ctx context.Context, c Check, q Querier, env Env) ([]Finding, error) {
-	// pgmq names a queue's tables lower(name): a queue is there when any
-	// listed spelling lowers to it. Up to 0.16.0 (and while an online upgrade
-	// prepares) a flow's queue is lower(flow_slug) (0.16.0 created it as the
-	// slug was given); on 0.17.0 the routes are the steps' stored queue_name,
-	// plus lower(flow_slug) for a flow-mode flow (a step-mode flow has no
-	// flow queue).
-	var v17 bool
-	if err := q.QueryRow(ctx, `select exists (select 1 from pg_catalog.pg_attribute a
-		where a.attrelid = 'pgflow.flows'::pg_catalog.regclass and a.attname = 'queue_mode' and not a.attisdropped)`).Scan(&v17); err != nil {
-		return nil, fmt.Errorf("looking for flows.queue_mode: %w", err)
+	// Up to 0.16.0 (and while an online upgrade prepares) a flow's queue is
+	// lower(flow_slug) (0.16.0 created it as the slug was given); on 0.17.0
+	// the routes are the steps' stored queue_name, plus lower(flow_slug) for
+	// a flow-mode flow (a step-mode flow has no flow queue).
+	v17, err := hasQueueMode(ctx, q)
+	if err != nil {
+		return nil, err
 	}
 	routes := `select f.flow_slug, pg_catalog.lower(f.flow_slug) as queue from pgflow.flows f`
 	if v17 {
@@ -270,6 +267,31 @@ func checkFlowQueueMissing(ctx context.Context, c Check, q Querier, env Env) ([]
 		  union
 		  select s.flow_slug, s.queue_name from pgflow.steps s`
 	}
+	n, samples, err := missingQueues(ctx, q, routes, env.Sample)
+	if err != nil || n == 0 {
+		return nil, err
+	}
+	msg := fmt.Sprintf("%d flow queue(s) missing from pgmq", n)
+	if v17 {
+		msg += ": pgflow 0.17.0's delete_flow_and_data fails on these flows (42P01 on pgmq 1.5.1) until the queue exists again (docs/upstream-notes.md)"
+	}
+	return []Finding{c.finding(n, msg, samples)}, nil
+}
+
+// hasQueueMode says whether pgflow.flows has queue_mode (0.17.0 and later).
+func hasQueueMode(ctx context.Context, q Querier) (bool, error) {
+	var v17 bool
+	if err := q.QueryRow(ctx, `select exists (select 1 from pg_catalog.pg_attribute a
+		where a.attrelid = 'pgflow.flows'::pg_catalog.regclass and a.attname = 'queue_mode' and not a.attisdropped)`).Scan(&v17); err != nil {
+		return false, fmt.Errorf("looking for flows.queue_mode: %w", err)
+	}
+	return v17, nil
+}
+
+// missingQueues counts the routes (a query of flow_slug, queue) whose queue
+// is missing from pgmq, with up to sample of them. pgmq names a queue's
+// tables lower(name): a queue is there when any listed spelling lowers to it.
+func missingQueues(ctx context.Context, q Querier, routes string, sample int) (int64, []map[string]any, error) {
 	var n int64
 	var samples []map[string]any
 	err := scanTable(ctx, q, "flows", func(int64) (int64, error) {
@@ -283,24 +305,17 @@ func checkFlowQueueMissing(ctx context.Context, c Check, q Querier, env Env) ([]
 		select (select pg_catalog.count(*) from m),
 		       pg_catalog.to_jsonb(array(
 		         select pg_catalog.jsonb_build_object('flow_slug', m.flow_slug, 'expected_queue', m.queue)
-		         from m order by m.flow_slug, m.queue limit $1))`, env.Sample).Scan(&n, &samples)
+		         from m order by m.flow_slug, m.queue limit $1))`, sample).Scan(&n, &samples)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("comparing flows with pgmq.list_queues(): %w", err)
+		return 0, nil, fmt.Errorf("comparing flows with pgmq.list_queues(): %w", err)
 	}
-	if n == 0 {
-		return nil, nil
-	}
-	msg := fmt.Sprintf("%d flow queue(s) missing from pgmq", n)
-	if v17 {
-		msg += ": pgflow 0.17.0's delete_flow_and_data fails on these flows (42P01 on pgmq 1.5.1) until the queue exists again (docs/upstream-notes.md)"
-	}
-	return []Finding{c.finding(n, msg, samples)}, nil
+	return n, samples, nil
 }
 
 // pgmqQueuePhysical is pgmq.queue_physical.
 var pgmqQueuePhysical = Check{
-	ID: "pgmq.queue_physical", Title: "flow queues have the tables pgflow needs", Severity: Warning, Preflight: true,
+	ID: "pgmq.queue_physical", Title: "flow queues have the tables pgflow needs", Severity: Warning, Runs: InAudit | UnderLocks,
 	Needs: NeedsPgflow | NeedsPGMQ,
 	Meaning: "Each flow queue needs pgmq.q_<queue> and pgmq.a_<queue> with pgmq 1.5's columns and types, msg_id as primary key, " +
 		"and msg_id an identity column on q_ (read from pg_class, pg_attribute and pg_index). A queue without them breaks sends, reads and archives " +

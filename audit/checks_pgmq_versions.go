@@ -38,7 +38,7 @@ func Mismatches(ctx context.Context, q Querier, limit int) ([]pgmqver.Mismatch, 
 
 // pgmqClaimPath is pgmq.claim_path.
 var pgmqClaimPath = Check{
-	ID: "pgmq.claim_path", Title: "pgmq's read, pop and set_vt work on every queue", Severity: Blocker, Preflight: true,
+	ID: "pgmq.claim_path", Title: "pgmq's read, pop and set_vt work on every queue", Severity: Blocker, Runs: InAudit | UnderLocks,
 	Needs: NeedsPGMQ,
 	Meaning: "pgmq 1.10.0 and 1.10.1 add last_read_at to every queue table (last, on the queues that existed) and recreate pgmq.message_record " +
 		"with it in fourth place, while read, pop and set_vt still return the table's row as that type: on every queue created before 1.10.0 " +
@@ -71,7 +71,7 @@ func checkClaimPath(ctx context.Context, c Check, q Querier, env Env) ([]Finding
 
 // pgmqUpdatePath is pgmq.update_path.
 var pgmqUpdatePath = Check{
-	ID: "pgmq.update_path", Title: "the update to the newest pgmq the server offers", Severity: Warning,
+	ID: "pgmq.update_path", Title: "the update to the newest pgmq the server offers", Severity: Warning, Runs: InAudit,
 	Needs: NeedsPGMQ,
 	Meaning: "Whether ALTER EXTENSION pgmq UPDATE to the newest version in pg_available_extension_versions would go through, and what it locks. " +
 		"pgmq's 1.9.0 → 1.10.0 step alters pgmq.\"q_<name>\" for each pgmq.meta name as listed, while pgmq creates every queue table as " +

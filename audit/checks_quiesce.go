@@ -75,7 +75,7 @@ func quiesceCurrent(ctx context.Context, q Querier) (map[string]bool, error) {
 
 // quiesceRecorded is quiesce.recorded.
 var quiesceRecorded = Check{
-	ID: "quiesce.recorded", Title: "an interrupted apply --quiesce left worker functions disabled and cron jobs paused", Severity: Blocker,
+	ID: "quiesce.recorded", Title: "an interrupted apply --quiesce left worker functions disabled and cron jobs paused", Severity: Blocker, Runs: InAudit,
 	Meaning: "apply --quiesce records every worker_functions.enabled value and pgflow cron job active flag in pgflow_upgrade.quiesce before it disables and pauses them, " +
 		"and restores them at its end; a record still open means that run was killed or crashed before its restore: pgflow's workers are not started " +
 		"and stalled tasks are not requeued until it is closed. The findings list the recorded values, the ones to restore.",
@@ -137,7 +137,7 @@ func checkQuiesceRecorded(ctx context.Context, c Check, q Querier, env Env) ([]F
 
 // quiesceInventory is quiesce.inventory.
 var quiesceInventory = Check{
-	ID: "quiesce.inventory", Title: "what apply --quiesce would pause, deprecate and wait for", Severity: Info,
+	ID: "quiesce.inventory", Title: "what apply --quiesce would pause, deprecate and wait for", Severity: Info, Runs: InAudit,
 	Needs: NeedsPgflow,
 	Meaning: "apply --quiesce records and disables every pgflow.worker_functions.enabled value, pauses pgflow's pg_cron jobs with cron.alter_job, " +
 		"deprecates the live 0.16.0 workers and waits until no task is 'started' by one, then applies and restores every recorded value exactly. " +

@@ -9,7 +9,7 @@ import (
 
 // schemaState is schema.state.
 var schemaState = Check{
-	ID: "schema.state", Title: "pgflow version and schema state", Severity: Blocker, Preflight: true,
+	ID: "schema.state", Title: "pgflow version and schema state", Severity: Blocker, Runs: InAudit | UnderLocks,
 	Meaning: "The live catalog is compared with every pgflow version this tool knows (internal/versions: 0.14.x, 0.15.x, 0.16.0, 0.17.0, 0.17.1+), " +
 		"tolerating what users add (their own indexes, constraints, functions). A release on the way to upstream's newest (0.14.1 to 0.17.1, told exactly) " +
 		"is reported as info; an older version whose release cannot be told, a schema no known version matches (the differences from the closest one named) " +

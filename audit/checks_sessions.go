@@ -16,7 +16,7 @@ func seconds(d time.Duration, def float64) float64 {
 
 // sessionsLongTransactions is sessions.long_transactions.
 var sessionsLongTransactions = Check{
-	ID: "sessions.long_transactions", Title: "long and idle-in-transaction sessions", Severity: Warning,
+	ID: "sessions.long_transactions", Title: "long and idle-in-transaction sessions", Severity: Warning, Runs: InAudit,
 	Meaning: "Transactions open for more than 30 s, or idle in transaction for more than 10 s, in this database: apply's table locks wait behind their locks " +
 		"and apply gives up after its lock timeout. Without pg_read_all_stats (or pg_monitor) other roles' sessions are invisible; that is reported as info.",
 	Remedy: "Finish or terminate them (select pg_terminate_backend(pid)) before apply; find the client by application_name.",
@@ -64,7 +64,7 @@ func checkLongTransactions(ctx context.Context, c Check, q Querier, env Env) ([]
 
 // sessionsLocksOnPgflow is sessions.locks_on_pgflow.
 var sessionsLocksOnPgflow = Check{
-	ID: "sessions.locks_on_pgflow", Title: "locks held on pgflow tables", Severity: Warning,
+	ID: "sessions.locks_on_pgflow", Title: "locks held on pgflow tables", Severity: Warning, Runs: InAudit,
 	Meaning: "Locks other sessions hold or wait for on pgflow tables: strong modes (above ROW EXCLUSIVE), waits, or any lock of a transaction older than 5 s. " +
 		"apply needs ACCESS EXCLUSIVE on flows, steps and step_tasks and would wait behind them (up to its lock timeout per try).",
 	Remedy: "Let the holders finish, or stop them (select pg_terminate_backend(pid)), before apply.",

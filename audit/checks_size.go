@@ -11,7 +11,7 @@ import (
 
 // sizeTables is size.tables.
 var sizeTables = Check{
-	ID: "size.tables", Title: "table sizes and backfill estimate", Severity: Info,
+	ID: "size.tables", Title: "table sizes and backfill estimate", Severity: Info, Runs: InAudit,
 	Needs: NeedsPgflow,
 	Meaning: "Rows (pg_class.reltuples, as of the last ANALYZE; a queue table never analysed is counted instead, up to 10,000 rows each for 20 tables, and the message says which) and bytes (pg_total_relation_size) of the pgflow tables and queue tables. " +
 		"The upgrade writes queue_name into every pgflow.step_tasks row and builds its unique index under ACCESS EXCLUSIVE: that is the backfill work and the lock window.",

@@ -7,7 +7,7 @@ import (
 
 // slugsStrictRule is slugs.strict_rule.
 var slugsStrictRule = Check{
-	ID: "slugs.strict_rule", Title: "slugs that break 0.17.0's slug rule", Severity: Blocker, Preflight: true,
+	ID: "slugs.strict_rule", Title: "slugs that break 0.17.0's slug rule", Severity: Blocker, Runs: InAudit | UnderLocks,
 	Needs: NeedsPgflow,
 	Meaning: "0.17.0's is_valid_slug adds to 0.16.0's rule: the first character is a letter, the last a letter or digit, and no \"__\". " +
 		"The migration re-adds flows.slug_is_valid and steps.steps_step_slug_check, which re-checks every existing flow and step slug; one bad slug fails it.",

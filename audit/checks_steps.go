@@ -7,7 +7,7 @@ import (
 
 // stepsCaseAlias is steps.case_alias.
 var stepsCaseAlias = Check{
-	ID: "steps.case_alias", Title: "steps of one flow whose slugs differ only in case", Severity: Blocker, Preflight: true,
+	ID: "steps.case_alias", Title: "steps of one flow whose slugs differ only in case", Severity: Blocker, Runs: InAudit | UnderLocks,
 	Needs:   NeedsPgflow,
 	Meaning: "0.17.0 creates a unique index on steps (flow_slug, lower(step_slug)); the migration fails while two steps of one flow differ only in case.",
 	Remedy: "A flow's steps cannot be renamed in place: let the flow's runs finish, delete it (select pgflow.delete_flow_and_data('<flow>')) " +

@@ -90,7 +90,7 @@ func sampleRowsOf(ctx context.Context, q Querier, n int, sql string, args ...any
 
 // tasksDuplicateMessageID is tasks.duplicate_message_id.
 var tasksDuplicateMessageID = Check{
-	ID: "tasks.duplicate_message_id", Title: "tasks sharing one (queue, message id)", Severity: Blocker, Preflight: true,
+	ID: "tasks.duplicate_message_id", Title: "tasks sharing one (queue, message id)", Severity: Blocker, Runs: InAudit | UnderLocks,
 	Needs: NeedsPgflow,
 	Meaning: "0.17.0 fills step_tasks.queue_name with lower(flow_slug) and creates a unique index on (queue_name, message_id) where message_id is not null; " +
 		"the migration fails while two tasks share a pair (e.g. after a queue was dropped and recreated, restarting its ids). " +

@@ -10,7 +10,7 @@ import (
 
 // workersLegacyAlive is workers.legacy_alive.
 var workersLegacyAlive = Check{
-	ID: "workers.legacy_alive", Title: "0.16.0 workers still alive", Severity: Warning, Preflight: true,
+	ID: "workers.legacy_alive", Title: "0.16.0 workers still alive", Severity: Warning, Runs: InAudit | UnderLocks,
 	Needs: NeedsPgflow,
 	Meaning: "Workers not stopped or deprecated with a recent heartbeat, on a 0.16.0 schema. A 0.16.0 worker still starts, registers and heartbeats on 0.17.0, " +
 		"then fails at its first non-empty claim with 42883 (start_tasks(flow_slug, msg_ids, worker_id) no longer exists): it claims nothing and its messages " +

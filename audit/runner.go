@@ -90,8 +90,17 @@ func countStatus(results []CheckResult, s Status) int {
 
 // Options of a run. Zero values take the defaults.
 type Options struct {
-	Sample int      // sample rows per finding (default 5; negative: none)
-	Checks []string // check IDs to run (default: all; Run) / all Preflight checks (RunPreflight)
+	Sample int // sample rows per finding (default 5; negative: none)
+	// Checks: the IDs of the checks to run. Default: the checks declared
+	// for the runner's moment (InAudit: Run; UnderLocks: RunPreflight) and
+	// for Hop.
+	Checks []string
+	// Hop selects a hop's own checks (RunPreflight, apply right before
+	// that hop); EveryPlan (the default) the checks of every plan.
+	Hop HopFile
+	// At is the moment of the caller's transaction (RunPreflight):
+	// UnderLocks (the default) or BeforeLocks.
+	At Moment
 	// Bound: the rows one query of a chunked scan looks at (default
 	// 500,000). It sets the granularity of "examined N" when a check runs
 	// out of time; it never limits a count.
@@ -162,15 +171,12 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// selection resolves opts.Checks (unknown IDs are an error) plus Extra.
-func selection(opts Options, preflightOnly bool) ([]Check, error) {
+// selection resolves opts.Checks (unknown IDs are an error), by default
+// the checks declared for moment m and opts.Hop, plus Extra.
+func selection(opts Options, m Moment) ([]Check, error) {
 	var out []Check
 	if len(opts.Checks) == 0 {
-		for _, c := range allChecks {
-			if !preflightOnly || c.Preflight {
-				out = append(out, c)
-			}
-		}
+		out = For(m, opts.Hop)
 	} else {
 		seen := map[string]bool{}
 		for _, id := range opts.Checks {
@@ -193,7 +199,7 @@ func selection(opts Options, preflightOnly bool) ([]Check, error) {
 // anything ran); a failing check is reported in its CheckResult.
 func Run(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, error) {
 	opts = opts.withDefaults()
-	checks, err := selection(opts, false)
+	checks, err := selection(opts, InAudit)
 	if err != nil {
 		return nil, err
 	}
@@ -253,7 +259,12 @@ func Run(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, error) {
 
 func runAudit(ctx context.Context, conn *pgx.Conn, c Check, env Env, budget time.Duration, opts Options) CheckResult {
 	res := CheckResult{ID: c.ID, Title: c.Title, Severity: c.Severity}
-	if why := unmet(c.Needs, env); why != "" {
+	why := unmet(c.Needs, env)
+	if why == "" && !env.planHas(c.Hop) {
+		// Asked for by ID: a hop's check answers only for a plan with its hop.
+		why = fmt.Sprintf("the plan has no hop to upstream's file %d", c.Hop)
+	}
+	if why != "" {
 		res.Status, res.Error, res.Findings = StatusSkipped, why, []Finding{}
 		return res
 	}
@@ -272,16 +283,23 @@ func runAudit(ctx context.Context, conn *pgx.Conn, c Check, env Env, budget time
 	return res
 }
 
-// RunPreflight runs the Preflight checks (or opts.Checks) inside the
-// caller's transaction tx (apply's, under its locks), with the same SQL as
-// the audit. Each check runs in a savepoint with statement_timeout =
+// RunPreflight runs the checks declared for opts.At (UnderLocks unless
+// said) and opts.Hop (or opts.Checks) inside the caller's transaction tx
+// (apply's, under its locks), with the same SQL as the audit. The caller
+// chooses the moment: the checks of every plan right after the locks, a
+// hop's own checks right before that hop (and, declared BeforeLocks, before
+// apply builds anything for it). Each check runs in a savepoint with statement_timeout =
 // opts.CheckTimeout; the savepoint is always rolled back, so the caller's
 // settings, locks and transaction are as before, whatever the check did.
 // The error is for what stops the whole preflight (a bad check ID, a broken
 // transaction).
 func RunPreflight(ctx context.Context, tx pgx.Tx, opts Options) ([]CheckResult, error) {
 	opts = opts.withDefaults()
-	checks, err := selection(opts, true)
+	at := opts.At
+	if at == 0 {
+		at = UnderLocks
+	}
+	checks, err := selection(opts, at)
 	if err != nil {
 		return nil, err
 	}
@@ -378,6 +396,16 @@ func isTimeout(err error) bool {
 		return pgErr.Code == "57014" || pgErr.Code == "55P03"
 	}
 	return false
+}
+
+// planHas says whether the plan from the release env found takes the hop
+// to upstream's file hop (EveryPlan: always).
+func (e Env) planHas(hop HopFile) bool {
+	if hop == EveryPlan {
+		return true
+	}
+	d := e.Schema.Version
+	return d != nil && d.Release != nil && d.Release.Files < int(hop) && int(hop) <= len(versions.UpstreamFiles())
 }
 
 // unmet says why a check cannot run in env ("" when it can).

@@ -84,11 +84,20 @@ func (r Result) Summary() string {
 	return strings.Join(parts, "; ")
 }
 
-// Run runs every Preflight check of the catalog in tx (apply's transaction,
-// after its table locks), exact, plus the privileges check. The checks run
-// in savepoints that are rolled back, so tx is as before.
+// applyChecks are the checks only apply runs (not in audit's catalog: the
+// audit never writes), each declaring when.
+func applyChecks() []audit.Check { return []audit.Check{PrivilegesCheck()} }
+
+// Run runs the catalog's checks declared UnderLocks for opts.Hop (or
+// opts.Checks) in tx (apply's transaction, after its table locks), exact,
+// plus apply's own checks declared UnderLocks. The checks run in savepoints
+// that are rolled back, so tx is as before.
 func Run(ctx context.Context, tx pgx.Tx, opts audit.Options) (Result, error) {
-	opts.Extra = append(opts.Extra, PrivilegesCheck())
+	for _, c := range applyChecks() {
+		if c.Runs.Has(audit.UnderLocks) && c.Hop == opts.Hop {
+			opts.Extra = append(opts.Extra, c)
+		}
+	}
 	if opts.ApplicationName == "" {
 		opts.ApplicationName = "pgflow-upgrade apply"
 	}

@@ -22,16 +22,18 @@ const privilegesRemedy = "Run apply as the role that owns the pgflow schema obje
 // serialize like the catalog's. The migration alters the pgflow tables,
 // replaces and drops pgflow functions and creates objects in schema pgflow,
 // which takes ownership (or superuser) and CREATE on the schema; recording
-// the revision for the Supabase CLI takes INSERT on its table.
+// the revision for the Supabase CLI takes INSERT on its table. Apply runs
+// it before the locks (through Privileges, every object named) and again
+// with the preflight under them.
 func PrivilegesCheck() audit.Check {
 	return audit.Check{
-		ID:        PrivilegesCheckID,
-		Title:     "the role running apply may alter the pgflow schema",
-		Severity:  audit.Blocker,
-		Meaning:   "the migration would fail half-way with permission denied",
-		Remedy:    privilegesRemedy,
-		Preflight: true,
-		Needs:     audit.NeedsPgflow,
+		ID:       PrivilegesCheckID,
+		Title:    "the role running apply may alter the pgflow schema",
+		Severity: audit.Blocker,
+		Meaning:  "the migration would fail half-way with permission denied",
+		Remedy:   privilegesRemedy,
+		Runs:     audit.BeforeLocks | audit.UnderLocks,
+		Needs:    audit.NeedsPgflow,
 		Run: func(ctx context.Context, _ audit.Check, q audit.Querier, env audit.Env) ([]audit.Finding, error) {
 			return Privileges(ctx, q, env.Sample)
 		},

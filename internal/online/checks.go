@@ -60,7 +60,7 @@ const (
 // the baseline and an unfinished online upgrade (a rerun continues it).
 func stateCheck() audit.Check {
 	return audit.Check{
-		ID: CheckStateID, Title: "pgflow 0.16.0, or 0.16.0 with an unfinished online upgrade", Severity: audit.Blocker, Preflight: true,
+		ID: CheckStateID, Title: "pgflow 0.16.0, or 0.16.0 with an unfinished online upgrade", Severity: audit.Blocker, Runs: audit.UnderLocks,
 		Meaning: "apply --online starts from the 0.16.0 baseline, or continues its own unfinished run (steps/step_tasks.queue_name, their triggers and checks, pgflow.is_valid_queue_name, the unique indexes); anything else blocks.",
 		Remedy:  "Run `pgflow-upgrade status` and `pgflow-upgrade audit`: a partial schema must be repaired (or rolled back with `pgflow-upgrade apply --rollback-online` when it is an online upgrade's) first.",
 		Run: func(ctx context.Context, _ audit.Check, q audit.Querier, env audit.Env) ([]audit.Finding, error) {
@@ -91,7 +91,7 @@ func stateCheck() audit.Check {
 // reading a table while the tables are locked.
 func preparedCheck() audit.Check {
 	return audit.Check{
-		ID: CheckPreparedID, Title: "online-prepared shape (columns, validated checks, valid unique indexes)", Severity: audit.Blocker, Preflight: true,
+		ID: CheckPreparedID, Title: "online-prepared shape (columns, validated checks, valid unique indexes)", Severity: audit.Blocker, Runs: audit.UnderLocks,
 		Meaning: "The switch starts only from the shape the contract phase prepared; its validated checks and valid unique indexes also prove that no two tasks share a (queue, message id) and no slugs differ only by case.",
 		Remedy:  "Run `pgflow-upgrade apply --online` again: it redoes what is missing.",
 		Run: func(ctx context.Context, _ audit.Check, q audit.Querier, env audit.Env) ([]audit.Finding, error) {
@@ -111,13 +111,11 @@ func finding(id, msg, remedy string) audit.Finding {
 	return audit.Finding{CheckID: id, Severity: audit.Blocker, Count: 1, Message: msg, Remedy: remedy, Samples: []map[string]any{}}
 }
 
-// preflightIDs are audit's Preflight checks without the ones in skip.
+// preflightIDs are audit's checks of every plan declared UnderLocks,
+// without the ones in skip.
 func preflightIDs(skip ...string) []string {
 	var out []string
-	for _, c := range audit.Checks() {
-		if !c.Preflight {
-			continue
-		}
+	for _, c := range audit.For(audit.UnderLocks, audit.EveryPlan) {
 		keep := true
 		for _, s := range skip {
 			keep = keep && c.ID != s

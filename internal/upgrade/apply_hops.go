@@ -1,13 +1,18 @@
 package upgrade
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgflowfiles"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
@@ -115,7 +120,7 @@ func (a *applyRun) ownHop() error {
 // by statement (timed, reported), after its own checks, and records it in
 // the Supabase ledger as push would, in the same transaction.
 func (a *applyRun) upstreamHop(h Hop) error {
-	if err := a.hopChecks(h); err != nil {
+	if err := a.hopChecks(h, audit.UnderLocks, a.tx); err != nil {
 		return err
 	}
 	sql, err := a.copy.Read(h.Upstream.Index)
@@ -168,40 +173,61 @@ func (a *applyRun) upstreamHop(h Hop) error {
 	return nil
 }
 
-// hopChecks are an upstream hop's own preflight, under the locks: what
-// makes its file fail, found first and refused with counts.
-func (a *applyRun) hopChecks(h Hop) error {
-	var bad int64
-	var what string
-	switch h.Upstream.Index {
-	case 22:
-		// The new valid_status CHECK admits these statuses only.
-		what = "step_tasks rows with a status 0.15.1's valid_status CHECK rejects (allowed: queued, started, completed, failed, skipped, cancelled)"
-		held, err := a.prebuiltCheckHolds()
-		if err != nil || held {
-			return err // the validated CHECK already admits no other row
-		}
-		err = a.tx.QueryRow(a.ctx, `select count(*) from pgflow.step_tasks
-			where status <> all (array['queued', 'started', 'completed', 'failed', 'skipped', 'cancelled'])`).Scan(&bad)
-		if err != nil {
-			return fmt.Errorf("checking before %s: %w", h.File, err)
-		}
-	case 26:
-		// The telemetry file schedules its job with pg_cron.
-		var ok bool
-		what = "pg_cron's cron.schedule(text, text, text), which the telemetry file calls (install pg_cron >= 1.5)"
-		if err := a.tx.QueryRow(a.ctx, `select exists (select 1 from pg_catalog.pg_proc p join pg_catalog.pg_namespace n on n.oid = p.pronamespace
-			where n.nspname = 'cron' and p.proname = 'schedule' and p.pronargs = 3)`).Scan(&ok); err != nil {
-			return fmt.Errorf("checking before %s: %w", h.File, err)
-		}
-		if !ok {
-			bad = 1
+// hopChecks runs the catalog's checks declared for hop h at moment m
+// (audit.RunPreflight) in tx: under the locks right before the hop's file,
+// and (BeforeLocks) before anything is built for it. What makes the file
+// fail is found first and refused with counts.
+func (a *applyRun) hopChecks(h Hop, m audit.Moment, tx pgx.Tx) error {
+	hop := audit.HopFile(h.Upstream.Index)
+	if len(audit.For(m, hop)) == 0 {
+		return nil
+	}
+	popts := a.opts.Preflight
+	popts.Checks, popts.Extra, popts.Hop, popts.At = nil, nil, hop, m
+	res, err := audit.RunPreflight(a.ctx, tx, popts)
+	if err != nil {
+		return fmt.Errorf("checking before %s: %w", h.File, err)
+	}
+	for _, r := range res {
+		if r.Status == audit.StatusError || r.Status == audit.StatusInconclusive {
+			return fmt.Errorf("checking before %s: %s: %w", h.File, r.ID, r.Err)
 		}
 	}
-	if bad > 0 {
-		return a.fail(outcome.Refused, fmt.Errorf("%w: before upstream's %s: %d missing or failing: %s", outcome.ErrPreflight, h.File, bad, what))
+	for _, r := range res {
+		var bad int64
+		var blockers []audit.Finding
+		for _, f := range r.Findings {
+			if f.Severity == audit.Blocker {
+				bad += f.Count
+				blockers = append(blockers, f)
+			}
+		}
+		if len(blockers) > 0 {
+			a.r.Blockers = blockers
+			return a.fail(outcome.Refused, fmt.Errorf("%w: before upstream's %s: %d missing or failing: %s", outcome.ErrPreflight, h.File, bad, r.Title))
+		}
 	}
 	return nil
+}
+
+// hopChecksBeforeLocks runs hop h's checks declared BeforeLocks, in a
+// read-only transaction of their own before apply's: what would make
+// building its statements beforehand fail (a row its new CHECK rejects
+// fails the validation) is refused with counts instead.
+func (a *applyRun) hopChecksBeforeLocks(h Hop) error {
+	if len(audit.For(audit.BeforeLocks, audit.HopFile(h.Upstream.Index))) == 0 {
+		return nil
+	}
+	timeout := a.opts.Preflight.CheckTimeout
+	if timeout <= 0 {
+		timeout = time.Minute // the audit's default per check
+	}
+	tx, err := session.BeginReadOnly(a.ctx, a.conn, timeout, a.opts.LockTimeout, "pgflow-upgrade apply")
+	if err != nil {
+		return fmt.Errorf("checking before %s: %w", h.File, err)
+	}
+	defer tx.Rollback(context.WithoutCancel(a.ctx))
+	return a.hopChecks(h, audit.BeforeLocks, tx)
 }
 
 // telemetryOff opts out through upstream's own function, in the

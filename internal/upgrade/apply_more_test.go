@@ -616,7 +616,7 @@ func TestApplyPreflightInconclusive(t *testing.T) {
 	before := testdb.State(t, db.Pool)
 	opts := fastOpts()
 	opts.Preflight = audit.Options{CheckTimeout: 50 * time.Millisecond, Extra: []audit.Check{{
-		ID: "test.slow", Title: "slower than its budget", Severity: audit.Blocker, Preflight: true,
+		ID: "test.slow", Title: "slower than its budget", Severity: audit.Blocker, Runs: audit.UnderLocks,
 		Run: func(ctx context.Context, _ audit.Check, q audit.Querier, env audit.Env) ([]audit.Finding, error) {
 			_, err := q.Exec(ctx, `select pg_sleep(5)`)
 			return nil, err

@@ -104,6 +104,9 @@ func (a *applyRun) prebuild() error {
 		if h.Kind != HopUpstream {
 			continue
 		}
+		if err := a.hopChecksBeforeLocks(h); err != nil {
+			return err
+		}
 		sql, err := a.copy.Read(h.Upstream.Index)
 		if err != nil {
 			return a.fail(outcome.Refused, err)
@@ -198,23 +201,6 @@ func (a *applyRun) prebuildExec(detail, stmt string) error {
 		}
 		return nil
 	})
-}
-
-// prebuiltCheckHolds reports, under the locks, whether the CHECK built
-// beforehand is there and validated: then every step_tasks row already has
-// one of the statuses file 22's CHECK admits (validated, and enforced on
-// every write since), and the hop's own check needs no scan of the table.
-func (a *applyRun) prebuiltCheckHolds() (bool, error) {
-	if a.pre == nil || !a.pre.check {
-		return false, nil
-	}
-	var ok bool
-	err := a.tx.QueryRow(a.ctx, `select exists (select 1 from pg_catalog.pg_constraint
-		where conrelid = pg_catalog.to_regclass('pgflow.step_tasks') and conname = $1 and convalidated)`, prebuildCheckName).Scan(&ok)
-	if err != nil {
-		return false, fmt.Errorf("looking for the prebuilt CHECK %s: %w", prebuildCheckName, err)
-	}
-	return ok, nil
 }
 
 // dropUnusedCheck removes the prebuilt CHECK after a committed run whose

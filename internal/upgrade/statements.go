@@ -24,11 +24,12 @@ import (
 // that way, apply runs the check then, to print its findings.
 var DeferredChecks = map[string]string{"tasks.duplicate_message_id": "23505"}
 
-// preflightChecks: the catalog's Preflight checks minus DeferredChecks.
+// preflightChecks: the catalog's checks of every plan declared UnderLocks,
+// minus DeferredChecks.
 func preflightChecks() []string {
 	var ids []string
-	for _, c := range audit.Checks() {
-		if _, deferred := DeferredChecks[c.ID]; c.Preflight && !deferred {
+	for _, c := range audit.For(audit.UnderLocks, audit.EveryPlan) {
+		if _, deferred := DeferredChecks[c.ID]; !deferred {
 			ids = append(ids, c.ID)
 		}
 	}
