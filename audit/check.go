@@ -1,12 +1,16 @@
 // Package audit is the list of pre-upgrade checks and their read-only
 // runner (`pgflow-upgrade audit`). `apply` runs the same checks as
 // its preflight, inside its own transaction and under its locks
-// (RunPreflight).
+// (RunPreflight). Each check declares when it runs (Runs: InAudit,
+// BeforeLocks, UnderLocks) and for which hop (Hop: the upstream file whose
+// hop brings it, or EveryPlan); each runner selects by those declarations
+// (For). A hop's own checks (checks_hops.go) run in the audit within
+// plan.hops, for a plan that takes the hop, and in apply right before it.
 //
 // # The checks
 //
 // Checks() lists every Check in a fixed order (allChecks, written out in
-// checks.go); each is one value, defined beside its function in the file of
+// checks.go: the checks of every plan, then each hop's); each is one value, defined beside its function in the file of
 // its family (checks_<family>.go, the family being the ID's prefix): a stable ID (e.g. "flows.case_alias"), a
 // default Severity, what a finding means, what to do about it, and a Run
 // function that is handed the Check itself (so its findings carry its ID,
@@ -53,8 +57,8 @@
 //
 //	results, err := audit.RunPreflight(ctx, tx, audit.Options{})
 //
-// RunPreflight runs the checks with Preflight set in the caller's
-// transaction: each inside a savepoint that is always rolled back afterwards
+// RunPreflight runs the checks declared UnderLocks (for every plan, or for
+// Options.Hop) in the caller's transaction: each inside a savepoint that is always rolled back afterwards
 // (checks are read-only, so nothing is lost), which also undoes the
 // per-check settings and releases any lock the check took. A failing check
 // does not abort the caller's transaction. Blockers(results) tells apply

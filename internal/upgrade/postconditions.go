@@ -20,9 +20,11 @@ import (
 // Querier is what the read-only checks need: a connection or a transaction.
 type Querier = session.Querier
 
-// PostCondition is one post-upgrade condition (not an audit.Check: it
-// asks whether the change is right, after it): a catalog query that returns
-// (ok boolean, detail text), or a Go function. The same list is the
+// PostCondition is one post-upgrade condition, the checks of the moment
+// after the change (not an audit.Check, whose moments all come before it:
+// it asks whether the change is right, with an ok and a detail, not
+// findings): a catalog query that returns (ok boolean, detail text), or a
+// Go function. The same list is the
 // post-condition of `apply` (inside its transaction, before commit) and
 // the body of `verify`.
 type PostCondition struct {
