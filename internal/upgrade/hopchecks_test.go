@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
@@ -26,7 +27,7 @@ func TestApplyRefusesRowsFile22Rejects(t *testing.T) {
 	opts.PgflowMigrations = testdb.PgflowInstalledCopy(t, 27)
 	res, err := upgrade.Apply(testCtx(t), testdb.Connect(t, db.DSN), opts)
 	file := versions.UpstreamFiles()[21].Name
-	if !errors.Is(err, upgrade.ErrPreflight) || res.Outcome != upgrade.OutcomeRefused ||
+	if !errors.Is(err, outcome.ErrPreflight) || res.Outcome != outcome.Refused ||
 		!strings.Contains(err.Error(), "before upstream's "+file+": 1 missing or failing: step_tasks rows with a status 0.15.1's valid_status CHECK rejects") {
 		t.Fatalf("got %v (%s)", err, res.Outcome)
 	}
@@ -48,7 +49,7 @@ func TestApplyHopCheckRunsOnlyForItsHop(t *testing.T) {
 		opts := fastOpts()
 		opts.PgflowMigrations = testdb.PgflowInstalledCopy(t, 27)
 		res, err := upgrade.Apply(testCtx(t), testdb.Connect(t, db.DSN), opts)
-		if !errors.Is(err, upgrade.ErrPreflight) || res.Outcome != upgrade.OutcomeRefused ||
+		if !errors.Is(err, outcome.ErrPreflight) || res.Outcome != outcome.Refused ||
 			!strings.Contains(err.Error(), "before upstream's "+file+": 1 missing or failing: pg_cron's cron.schedule(text, text, text)") {
 			t.Fatalf("got %v (%s)", err, res.Outcome)
 		}
@@ -60,7 +61,7 @@ func TestApplyHopCheckRunsOnlyForItsHop(t *testing.T) {
 		opts := fastOpts()
 		opts.PgflowMigrations = testdb.PgflowInstalledCopy(t, 27)
 		res, err := upgrade.Apply(testCtx(t), testdb.Connect(t, db.DSN), opts)
-		if err != nil || res.Outcome != upgrade.OutcomeApplied || res.Report.VersionNow != versions.Newest {
+		if err != nil || res.Outcome != outcome.Applied || res.Report.VersionNow != versions.Newest {
 			t.Fatalf("apply: %v (%s: %s)", err, res.Outcome, res.Message)
 		}
 	})
