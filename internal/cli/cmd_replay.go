@@ -319,7 +319,7 @@ func (a *App) replayInterrupted(results []scenario.Result) error {
 	var passed, failed []string
 	for _, r := range results {
 		switch {
-		case r.Interrupted:
+		case r.Interrupted, r.Skipped: // neither passed nor failed
 		case r.Passed:
 			passed = append(passed, r.Name)
 		default:
@@ -336,6 +336,9 @@ func (a *App) replayInterrupted(results []scenario.Result) error {
 		len(passed), len(failed), len(cut), strings.Join(cut, ", "))
 	if len(failed) > 0 {
 		msg += "; failed before the interrupt: " + strings.Join(failed, ", ")
+	}
+	if n := scenario.Skipped(results); n > 0 {
+		msg += fmt.Sprintf("; %d skipped (not run: see each one's reason)", n)
 	}
 	fmt.Fprintf(a.Stderr, "replay: %s\n", msg)
 	return reportedError{withCode(ExitInterrupted, errors.New(msg))}
