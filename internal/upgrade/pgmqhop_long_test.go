@@ -6,9 +6,6 @@ import (
 	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
-	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
-	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
@@ -25,18 +22,9 @@ func TestLongApplyPGMQOnUpstream016(t *testing.T) {
 	testdb.SkipUnlessLong(t, "apply --pgmq 1.13.1 on upstream's own 0.16.0 with analyzeWebsite and work in flight: newest pgflow, pgmq 1.13.1, rows and messages kept, drained")
 	testdb.RequirePGMQVersion(t, testdb.PGMQNewest)
 	ctx := testCtx(t)
-	db := upstreamInflight(t, "0.16.0")
-	if err := fixtures.CreateAnalyzeWebsite(ctx, db.Pool); err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range []string{
+	db := withAnalyzeWebsite(t, upstreamInflight(t, "0.16.0"),
 		`select pgflow.start_flow('analyzeWebsite', '{"url": "https://example.com"}')`,
-		`select pgflow.start_flow('analyzeWebsite', '{"url": "https://example.org"}')`,
-	} {
-		if _, err := db.Pool.Exec(ctx, s); err != nil {
-			t.Fatal(err)
-		}
-	}
+		`select pgflow.start_flow('analyzeWebsite', '{"url": "https://example.org"}')`)
 
 	rep, err := audit.Run(ctx, testdb.Connect(t, db.DSN), audit.Options{Checks: []string{"pgmq.update_path", "backup.pgdump_pgmq"}})
 	if err != nil {
@@ -55,43 +43,15 @@ func TestLongApplyPGMQOnUpstream016(t *testing.T) {
 	}
 	t.Logf("audit: %s", said)
 
-	before, err := fingerprint.Take(ctx, db.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	msgs := queueRows(t, db)
 	opts := fastOpts()
 	opts.PGMQ = testdb.PGMQNewest
 	opts.PgflowMigrations = testdb.PgflowInstalledCopy(t, 27)
-	res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
-	if err != nil || res.Outcome != outcome.Applied {
-		t.Fatalf("apply --pgmq: %s %v: %s", res.Outcome, err, res.Message)
-	}
-	t.Logf("%s", res.Message)
-	if res.Report.VersionNow != versions.Newest || db.PGMQVersion(t) != testdb.PGMQNewest {
-		t.Fatalf("pgflow %s, pgmq %s", res.Report.VersionNow, db.PGMQVersion(t))
-	}
-	after, err := fingerprint.Take(ctx, db.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range fingerprint.Compare(before, after) {
-		if strings.HasPrefix(d.Table, "pgflow.") {
-			t.Errorf("pgflow row changed: %s", d)
+	applyPGMQ(ctx, t, db, opts, func(res *outcome.Result[*upgrade.Report]) {
+		if res.Report.VersionNow != versions.Newest || db.PGMQVersion(t) != testdb.PGMQNewest {
+			t.Fatalf("pgflow %s, pgmq %s", res.Report.VersionNow, db.PGMQVersion(t))
 		}
-	}
-	if got := queueRows(t, db); !mapsEqual(msgs, got) {
-		t.Fatalf("messages differ:\nbefore %v\nafter  %v", msgs, got)
-	}
-	drained, err := scenario.Drain(ctx, &scenario.DB{Name: db.Name, DSN: db.DSN, Pool: db.Pool}, scenario.DrainOptions{FastForward: true})
-	if err != nil {
-		t.Fatalf("drain on pgmq %s: %v (%+v)", testdb.PGMQNewest, err, drained)
-	}
-	var open int
-	if err := db.Pool.QueryRow(ctx, `select count(*) from pgflow.runs where flow_slug = 'analyzeWebsite' and status <> 'completed'`).Scan(&open); err != nil || open != 0 {
-		t.Fatalf("analyzeWebsite runs not completed: %d (%v)", open, err)
-	}
-	t.Logf("drained on pgmq %s: %+v", testdb.PGMQNewest, drained)
+	})
+	drainAnalyzeWebsite(ctx, t, db)
 }
 
 // The two orders of the hops, measured (docs/runbook.md, "The pgmq hop"):

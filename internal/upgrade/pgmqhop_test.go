@@ -25,21 +25,69 @@ import (
 func pgmqDB(t *testing.T) *testdb.DB {
 	t.Helper()
 	testdb.RequirePGMQVersion(t, testdb.PGMQNewest)
-	db := testdb.Inflight(t, 3)
-	ctx := context.Background()
-	if err := fixtures.CreateAnalyzeWebsite(ctx, db.Pool); err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range []string{
+	return withAnalyzeWebsite(t, testdb.Inflight(t, 3),
 		`select pgflow.start_flow('analyzeWebsite', '{"url": "https://example.com"}', '00000000-0000-0000-0000-0000000000a1')`,
 		`select pgflow.start_flow('analyzeWebsite', '{"url": "https://example.org"}', '00000000-0000-0000-0000-0000000000a2')`,
-		`select count(*) from pgflow.start_tasks('analyzeWebsite', array(select msg_id from pgmq.read('analyzeWebsite', 30, 1)), '00000000-0000-0000-0000-0000000000aa')`,
-	} {
-		if _, err := db.Pool.Exec(ctx, s); err != nil {
-			t.Fatalf("%s: %v", s, err)
+		`select count(*) from pgflow.start_tasks('analyzeWebsite', array(select msg_id from pgmq.read('analyzeWebsite', 30, 1)), '00000000-0000-0000-0000-0000000000aa')`)
+}
+
+// withAnalyzeWebsite is db with upstream's example flow analyzeWebsite
+// defined through pgflow's own functions, then stmts (its runs) run.
+func withAnalyzeWebsite(t *testing.T, db *testdb.DB, stmts ...string) *testdb.DB {
+	t.Helper()
+	if err := fixtures.CreateAnalyzeWebsite(context.Background(), db.Pool); err != nil {
+		t.Fatal(err)
+	}
+	db.Exec(t, stmts...)
+	return db
+}
+
+// applyPGMQ runs apply with opts (--pgmq) on db and fails t unless it
+// applied with every pgflow row kept (the new columns are the pgflow
+// hop's) and every message where it was; check looks at the result before
+// the rows are compared.
+func applyPGMQ(ctx context.Context, t *testing.T, db *testdb.DB, opts upgrade.Options, check func(*outcome.Result[*upgrade.Report])) {
+	t.Helper()
+	before, err := fingerprint.Take(ctx, db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := queueRows(t, db)
+	res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
+	if err != nil || res.Outcome != outcome.Applied {
+		t.Fatalf("apply --pgmq: %s %v: %s", res.Outcome, err, res.Message)
+	}
+	t.Logf("%s", res.Message)
+	check(res)
+	after, err := fingerprint.Take(ctx, db.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range fingerprint.Compare(before, after) {
+		if strings.HasPrefix(d.Table, "pgflow.") {
+			t.Errorf("pgflow row changed: %s", d)
 		}
 	}
-	return db
+	if got := queueRows(t, db); !mapsEqual(msgs, got) {
+		t.Fatalf("messages differ:\nbefore %v\nafter  %v", msgs, got)
+	}
+}
+
+// drainAnalyzeWebsite drains every run in flight on db with the package
+// worker (the queues are still pgflow's: every route resolves to one
+// listed queue) and fails t unless every analyzeWebsite run completed.
+func drainAnalyzeWebsite(ctx context.Context, t *testing.T, db *testdb.DB) *scenario.DrainReport {
+	t.Helper()
+	rep, err := scenario.Drain(ctx, &scenario.DB{Name: db.Name, DSN: db.DSN, Pool: db.Pool}, scenario.DrainOptions{FastForward: true})
+	if err != nil {
+		t.Fatalf("drain on pgmq %s: %v (%+v)", testdb.PGMQNewest, err, rep)
+	}
+	var open int
+	if err := db.Pool.QueryRow(ctx, `select count(*) from pgflow.runs where flow_slug = 'analyzeWebsite' and status <> 'completed'`).Scan(&open); err != nil || open != 0 {
+		t.Fatalf("analyzeWebsite runs not completed: %d (%v)", open, err)
+	}
+	t.Logf("drained on pgmq %s: %+v", testdb.PGMQNewest, rep)
+	return rep
 }
 
 // queueRows is every message of every queue and archive, keyed by the
@@ -82,67 +130,33 @@ func queueRows(t *testing.T, db *testdb.DB) map[string][]string {
 func TestApplyPGMQOnMixedCaseQueues(t *testing.T) {
 	ctx := testCtx(t)
 	db := pgmqDB(t)
-	before, err := fingerprint.Take(ctx, db.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	msgs := queueRows(t, db)
-
 	opts := fastOpts()
 	opts.PGMQ = testdb.PGMQNewest
-	res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
-	if err != nil || res.Outcome != outcome.Applied {
-		t.Fatalf("apply --pgmq: %s %v: %s", res.Outcome, err, res.Message)
-	}
-	t.Logf("%s", res.Message)
-	p := res.Report.PGMQ
-	if p == nil || p.From != "1.5.1" || p.To != testdb.PGMQNewest || p.Queues != 3 || p.ClaimChecked != 3 || p.ClaimCheckedAfter != 3 {
-		t.Fatalf("pgmq report %+v", p)
-	}
-	var repaired []string
-	for _, r := range p.Repairs {
-		repaired = append(repaired, r.Queue)
-	}
-	if slices.Sort(repaired); !slices.Equal(repaired, []string{"Legacy_Flow", "analyzeWebsite"}) {
-		t.Fatalf("repairs %+v", p.Repairs)
-	}
-	if want := []string{"pgmq.meta", "pgmq.a_analyzewebsite", "pgmq.a_legacy_flow", "pgmq.a_root_map", "pgmq.q_analyzewebsite", "pgmq.q_legacy_flow", "pgmq.q_root_map"}; !slices.Equal(p.Locked, want) {
-		t.Fatalf("locked %v, want %v", p.Locked, want)
-	}
-	if v := db.PGMQVersion(t); v != testdb.PGMQNewest {
-		t.Fatalf("pgmq %s after apply --pgmq", v)
-	}
-	if n := scalarOf[int](t, db, `select count(*) from pgmq.meta where queue_name <> lower(queue_name)`); n != 0 {
-		t.Fatalf("%d mixed-case pgmq.meta names left", n)
-	}
-	// Every pgflow row kept (the new columns are the pgflow hop's), every
-	// message where it was.
-	after, err := fingerprint.Take(ctx, db.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range fingerprint.Compare(before, after) {
-		if strings.HasPrefix(d.Table, "pgflow.") {
-			t.Errorf("pgflow row changed: %s", d)
+	applyPGMQ(ctx, t, db, opts, func(res *outcome.Result[*upgrade.Report]) {
+		p := res.Report.PGMQ
+		if p == nil || p.From != "1.5.1" || p.To != testdb.PGMQNewest || p.Queues != 3 || p.ClaimChecked != 3 || p.ClaimCheckedAfter != 3 {
+			t.Fatalf("pgmq report %+v", p)
 		}
-	}
-	if got := queueRows(t, db); !mapsEqual(msgs, got) {
-		t.Fatalf("messages differ:\nbefore %v\nafter  %v", msgs, got)
-	}
-	// The queues are still pgflow's: every route resolves to one listed
-	// queue, and the package worker drains every run in flight.
-	rep, err := scenario.Drain(ctx, &scenario.DB{Name: db.Name, DSN: db.DSN, Pool: db.Pool}, scenario.DrainOptions{FastForward: true})
-	if err != nil {
-		t.Fatalf("drain on pgmq %s: %v (%+v)", testdb.PGMQNewest, err, rep)
-	}
-	if rep.Completed == 0 {
+		var repaired []string
+		for _, r := range p.Repairs {
+			repaired = append(repaired, r.Queue)
+		}
+		if slices.Sort(repaired); !slices.Equal(repaired, []string{"Legacy_Flow", "analyzeWebsite"}) {
+			t.Fatalf("repairs %+v", p.Repairs)
+		}
+		if want := []string{"pgmq.meta", "pgmq.a_analyzewebsite", "pgmq.a_legacy_flow", "pgmq.a_root_map", "pgmq.q_analyzewebsite", "pgmq.q_legacy_flow", "pgmq.q_root_map"}; !slices.Equal(p.Locked, want) {
+			t.Fatalf("locked %v, want %v", p.Locked, want)
+		}
+		if v := db.PGMQVersion(t); v != testdb.PGMQNewest {
+			t.Fatalf("pgmq %s after apply --pgmq", v)
+		}
+		if n := scalarOf[int](t, db, `select count(*) from pgmq.meta where queue_name <> lower(queue_name)`); n != 0 {
+			t.Fatalf("%d mixed-case pgmq.meta names left", n)
+		}
+	})
+	if rep := drainAnalyzeWebsite(ctx, t, db); rep.Completed == 0 {
 		t.Fatalf("the drain completed nothing: %+v", rep)
 	}
-	var open int
-	if err := db.Pool.QueryRow(ctx, `select count(*) from pgflow.runs where flow_slug = 'analyzeWebsite' and status <> 'completed'`).Scan(&open); err != nil || open != 0 {
-		t.Fatalf("analyzeWebsite runs not completed: %d (%v)", open, err)
-	}
-	t.Logf("drained on pgmq %s: %+v", testdb.PGMQNewest, rep)
 }
 
 func mapsEqual(a, b map[string][]string) bool {
