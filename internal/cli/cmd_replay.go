@@ -213,8 +213,10 @@ func newReplayPlan(c *ucli.Context) (*replayPlan, error) {
 	if p.pgflowMigrations != "" {
 		// A folder that cannot be read, or holds none of upstream's files,
 		// is refused before any database is made; one lacking a file the
-		// road scenarios need fails them, naming the file.
-		if _, err := pgflowfiles.Find(p.pgflowMigrations, 1); err != nil {
+		// road scenarios need, or holding one altered, fails them (exit 1),
+		// naming the file, as apply refuses it.
+		var fileErr *pgflowfiles.FileError
+		if _, err := pgflowfiles.Find(p.pgflowMigrations, 1); err != nil && !errors.As(err, &fileErr) {
 			return nil, withCode(ExitUsage, fmt.Errorf("--pgflow-migrations: %w", err))
 		}
 	}

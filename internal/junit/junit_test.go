@@ -55,3 +55,37 @@ func TestJUnitIsValidXML(t *testing.T) {
 		t.Errorf("failing case: %+v", cs[1])
 	}
 }
+
+// A scenario that was not run is <skipped> with its reason: counted in the
+// suite's skipped, never as a failure or a pass.
+func TestJUnitSkipped(t *testing.T) {
+	results := []scenario.Result{
+		{Name: "ran", Proves: "it works", Passed: true, Duration: time.Second},
+		{Name: "not-run", Proves: "needs a folder", Skipped: true, SkipReason: "needs --pgflow-migrations DIR"},
+	}
+	var buf bytes.Buffer
+	if err := junit.Write(&buf, "replay", time.Now(), results); err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Suites []struct {
+			Failures int `xml:"failures,attr"`
+			Skipped  int `xml:"skipped,attr"`
+			Cases    []struct {
+				Name    string    `xml:"name,attr"`
+				Failure *struct{} `xml:"failure"`
+				Skipped *struct {
+					Message string `xml:"message,attr"`
+				} `xml:"skipped"`
+			} `xml:"testcase"`
+		} `xml:"testsuite"`
+	}
+	if err := xml.Unmarshal(buf.Bytes(), &doc); err != nil || len(doc.Suites) != 1 || len(doc.Suites[0].Cases) != 2 {
+		t.Fatalf("%v\n%s", err, buf.String())
+	}
+	s := doc.Suites[0]
+	if s.Failures != 0 || s.Skipped != 1 || s.Cases[0].Skipped != nil || s.Cases[1].Failure != nil ||
+		s.Cases[1].Skipped == nil || s.Cases[1].Skipped.Message != "needs --pgflow-migrations DIR" {
+		t.Fatalf("skipped case not written as <skipped>:\n%s", buf.String())
+	}
+}
