@@ -266,18 +266,11 @@ func writeApplyTable(w io.Writer, where string, res *outcome.Result[*upgrade.Rep
 	}
 	writePlan(w, rep.Plan)
 	if len(rep.Blockers) > 0 {
-		fmt.Fprintln(w, "\nblockers (fix them, then rerun; `pgflow-upgrade audit` shows the same checks):")
-		if err := writeFindings(w, rep.Blockers); err != nil {
+		if err := writeBlockers(w, rep.Blockers); err != nil {
 			return err
 		}
-		for _, f := range rep.Blockers {
-			if len(f.Samples) == 0 {
-				continue
-			}
-			fmt.Fprintf(w, "\n%s (samples)\n", f.CheckID)
-			if err := writeSamples(w, f.Samples); err != nil {
-				return err
-			}
+		if err := writeFindingSamples(w, rep.Blockers, func(f audit.Finding) string { return f.CheckID }); err != nil {
+			return err
 		}
 	}
 	// Warnings do not stop the upgrade, but the operator should see them

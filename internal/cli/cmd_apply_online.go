@@ -175,8 +175,7 @@ func writeOnlineTable(w io.Writer, where string, res *outcome.Result[*online.Rep
 	rep := res.Report
 	fmt.Fprintf(w, "pgflow-upgrade apply --online on %s: %s (started at phase %s)\n%s\n", where, res.Outcome, rep.StartPhase, res.Message)
 	if len(rep.Blockers) > 0 {
-		fmt.Fprintln(w, "\nblockers (fix them, then rerun; `pgflow-upgrade audit` shows the same checks):")
-		if err := writeFindings(w, rep.Blockers); err != nil {
+		if err := writeBlockers(w, rep.Blockers); err != nil {
 			return err
 		}
 	}

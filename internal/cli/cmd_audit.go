@@ -338,14 +338,10 @@ func writeAuditTableOf(w *bytes.Buffer, target string, rep *audit.Report, fc *fo
 			return err
 		}
 	}
-	for _, f := range findings {
-		if len(f.Samples) == 0 {
-			continue
-		}
-		fmt.Fprintf(w, "\n%s %s: %s (samples)\n", f.Severity, f.CheckID, f.Message)
-		if err := writeSamples(w, f.Samples); err != nil {
-			return err
-		}
+	if err := writeFindingSamples(w, findings, func(f audit.Finding) string {
+		return fmt.Sprintf("%s %s: %s", f.Severity, f.CheckID, f.Message)
+	}); err != nil {
+		return err
 	}
 
 	fmt.Fprintln(w)

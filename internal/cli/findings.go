@@ -30,6 +30,28 @@ func writeFindings(w io.Writer, findings []audit.Finding) error {
 	return writeTable(w, findingColumns, rows)
 }
 
+// writeBlockers prints the blockers that stopped a run (apply, apply
+// --online): what to do about them, then their table.
+func writeBlockers(w io.Writer, blockers []audit.Finding) error {
+	fmt.Fprintln(w, "\nblockers (fix them, then rerun; `pgflow-upgrade audit` shows the same checks):")
+	return writeFindings(w, blockers)
+}
+
+// writeFindingSamples prints, for every finding that has samples, a line
+// "title (samples)" and the samples' table.
+func writeFindingSamples(w io.Writer, findings []audit.Finding, title func(audit.Finding) string) error {
+	for _, f := range findings {
+		if len(f.Samples) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "\n%s (samples)\n", title(f))
+		if err := writeSamples(w, f.Samples); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // writeSamples prints the sample rows of one finding as a table, one
 // column per key (sampleColumns).
 func writeSamples(w io.Writer, samples []map[string]any) error {
