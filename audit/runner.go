@@ -122,6 +122,10 @@ type Options struct {
 	// detected it in the same transaction (apply --online's switch, whose
 	// prepared shape the migration's guard checks again under the locks).
 	Schema *versions.SchemaInfo
+	// PGMQ, if set, is the pgmq RunPreflight gives the checks instead of
+	// reading it again (it reads the server's extension versions): the
+	// caller detected it in the same transaction, under the same locks.
+	PGMQ *PGMQInfo
 }
 
 const (
@@ -305,7 +309,9 @@ func RunPreflight(ctx context.Context, tx pgx.Tx, opts Options) ([]CheckResult, 
 	}
 	env := Env{Mode: ModePreflight, Sample: opts.Sample, Bound: opts.Bound,
 		LongTransaction: opts.LongTransaction, IdleInTransaction: opts.IdleInTransaction, LiveWorker: opts.LiveWorker}
-	if env.PGMQ, err = DetectPGMQ(ctx, tx); err != nil {
+	if opts.PGMQ != nil {
+		env.PGMQ = *opts.PGMQ
+	} else if env.PGMQ, err = DetectPGMQ(ctx, tx); err != nil {
 		return nil, err
 	}
 	if opts.Schema != nil {

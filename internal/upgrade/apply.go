@@ -351,6 +351,7 @@ type applyRun struct {
 	copyErr       error                  // why the copy given cannot serve (a file missing or altered)
 	plan          *Plan                  // the hops, made by admit
 	preflightRan  bool                   // the shared check catalog ran (before the own hop)
+	hopPGMQ       *audit.PGMQInfo        // pgmq as the hops' checks see it, read under the locks once
 	pre           *prebuilt              // built before the transaction (prebuild.go)
 	sessionLocked bool                   // prebuild holds the advisory lock at session level
 	tx            pgx.Tx

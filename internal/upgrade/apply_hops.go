@@ -184,6 +184,19 @@ func (a *applyRun) hopChecks(h Hop, m audit.Moment, tx pgx.Tx) error {
 	}
 	popts := a.opts.Preflight
 	popts.Checks, popts.Extra, popts.Hop, popts.At = nil, nil, hop, m
+	if m == audit.UnderLocks {
+		// Under the locks, the facts this transaction read already (the
+		// state when it began: pgflow's tables are there; pgmq, read once)
+		// instead of two catalog reads more per hop.
+		if a.hopPGMQ == nil {
+			p, err := audit.DetectPGMQ(a.ctx, tx)
+			if err != nil {
+				return fmt.Errorf("checking before %s: %w", h.File, err)
+			}
+			a.hopPGMQ = &p
+		}
+		popts.Schema, popts.PGMQ = &a.r.State, a.hopPGMQ
+	}
 	res, err := audit.RunPreflight(a.ctx, tx, popts)
 	if err != nil {
 		return fmt.Errorf("checking before %s: %w", h.File, err)
