@@ -10,26 +10,10 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
-// legacyState gives a 0.16.0 database flows (one with a mixed-case slug),
-// runs in flight and a task started by a 0.16.0 worker.
-func legacyState(t *testing.T, db q) {
-	t.Helper()
-	testdb.Exec(t, db, `select pgflow.create_flow('Legacy_Flow')`)
-	testdb.Exec(t, db, `select pgflow.add_step('Legacy_Flow', 'first')`)
-	testdb.Exec(t, db, `select pgflow.add_step('Legacy_Flow', 'items', array['first'], step_type => 'map')`)
-	testdb.Exec(t, db, `select pgflow.create_flow('root_map')`)
-	testdb.Exec(t, db, `select pgflow.add_step('root_map', 'each', step_type => 'map')`)
-	testdb.Exec(t, db, `select pgflow.start_flow('Legacy_Flow', '{"n": 1}')`)
-	testdb.Exec(t, db, `select pgflow.start_flow('root_map', '[1, 2, 3]')`)
-	testdb.Exec(t, db, `insert into pgflow.workers (worker_id, queue_name, function_name) values ('00000000-0000-0000-0000-0000000000aa', 'Legacy_Flow', 'fn')`)
-	testdb.Exec(t, db, `select count(*) from pgflow.start_tasks('Legacy_Flow', array(select msg_id from pgmq.read('Legacy_Flow', 5, 1)), '00000000-0000-0000-0000-0000000000aa')`)
-}
-
 // The upgraded real 0.16.0 baseline has exactly upstream's 0.17.0 catalog.
 func TestUpgradedCatalogIsUpstream017(t *testing.T) {
 	ctx := context.Background()
-	db := testdb.Baseline(t)
-	legacyState(t, db.Pool)
+	db := testdb.Inflight(t, 3)
 	applyMigration(t, db.Pool)
 
 	want, err := upgrade.Want017()
@@ -58,8 +42,7 @@ func TestUpgradedCatalogIsUpstream017(t *testing.T) {
 // Existing rows keep every value; the new columns hold lower(flow_slug)
 // and queue_mode 'flow'; no queue is created, moved or renamed.
 func TestBackfillKeepsRowsAndQueues(t *testing.T) {
-	db := testdb.Baseline(t)
-	legacyState(t, db.Pool)
+	db := testdb.Inflight(t, 3)
 	rows := `select md5(concat_ws('|',
 		(select string_agg(format('%s|%s|%s|%s|%s|%s', run_id, step_slug, task_index, status, message_id, attempts_count), ',' order by run_id, step_slug, task_index) from pgflow.step_tasks),
 		(select string_agg(format('%s|%s|%s', flow_slug, step_slug, step_index), ',' order by 1) from pgflow.steps),

@@ -65,7 +65,7 @@ func TestApplyPGMQCommand(t *testing.T) {
 	// pgflow at 0.17, pgmq stopped at 1.9.0: the pgmq hop alone, its
 	// workers fenced by --quiesce.
 	db2 := testdb.Baseline(t)
-	exec2(t, db2, `select pgflow.create_flow('greet')`)
+	db2.Exec(t, `select pgflow.create_flow('greet')`)
 	if r := clitest.Run(t, nil, "--dsn", db2.DSN, "apply", "--yes"); r.Code != cli.ExitOK {
 		t.Fatalf("pgflow hop: %d %s%s", r.Code, r.Stdout, r.Stderr)
 	}
@@ -75,7 +75,7 @@ func TestApplyPGMQCommand(t *testing.T) {
 	// old: live (within a minute) when the fence starts, gone (it never
 	// acknowledges) a few seconds later, so the drain ends without a
 	// minute's wait.
-	exec2(t, db2, `insert into pgflow.workers (worker_id, queue_name, function_name, last_heartbeat_at) values ('00000000-0000-0000-0000-0000000000cc', 'greet', 'greet-fn', now() - interval '57 seconds');
+	db2.Exec(t, `insert into pgflow.workers (worker_id, queue_name, function_name, last_heartbeat_at) values ('00000000-0000-0000-0000-0000000000cc', 'greet', 'greet-fn', now() - interval '57 seconds');
 		insert into pgflow.worker_functions (function_name, enabled) values ('greet-fn', true)`)
 	r = clitest.Run(t, nil, "--dsn", db2.DSN, "apply", "--yes", "--quiesce", "--pgmq", testdb.PGMQNewest)
 	if r.Code != cli.ExitOK || !strings.Contains(cellText(r.Stdout), "pgmq: 1.9.0 -> "+testdb.PGMQNewest) || !strings.Contains(cellText(r.Stdout+r.Stderr), "quiesce") {
@@ -91,20 +91,13 @@ func TestApplyPGMQCommand(t *testing.T) {
 	}
 }
 
-func exec2(t *testing.T, db *testdb.DB, sql string) {
-	t.Helper()
-	if _, err := db.Pool.Exec(context.Background(), sql); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // A database stopped at pgmq 1.10.1 (pgflow 0.17, queues from before
 // 1.10.0): audit NO-GO and verify FAIL, both naming the broken claim path,
 // status says what to run; apply --pgmq 1.13.1 mends it and verify passes.
 func TestPGMQ1101AuditVerifyStatus(t *testing.T) {
 	testdb.RequirePGMQVersion(t, testdb.PGMQNewest)
 	db := testdb.Baseline(t)
-	exec2(t, db, `select pgflow.create_flow('greet')`)
+	db.Exec(t, `select pgflow.create_flow('greet')`)
 	if r := clitest.Run(t, nil, "--dsn", db.DSN, "apply", "--yes"); r.Code != cli.ExitOK {
 		t.Fatalf("pgflow hop: %d %s%s", r.Code, r.Stdout, r.Stderr)
 	}
