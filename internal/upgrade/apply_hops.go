@@ -14,6 +14,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgflowfiles"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
+	"github.com/pgflow-upgrade/pgflow-upgrade/preflight"
 )
 
 // StepHop is the step of one upstream hop (its file); StepTelemetry the
@@ -202,7 +203,7 @@ func (a *applyRun) hopChecks(h Hop, m audit.Moment, tx pgx.Tx) error {
 		return fmt.Errorf("checking before %s: %w", h.File, err)
 	}
 	for _, r := range res {
-		if r.Status == audit.StatusError || r.Status == audit.StatusInconclusive {
+		if r.Status == audit.StatusError {
 			return fmt.Errorf("checking before %s: %s: %w", h.File, r.ID, r.Err)
 		}
 	}
@@ -219,6 +220,9 @@ func (a *applyRun) hopChecks(h Hop, m audit.Moment, tx pgx.Tx) error {
 			a.r.Blockers = blockers
 			return a.fail(outcome.Refused, fmt.Errorf("%w: before upstream's %s: %d missing or failing: %s", outcome.ErrPreflight, h.File, bad, r.Title))
 		}
+	}
+	if pr := (preflight.Result{Checks: res}); pr.Inconclusive() {
+		return a.fail(outcome.Inconclusive, fmt.Errorf("%w: before upstream's %s: %s", outcome.ErrInconclusive, h.File, pr.Summary()))
 	}
 	return nil
 }
