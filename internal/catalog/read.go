@@ -40,6 +40,20 @@ func Read(ctx context.Context, q Querier, schema string) (*Catalog, error) {
 }
 
 func read(ctx context.Context, q Querier, schema string, shallow bool) (*Catalog, error) {
+	sql := readSQL
+	if shallow {
+		sql = shallowSQL
+	}
+	c, err := query(ctx, q, schema, sql)
+	if err != nil {
+		return nil, err
+	}
+	c.Shallow = shallow
+	return c, nil
+}
+
+// query runs one of the catalog queries with args after the schema.
+func query(ctx context.Context, q Querier, schema, sql string, args ...any) (*Catalog, error) {
 	b, ok := q.(beginner)
 	if !ok {
 		return nil, ErrNoBegin
@@ -52,19 +66,14 @@ func read(ctx context.Context, q Querier, schema string, shallow bool) (*Catalog
 	if err := session.EmptySearchPath(ctx, tx); err != nil {
 		return nil, fmt.Errorf("reading the catalog of schema %s: pinning search_path: %w", schema, err)
 	}
-	sql := readSQL
-	if shallow {
-		sql = shallowSQL
-	}
 	var raw []byte
-	if err := tx.QueryRow(ctx, sql, schema).Scan(&raw); err != nil {
+	if err := tx.QueryRow(ctx, sql, append([]any{schema}, args...)...).Scan(&raw); err != nil {
 		return nil, fmt.Errorf("reading the catalog of schema %s from pg_catalog: %w", schema, err)
 	}
 	c, err := Parse(raw)
 	if err != nil {
 		return nil, fmt.Errorf("reading the catalog of schema %s: %w", schema, err)
 	}
-	c.Shallow = shallow
 	return c, nil
 }
 
@@ -86,20 +95,30 @@ func IsLockTimeout(err error) bool {
 }
 
 var (
-	readSQL = strings.NewReplacer(
+	deparse = []string{
 		"{{default}}", "pg_catalog.pg_get_expr(ad.adbin, ad.adrelid)",
 		"{{condef}}", "pg_catalog.pg_get_constraintdef(k.oid)",
 		"{{indexdef}}", "pg_catalog.pg_get_indexdef(ic.oid)",
 		"{{triggerdef}}", "pg_catalog.pg_get_triggerdef(tg.oid)",
-		"{{viewdef}}", "pg_catalog.pg_get_viewdef(c.oid)").Replace(catalogSQL)
+		"{{viewdef}}", "pg_catalog.pg_get_viewdef(c.oid)"}
+	// The whole schema: no filter.
+	whole = []string{"{{tables}}", "", "{{table_of_sequence}}", "", "{{functions}}", "", "{{others}}", ""}
+	// A Scope: $2 the tables, $3 the function names; nothing else.
+	scoped = []string{
+		"{{tables}}", "and c.relname operator(pg_catalog.=) any($2::pg_catalog.text[])",
+		"{{table_of_sequence}}", "and t.relname operator(pg_catalog.=) any($2::pg_catalog.text[])",
+		"{{functions}}", "and p.proname operator(pg_catalog.=) any($3::pg_catalog.text[])",
+		"{{others}}", "and false"}
+	readSQL = strings.NewReplacer(append(deparse, whole...)...).Replace(catalogSQL)
 	// A default cannot refer to a column, so relid 0 deparses it without
 	// opening the table; a generated column's expression can, so it is left out.
-	shallowSQL = strings.NewReplacer(
+	shallowSQL = strings.NewReplacer(append([]string{
 		"{{default}}", "case when a.attgenerated = '' then pg_catalog.pg_get_expr(ad.adbin, 0) end",
 		"{{condef}}", "''",
 		"{{indexdef}}", "''",
 		"{{triggerdef}}", "''",
-		"{{viewdef}}", "''").Replace(catalogSQL)
+		"{{viewdef}}", "''"}, whole...)...).Replace(catalogSQL)
+	scopeSQL = strings.NewReplacer(append(deparse, scoped...)...).Replace(catalogSQL)
 )
 
 // Exists reports whether schema exists (catalog rows only).
@@ -151,7 +170,7 @@ tables as (
       from pg_catalog.pg_index x join pg_catalog.pg_class ic on ic.oid = x.indexrelid
       where x.indrelid = c.oid), '[]'::jsonb)) as j
   from pg_catalog.pg_class c
-  where c.relnamespace = (select oid from ns) and c.relkind in ('r', 'p')
+  where c.relnamespace = (select oid from ns) and c.relkind in ('r', 'p') {{tables}}
 ),
 ctypes as (
   select t.typname, pg_catalog.jsonb_build_object(
@@ -162,7 +181,7 @@ ctypes as (
       from pg_catalog.pg_attribute a
       where a.attrelid = t.typrelid and a.attnum > 0 and not a.attisdropped), '[]'::jsonb)) as j
   from pg_catalog.pg_type t join pg_catalog.pg_class c on c.oid = t.typrelid
-  where t.typnamespace = (select oid from ns) and t.typtype = 'c' and c.relkind = 'c'
+  where t.typnamespace = (select oid from ns) and t.typtype = 'c' and c.relkind = 'c' {{others}}
 ),
 enums as (
   select t.typname, pg_catalog.jsonb_build_object(
@@ -170,7 +189,7 @@ enums as (
     'labels', coalesce((select pg_catalog.jsonb_agg(e.enumlabel order by e.enumsortorder)
                         from pg_catalog.pg_enum e where e.enumtypid = t.oid), '[]'::jsonb)) as j
   from pg_catalog.pg_type t
-  where t.typnamespace = (select oid from ns) and t.typtype = 'e'
+  where t.typnamespace = (select oid from ns) and t.typtype = 'e' {{others}}
 ),
 domains as (
   select t.typname, pg_catalog.jsonb_build_object(
@@ -183,7 +202,7 @@ domains as (
                'name', k.conname, 'definition', pg_catalog.pg_get_constraintdef(k.oid)) order by k.conname collate "C")
       from pg_catalog.pg_constraint k where k.contypid = t.oid), '[]'::jsonb)) as j
   from pg_catalog.pg_type t
-  where t.typnamespace = (select oid from ns) and t.typtype = 'd'
+  where t.typnamespace = (select oid from ns) and t.typtype = 'd' {{others}}
 ),
 functions as (
   select p.proname, pg_catalog.pg_get_function_identity_arguments(p.oid) as ident, pg_catalog.jsonb_build_object(
@@ -201,13 +220,13 @@ functions as (
     'parallel', case p.proparallel when 's' then 'safe' when 'r' then 'restricted' else 'unsafe' end,
     'config', (select pg_catalog.jsonb_agg(s order by s collate "C") from pg_catalog.unnest(p.proconfig) as s)) as j
   from pg_catalog.pg_proc p join pg_catalog.pg_language l on l.oid = p.prolang
-  where p.pronamespace = (select oid from ns)
+  where p.pronamespace = (select oid from ns) {{functions}}
 ),
 triggers as (
   select c.relname, tg.tgname, pg_catalog.jsonb_build_object(
     'name', tg.tgname, 'table', c.relname, 'definition', {{triggerdef}}) as j
   from pg_catalog.pg_trigger tg join pg_catalog.pg_class c on c.oid = tg.tgrelid
-  where c.relnamespace = (select oid from ns) and not tg.tgisinternal
+  where c.relnamespace = (select oid from ns) and not tg.tgisinternal {{tables}}
 ),
 sequences as (
   select pg_catalog.format('%I.%I', sn.nspname, s.relname) as name, pg_catalog.jsonb_build_object(
@@ -224,7 +243,7 @@ sequences as (
    and d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass and d.deptype in ('a', 'i')
   join pg_catalog.pg_class t on t.oid = d.refobjid
   join pg_catalog.pg_attribute a on a.attrelid = t.oid and a.attnum = d.refobjsubid
-  where s.relkind = 'S' and t.relnamespace = (select oid from ns)
+  where s.relkind = 'S' and t.relnamespace = (select oid from ns) {{table_of_sequence}}
 ),
 views as (
   select c.relname, pg_catalog.jsonb_build_object(
@@ -237,7 +256,7 @@ views as (
       where a.attrelid = c.oid and a.attnum > 0 and not a.attisdropped), '[]'::jsonb),
     'definition', {{viewdef}}) as j
   from pg_catalog.pg_class c
-  where c.relnamespace = (select oid from ns) and c.relkind in ('v', 'm')
+  where c.relnamespace = (select oid from ns) and c.relkind in ('v', 'm') {{others}}
 )
 select pg_catalog.jsonb_build_object(
   'format', 'pgflow-catalog/1',

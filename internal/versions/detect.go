@@ -161,6 +161,15 @@ func Detect(ctx context.Context, q catalog.Querier) (*Detection, error) {
 	if err != nil {
 		return nil, fmt.Errorf("detecting the pgflow version: %w", err)
 	}
+	return DetectCatalog(ctx, q, c)
+}
+
+// DetectCatalog is Detect on schema pgflow's catalog c, already read from
+// q (in the same transaction): what else detection reads (an online
+// upgrade's objects, the release's digests and ledger, an open quiesce
+// record) is read from q. One catalog read then serves both a caller's own
+// comparison and the detection.
+func DetectCatalog(ctx context.Context, q catalog.Querier, c *catalog.Catalog) (*Detection, error) {
 	d := Classify(c)
 	d.Shallow = c.Shallow
 	if d.State == StateReady || d.State == StateUnknown {
@@ -174,6 +183,7 @@ func Detect(ctx context.Context, q catalog.Querier) (*Detection, error) {
 			d.SetOnline(string(s.Phase()))
 		}
 	}
+	var err error
 	if d.Release, err = DetectRelease(ctx, q, d); err != nil {
 		return nil, fmt.Errorf("detecting the pgflow release: %w", err)
 	}

@@ -59,6 +59,24 @@ func (r *ReleaseState) AtNewest() bool { return r.Files == len(UpstreamFiles()) 
 // catalog is also 25 files', 0.17.1's also 27 files').
 var catalogFiles = map[string]int{V0_14: 20, V0_15_0: 21, V0_15_1: 22, V0_16_0: 23, V0_17_0: 24, V0_17_1: 26}
 
+// CatalogOf is the version whose catalog a database holding upstream's
+// first files files has (ok false below 0.14.1's 20 files or past the
+// newest): 25 files have 0.17.0's, 27 files 0.17.1's.
+func CatalogOf(files int) (v *Version, ok bool) {
+	best := 0
+	var name string
+	for n, f := range catalogFiles {
+		if f <= files && f > best {
+			best, name = f, n
+		}
+	}
+	if best == 0 || files > len(UpstreamFiles()) {
+		return nil, false
+	}
+	v, err := Lookup(name)
+	return v, err == nil
+}
+
 // Digests of the function a body-only file changes: md5 of pg_proc.prosrc
 // as upstream's file leaves it (facts: a digest, not the text).
 const (
