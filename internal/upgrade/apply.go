@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgflowfiles"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
@@ -361,6 +362,10 @@ type applyRun struct {
 	committed     bool      // committed, or rolled back on purpose (dry run)
 	pgmq          *pgmqHop  // apply --pgmq (pgmqhop.go)
 	pgmqOnly      bool      // pgflow has no hop to run: the pgmq hop alone
+	// wholeAfterCommit: the release reached was checked by its scope under
+	// the locks; the whole catalog is read after the commit (reached.go).
+	wholeAfterCommit bool
+	early            *early // what ran before the table locks (early.go)
 }
 
 // integrity checks the embedded migrations against atlas.sum and finds the
@@ -521,16 +526,27 @@ func (a *applyRun) migrate() error {
 	return nil
 }
 
-// postChecks runs the post-conditions (Checks) in the transaction.
+// postChecks runs the post-conditions (Checks) in the transaction. The
+// catalog read for 0.17's comparison also tells the release reached
+// (reached.go): the tables are locked while it is read, so it is read once.
 func (a *applyRun) postChecks() error {
 	var out []CheckOutcome
 	var err error
+	var got *catalog.Catalog
 	if a.plan == nil || a.plan.ReachedFiles >= ownHopFile {
-		out, err = RunPostConditions(a.ctx, a.tx, true) // 0.17's checks
+		// 0.17's checks.
+		out, err = runPostConditions(a.ctx, a.tx, true, postConditions(func(ctx context.Context, q Querier) (bool, string, error) {
+			c, err := catalog.Read(ctx, q, versions.Schema)
+			if err != nil {
+				return false, "", err
+			}
+			got = c
+			return catalogIs017(c)
+		}))
 	}
 	if err == nil && a.plan != nil {
 		var o CheckOutcome
-		if o, err = a.reachedCheck(); err == nil {
+		if o, err = a.reachedCheck(got); err == nil {
 			out = append(out, o)
 		}
 	}
@@ -587,7 +603,17 @@ func (a *applyRun) commit() error {
 		return fmt.Errorf("committing the upgrade (nothing was changed unless the server reports otherwise): %w", err)
 	}
 	a.committed = true
+	a.windowEnds()
 	return nil
+}
+
+// windowEnds records the lock window when the commit (or the rollback of a
+// dry run) has released the locks: what runs after it (the whole catalog
+// read again, pgmq's claim path) locks the application out of nothing.
+func (a *applyRun) windowEnds() {
+	if !a.lockHeld.IsZero() {
+		a.r.LockWindowMS = time.Since(a.lockHeld).Milliseconds()
+	}
 }
 
 // rollbackDryRun rolls a dry run back on purpose.
@@ -596,6 +622,7 @@ func (a *applyRun) rollbackDryRun() error {
 		return fmt.Errorf("rolling back the dry run: %w", err)
 	}
 	a.committed = true // rolled back on purpose
+	a.windowEnds()
 	return nil
 }
 
@@ -603,9 +630,6 @@ func (a *applyRun) rollbackDryRun() error {
 // purpose) into the report.
 func (a *applyRun) finish() error {
 	r := a.r
-	if !a.lockHeld.IsZero() {
-		r.LockWindowMS = time.Since(a.lockHeld).Milliseconds()
-	}
 	window := time.Duration(r.LockWindowMS) * time.Millisecond
 	switch {
 	case a.opts.DryRun && a.pgmqOnly:

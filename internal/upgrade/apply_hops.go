@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -133,6 +132,9 @@ func (a *applyRun) upstreamHop(h Hop) error {
 		return fmt.Errorf("%s: %w", h.Path, err)
 	}
 	for i, st := range stmts {
+		if a.early.ran(h.Upstream.Index, i) {
+			continue // before the table locks (early.go)
+		}
 		if isTxControl(st) {
 			return fmt.Errorf("%s statement %d is transaction control (%q): apply runs the file in its own transaction", h.File, i+1, summary(st))
 		}
@@ -163,15 +165,23 @@ func (a *applyRun) upstreamHop(h Hop) error {
 		a.r.Statements = append(a.r.Statements, StatementReport{Migration: h.Upstream.Version(), Index: i + 1, Summary: sum,
 			DurationMS: took.Milliseconds(), DurationUS: took.Microseconds(), Rows: rows})
 	}
+	if !a.early.recorded(h.Upstream.Index) {
+		if err := a.recordHop(h, sql); err != nil {
+			return err
+		}
+	}
+	a.r.HopsApplied = append(a.r.HopsApplied, h.File)
+	return nil
+}
+
+// recordHop records the hop's file in the Supabase ledger as push would.
+func (a *applyRun) recordHop(h Hop, sql string) error {
 	version, name, ok := ledgerOf(h.Path)
 	if !ok {
 		version, name = h.Upstream.Version(), h.Upstream.Title()
 	}
-	if _, err := pgflowfiles.RecordApplied(a.ctx, a.tx, version, name, sql); err != nil {
-		return err
-	}
-	a.r.HopsApplied = append(a.r.HopsApplied, h.File)
-	return nil
+	_, err := pgflowfiles.RecordApplied(a.ctx, a.tx, version, name, sql)
+	return err
 }
 
 // hopChecks runs the catalog's checks declared for hop h at moment m
@@ -281,25 +291,6 @@ func (a *applyRun) recordOwnInLedger() (bool, string, error) {
 		return true, "supabase_migrations.schema_migrations already had " + version, nil
 	}
 	return true, "recorded " + version + "_" + name + " (upstream's " + f.Name + ", replaced by this tool's migration) as applied in supabase_migrations.schema_migrations", nil
-}
-
-// reachedCheck is a post-condition: the database is at the release the
-// plan reached, by the same detection status uses.
-func (a *applyRun) reachedCheck() (CheckOutcome, error) {
-	o := CheckOutcome{ID: "release_reached", Title: "the database is at the release the plan reached: " + a.plan.Reached}
-	d, err := versions.Detect(a.ctx, a.tx)
-	if err != nil {
-		return o, err
-	}
-	switch {
-	case d.Release == nil:
-		o.Detail = "detected " + d.Summary()
-	case d.Release.Files != a.plan.ReachedFiles:
-		o.Detail = "detected " + d.Release.Name + " (" + strings.Join(d.Release.Evidence, "; ") + ")"
-	default:
-		o.OK, o.Detail = true, d.Release.Name
-	}
-	return o, nil
 }
 
 // preflightFirst: the shared check catalog runs right after the locks when

@@ -33,6 +33,11 @@ var applyPlan = []applyStep{
 		return "the installed pgmq, pgmq " + a.pgmq.target.String() + " offered, the queue tables"
 	}, withPGMQ, (*applyRun).pgmqState},
 	{StepPrivileges, fixed("the current role may alter the pgflow schema"), pgflowHops, (*applyRun).privileges},
+	{StepHopsEarly, fixed("upstream's function statements and ledger rows, before the table locks (they lock nothing the application uses)"),
+		hasEarlyHops, (*applyRun).runEarly},
+	// The records lock nothing the application uses either: written before
+	// the table locks, committed or rolled back with the rest.
+	{StepSupabase, fixed("pgflow_upgrade.schema_revisions; supabase_migrations.schema_migrations when asked"), pgflowHops, (*applyRun).record},
 	{StepTableLocks, func(a *applyRun) string { return lockPlanText(a.lockPlan()) }, nil, (*applyRun).tableLocks},
 	{StepPreflight, fixed("the shared check catalog, exact, under the locks"), (*applyRun).preflightFirst, (*applyRun).runPreflight},
 	{"", nil, pgflowHops, (*applyRun).runHops}, // the plan (hops.go): one StepMigrate per pending migration of ours, one StepHop per upstream file
@@ -42,9 +47,10 @@ var applyPlan = []applyStep{
 		return "pgmq.meta names matched to their tables, ALTER EXTENSION pgmq UPDATE TO '" + a.pgmq.target.String() + "', the claim path of every queue"
 	}, (*applyRun).pgmqActive, (*applyRun).pgmqUpdate},
 	{"", nil, nil, (*applyRun).beforeCommit},
-	{StepSupabase, fixed("pgflow_upgrade.schema_revisions; supabase_migrations.schema_migrations when asked"), pgflowHops, (*applyRun).record},
 	{StepCommit, fixed(""), func(a *applyRun) bool { return !a.opts.DryRun }, (*applyRun).commit},
 	{StepRollback, fixed(""), func(a *applyRun) bool { return a.opts.DryRun }, (*applyRun).rollbackDryRun},
+	{StepReleaseAfter, fixed("the whole catalog, read after the commit: the release reached"),
+		func(a *applyRun) bool { return a.wholeAfterCommit && !a.opts.DryRun }, (*applyRun).releaseAfterCommit},
 	{StepPGMQClaimAfter, fixed("pgmq's read and set_vt on every queue, after the commit"), func(a *applyRun) bool { return a.pgmqActive() && !a.opts.DryRun }, (*applyRun).pgmqClaimAfter},
 	{"", nil, nil, (*applyRun).finish},
 }

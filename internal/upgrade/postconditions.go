@@ -76,6 +76,11 @@ func catalogCheck(ctx context.Context, q Querier) (bool, string, error) {
 	if err != nil {
 		return false, "", err
 	}
+	return catalogIs017(got)
+}
+
+// catalogIs017 is catalogCheck on a catalog already read.
+func catalogIs017(got *catalog.Catalog) (bool, string, error) {
 	v, err := versions.Lookup(versions.V0_17_0)
 	if err != nil {
 		return false, "", err
@@ -121,9 +126,15 @@ func compareCatalog(want, got *catalog.Catalog, same string) (bool, string) {
 // identifier is a constant of this file or of internal/versions (the one
 // spelling of each protocol signature); nothing user-supplied is spliced.
 func PostConditions() []PostCondition {
+	return postConditions(catalogCheck)
+}
+
+// postConditions is PostConditions with the catalog comparison given:
+// apply's keeps the catalog it reads for the release reached.
+func postConditions(catalogRun func(ctx context.Context, q Querier) (bool, string, error)) []PostCondition {
 	return []PostCondition{
 		{ID: "catalog_0_17_0", Title: "schema pgflow is upstream's 0.17.0 (tables, columns, constraints, indexes, types, functions and their attributes)",
-			Run: catalogCheck},
+			Run: catalogRun},
 		{ID: "old_start_tasks_gone", Title: "0.16.0 " + versions.StartTasks016.String() + " gone: a 0.16.0 worker cannot claim (42883)",
 			SQL: functionGone(versions.StartTasks016.String(), "0.16.0 workers can still claim")},
 		{ID: "old_ensure_flow_compiled_gone", Title: "0.16.0 " + versions.EnsureFlowCompiled016.String() + " gone (its calls resolve to the 4-argument form)",
@@ -152,7 +163,18 @@ func RunPostConditions(ctx context.Context, q Querier, inTx bool) ([]CheckOutcom
 
 func runPostConditions(ctx context.Context, q Querier, inTx bool, checks []PostCondition) ([]CheckOutcome, error) {
 	var out []CheckOutcome
+	var answered map[string]CheckOutcome
+	if inTx {
+		var err error
+		if answered, err = sqlChecksAtOnce(ctx, q, checks); err != nil {
+			return out, err
+		}
+	}
 	for _, c := range checks {
+		if o, ok := answered[c.ID]; ok {
+			out = append(out, o)
+			continue
+		}
 		o := CheckOutcome{ID: c.ID, Title: c.Title}
 		if inTx {
 			if _, err := q.Exec(ctx, "savepoint pgflow_upgrade_check"); err != nil {
@@ -184,6 +206,53 @@ func runPostConditions(ctx context.Context, q Querier, inTx bool, checks []PostC
 		out = append(out, o)
 	}
 	return out, nil
+}
+
+// sqlChecksAtOnce runs the SQL checks as one statement under one
+// savepoint: inside apply's transaction each round trip lengthens the
+// time the tables are locked. When that statement fails, nothing is
+// answered (the savepoint is rolled back) and each check runs on its own,
+// so a failing one is reported with its own error.
+func sqlChecksAtOnce(ctx context.Context, q Querier, checks []PostCondition) (map[string]CheckOutcome, error) {
+	var sqls []PostCondition
+	for _, c := range checks {
+		if c.Run == nil {
+			sqls = append(sqls, c)
+		}
+	}
+	if len(sqls) < 2 {
+		return nil, nil
+	}
+	from := make([]string, len(sqls))
+	dest := make([]any, 0, 2*len(sqls))
+	out := make([]CheckOutcome, len(sqls))
+	for i, c := range sqls {
+		// Each check's SQL is a constant of this package returning one row.
+		from[i] = fmt.Sprintf("(%s) as c%d (ok, detail)", strings.TrimSuffix(strings.TrimSpace(c.SQL), ";"), i)
+		out[i] = CheckOutcome{ID: c.ID, Title: c.Title}
+		dest = append(dest, &out[i].OK, &out[i].Detail)
+	}
+	if _, err := q.Exec(ctx, "savepoint pgflow_upgrade_check"); err != nil {
+		return nil, fmt.Errorf("checks: savepoint: %w", err)
+	}
+	err := q.QueryRow(ctx, "select * from "+strings.Join(from, " cross join ")).Scan(dest...)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("checks: %w", ctx.Err())
+		}
+		if _, err := q.Exec(ctx, "rollback to savepoint pgflow_upgrade_check"); err != nil {
+			return nil, fmt.Errorf("checks: rollback to savepoint pgflow_upgrade_check: %w", err)
+		}
+		return nil, nil
+	}
+	if _, err := q.Exec(ctx, "release savepoint pgflow_upgrade_check"); err != nil {
+		return nil, fmt.Errorf("checks: release savepoint pgflow_upgrade_check: %w", err)
+	}
+	answered := make(map[string]CheckOutcome, len(out))
+	for _, o := range out {
+		answered[o.ID] = o
+	}
+	return answered, nil
 }
 
 // Failed returns the outcomes that did not pass.
