@@ -21,10 +21,7 @@ import (
 func TestPGMQUpdateFailsOnMixedCaseQueue(t *testing.T) {
 	ctx := context.Background()
 	testdb.RequirePGMQVersion(t, testdb.PGMQNewest)
-	db := testdb.Baseline(t)
-	if err := fixtures.CreateAnalyzeWebsite(ctx, db.Pool); err != nil {
-		t.Fatal(err)
-	}
+	db := testdb.Baseline(t).AnalyzeWebsite(t)
 	_, err := db.Pool.Exec(ctx, `alter extension pgmq update to '`+testdb.PGMQNewest+`'`)
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "42P01" || !strings.Contains(pgErr.Message, `q_`+fixtures.AnalyzeWebsiteSlug) {
@@ -51,11 +48,7 @@ func TestPGMQUpdateFailsOnMixedCaseQueue(t *testing.T) {
 func TestAuditPGMQUpdatePathMixedCase(t *testing.T) {
 	ctx := context.Background()
 	testdb.RequirePGMQVersion(t, testdb.PGMQNewest)
-	db := testdb.Baseline(t)
-	if err := fixtures.CreateAnalyzeWebsite(ctx, db.Pool); err != nil {
-		t.Fatal(err)
-	}
-	db.Exec(t, `select pgflow.create_flow('greet')`)
+	db := testdb.Baseline(t).AnalyzeWebsite(t, `select pgflow.create_flow('greet')`)
 	rep := runAudit(t, db, audit.Options{Checks: []string{"pgmq.installed", "pgmq.update_path", "pgmq.claim_path", "backup.pgdump_pgmq"}})
 	if rep.PGMQ.Version != "1.5.1" || rep.PGMQ.Layout != "members" || rep.PGMQ.Newest != testdb.PGMQNewest {
 		t.Fatalf("pgmq info %+v", rep.PGMQ)

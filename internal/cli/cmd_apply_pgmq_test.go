@@ -19,10 +19,7 @@ import (
 func TestApplyPGMQCommand(t *testing.T) {
 	testdb.RequirePGMQVersion(t, testdb.PGMQNewest)
 	ctx := context.Background()
-	db := testdb.Baseline(t)
-	if err := fixtures.CreateAnalyzeWebsite(ctx, db.Pool); err != nil {
-		t.Fatal(err)
-	}
+	db := testdb.Baseline(t).AnalyzeWebsite(t)
 	for _, c := range []struct {
 		args []string
 		code int

@@ -1,12 +1,10 @@
 package cli_test
 
 import (
-	"context"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -20,14 +18,7 @@ import (
 func TestLongRehearsalWithPGMQHop(t *testing.T) {
 	testdb.SkipUnlessLong(t, "fixtures replay --from --pgmq 1.13.1 on a capture with analyzeWebsite")
 	testdb.RequirePGMQVersion(t, testdb.PGMQNewest)
-	ctx := context.Background()
-	db := testdb.Baseline(t)
-	if err := fixtures.CreateAnalyzeWebsite(ctx, db.Pool); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Pool.Exec(ctx, `select pgflow.start_flow('analyzeWebsite', '{"url": "https://example.com"}')`); err != nil {
-		t.Fatal(err)
-	}
+	db := testdb.Baseline(t).AnalyzeWebsite(t, `select pgflow.start_flow('analyzeWebsite', '{"url": "https://example.com"}')`)
 	dir := t.TempDir()
 	file := filepath.Join(dir, "prod.capture.gz")
 	if r := clitest.Run(t, map[string]string{}, "--dsn", db.DSN, "fixtures", "capture", "--out", file); r.Code != 0 {

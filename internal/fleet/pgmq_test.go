@@ -1,13 +1,11 @@
 package fleet_test
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -19,10 +17,7 @@ import (
 func TestLongFleetApplyPGMQ(t *testing.T) {
 	testdb.SkipUnlessLong(t, "fleet apply --pgmq takes every target through both hops")
 	testdb.RequirePGMQVersion(t, testdb.PGMQNewest)
-	mixed, plain := clitest.LegacyDB(t), clitest.LegacyDB(t)
-	if err := fixtures.CreateAnalyzeWebsite(context.Background(), mixed.Pool); err != nil {
-		t.Fatal(err)
-	}
+	mixed, plain := clitest.LegacyDB(t).AnalyzeWebsite(t), clitest.LegacyDB(t)
 	targets := writeTargets(t, "mixed "+mixed.DSN, "plain "+plain.DSN)
 	junit := filepath.Join(t.TempDir(), "fleet.xml")
 	r := clitest.Run(t, nil, "fleet", "apply", "--yes", "--targets", targets, "--parallel", "1", "--pgmq", testdb.PGMQNewest, "--junit", junit, "--format", "json")

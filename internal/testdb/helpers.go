@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
@@ -41,6 +42,19 @@ func (db *DB) Exec(t testing.TB, sqls ...string) {
 	for _, s := range sqls {
 		Exec(t, db.Pool, s)
 	}
+}
+
+// AnalyzeWebsite adds upstream's example flow analyzeWebsite to db through
+// pgflow's own functions (fixtures.CreateAnalyzeWebsite: on pgflow 0.16.0 a
+// mixed-case queue, which the plain pgmq update fails on), then runs stmts
+// (its runs, say) like Exec.
+func (db *DB) AnalyzeWebsite(t testing.TB, stmts ...string) *DB {
+	t.Helper()
+	if err := fixtures.CreateAnalyzeWebsite(context.Background(), db.Pool); err != nil {
+		t.Fatalf("testdb: creating analyzeWebsite: %v", err)
+	}
+	db.Exec(t, stmts...)
+	return db
 }
 
 // PasswordRole is LoginRole for a role that logs in with password: the DSN

@@ -22,7 +22,7 @@ func TestLongApplyPGMQOnUpstream016(t *testing.T) {
 	testdb.SkipUnlessLong(t, "apply --pgmq 1.13.1 on upstream's own 0.16.0 with analyzeWebsite and work in flight: newest pgflow, pgmq 1.13.1, rows and messages kept, drained")
 	testdb.RequirePGMQVersion(t, testdb.PGMQNewest)
 	ctx := testCtx(t)
-	db := withAnalyzeWebsite(t, upstreamInflight(t, "0.16.0"),
+	db := upstreamInflight(t, "0.16.0").AnalyzeWebsite(t,
 		`select pgflow.start_flow('analyzeWebsite', '{"url": "https://example.com"}')`,
 		`select pgflow.start_flow('analyzeWebsite', '{"url": "https://example.org"}')`)
 

@@ -10,7 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
@@ -25,21 +24,10 @@ import (
 func pgmqDB(t *testing.T) *testdb.DB {
 	t.Helper()
 	testdb.RequirePGMQVersion(t, testdb.PGMQNewest)
-	return withAnalyzeWebsite(t, testdb.Inflight(t, 3),
+	return testdb.Inflight(t, 3).AnalyzeWebsite(t,
 		`select pgflow.start_flow('analyzeWebsite', '{"url": "https://example.com"}', '00000000-0000-0000-0000-0000000000a1')`,
 		`select pgflow.start_flow('analyzeWebsite', '{"url": "https://example.org"}', '00000000-0000-0000-0000-0000000000a2')`,
 		`select count(*) from pgflow.start_tasks('analyzeWebsite', array(select msg_id from pgmq.read('analyzeWebsite', 30, 1)), '00000000-0000-0000-0000-0000000000aa')`)
-}
-
-// withAnalyzeWebsite is db with upstream's example flow analyzeWebsite
-// defined through pgflow's own functions, then stmts (its runs) run.
-func withAnalyzeWebsite(t *testing.T, db *testdb.DB, stmts ...string) *testdb.DB {
-	t.Helper()
-	if err := fixtures.CreateAnalyzeWebsite(context.Background(), db.Pool); err != nil {
-		t.Fatal(err)
-	}
-	db.Exec(t, stmts...)
-	return db
 }
 
 // applyPGMQ runs apply with opts (--pgmq) on db and fails t unless it
