@@ -176,8 +176,10 @@ const (
 	// InAudit: `pgflow-upgrade audit`, read only, bounded (Run). A hop's
 	// checks run there within plan.hops, when the plan has the hop.
 	InAudit Moment = 1 << iota
-	// BeforeLocks: apply, in its transaction before it takes any table
-	// lock, so a role that cannot upgrade never queues for one.
+	// BeforeLocks: apply, before it takes any table lock (a role that
+	// cannot upgrade never queues for one), and a hop's check before apply
+	// builds anything for that hop beforehand (in a read-only transaction
+	// of its own).
 	BeforeLocks
 	// UnderLocks: apply's preflight, in its transaction under its table
 	// locks, exact (RunPreflight): the checks of every plan right after the
