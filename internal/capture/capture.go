@@ -39,7 +39,7 @@ const (
 type Header struct {
 	Format      string    `json:"format"`
 	Version     int       `json:"version"`
-	PgflowState string    `json:"pgflow_state"` // audit schema state: "baseline" for pgflow 0.16.0
+	PgflowState string    `json:"pgflow_state"` // audit schema state: "baseline" for pgflow 0.16.0, "older", "upgraded"
 	CreatedAt   time.Time `json:"created_at"`
 	Redacted    bool      `json:"redacted"`
 	Source      string    `json:"source,omitempty"` // host/database, never a password
@@ -58,6 +58,23 @@ type Header struct {
 	Extensions []Extension `json:"extensions,omitempty"`
 	// Tables: every captured table with its exact row count and size on disk.
 	Tables []TableStat `json:"tables,omitempty"`
+	// Release: where the captured pgflow sits on upstream's line of files,
+	// which is where a rehearsal's plan starts. Absent from files written
+	// before captures of other releases than 0.16.0 were accepted: those
+	// are replayed only when their state is "baseline" (0.16.0).
+	Release *Release `json:"release,omitempty"`
+}
+
+// Release is the captured database's place on upstream's line of files
+// (versions.ReleaseState).
+type Release struct {
+	// Files: the database held upstream's first Files files.
+	Files int    `json:"files"`
+	Name  string `json:"name"` // versions.StateName(Files): "0.14.1", "0.17.0"...
+	// LedgerFiles: how many of upstream's files the Supabase ledger
+	// recorded (-1: no ledger, or not readable by the capturing role); the
+	// restored copy's ledger records the same.
+	LedgerFiles int `json:"ledger_files"`
 }
 
 // Extension is an extension and the schema it was installed in.
@@ -170,9 +187,16 @@ func Write(ctx context.Context, conn *pgx.Conn, w io.Writer, opts Options) (int,
 	if !info.HasTables {
 		return 0, fmt.Errorf("capture: the database has no pgflow tables (state %s)", info.State)
 	}
+	// A capture is for a rehearsal of apply's plan: a state no plan starts
+	// from is refused here, with the reason, rather than at the replay.
+	d := info.Version
+	if !d.PlanStarts() {
+		return 0, fmt.Errorf("capture: %w: %s. Next: %s", ErrNoPlan, d.Summary(), d.NextStep)
+	}
 	h := Header{Format: Format, Version: Version, PgflowState: string(info.State),
-		CreatedAt: time.Now().UTC().Truncate(time.Second), Redacted: opts.Redact, Source: opts.Source}
-	if err := describe(ctx, tx, &h, opts.IncludeSchemas); err != nil {
+		CreatedAt: time.Now().UTC().Truncate(time.Second), Redacted: opts.Redact, Source: opts.Source,
+		Release: &Release{Files: d.Release.Files, Name: d.Release.Name, LedgerFiles: d.Release.LedgerFiles}}
+	if err := describe(ctx, tx, &h, opts.IncludeSchemas, d); err != nil {
 		return 0, err
 	}
 	queues, err := QueueNames(ctx, tx)

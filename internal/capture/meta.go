@@ -14,10 +14,20 @@ import (
 // schemas, versions, roles and table sizes (Header), and the sequence
 // positions.
 
-// describe fills the header's schemas, versions and roles.
-func describe(ctx context.Context, tx pgx.Tx, h *Header, include []string) error {
+// describe fills the header's schemas, versions and roles; d is the
+// detection of the snapshot's pgflow.
+func describe(ctx context.Context, tx pgx.Tx, h *Header, include []string, d *versions.Detection) error {
 	h.Schemas = []string{"pgflow"}
 	seen := map[string]bool{"pgflow": true}
+	// Upstream's files from 0.17.1 on build a second schema: it is
+	// pgflow's, and the hops after it change it.
+	var telemetry bool
+	if err := tx.QueryRow(ctx, `select exists (select 1 from pg_catalog.pg_namespace where nspname operator(pg_catalog.=) $1)`, telemetrySchema).Scan(&telemetry); err != nil {
+		return fmt.Errorf("capture: looking for schema %s: %w", telemetrySchema, err)
+	}
+	if telemetry {
+		h.Schemas, seen[telemetrySchema] = append(h.Schemas, telemetrySchema), true
+	}
 	for _, s := range include {
 		if reservedSchemas[s] {
 			return fmt.Errorf("capture: --include-schema %s: that schema is always captured or rebuilt by its owner; name a schema of your own", s)
@@ -52,11 +62,7 @@ func describe(ctx context.Context, tx pgx.Tx, h *Header, include []string) error
 		Scan(&h.ServerVersion, &h.PGMQ); err != nil {
 		return fmt.Errorf("capture: reading the server and pgmq versions: %w", err)
 	}
-	det, err := versions.Detect(ctx, tx)
-	if err != nil {
-		return fmt.Errorf("capture: detecting the pgflow version: %w", err)
-	}
-	h.PgflowVersion = det.Found
+	h.PgflowVersion = d.Found
 	rows, err := tx.Query(ctx, extensionsSQL, h.Schemas)
 	if err != nil {
 		return fmt.Errorf("capture: reading the extensions the schemas use: %w", err)
@@ -116,6 +122,10 @@ const rolesSQL = `with acls as (
 			where n.nspname operator(pg_catalog.=) any ($1)
 	)
 	select distinct r.rolname::text from named join pg_catalog.pg_roles r on r.oid operator(pg_catalog.=) named.grantee order by 1`
+
+// telemetrySchema is the schema upstream's telemetry file (0.17.1) makes;
+// a capture holds it with pgflow when the database has it.
+const telemetrySchema = "pgflow_telemetry"
 
 // physQueue is one physical pgmq queue: its tables are q_<phys>, a_<phys>.
 type physQueue struct{ name, phys string }

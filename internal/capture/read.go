@@ -235,6 +235,11 @@ func newCaptureReader(r io.Reader, lim Limits) (*captureReader, error) {
 				return nil, bad("version 2 header names schema %q among the captured ones", sc)
 			}
 		}
+		if r := cr.header.Release; r != nil {
+			if n := len(versions.UpstreamFiles()); r.Files < 1 || r.Files > n || r.LedgerFiles < -1 || r.LedgerFiles > n {
+				return nil, bad("version 2 header names release %q at %d files (ledger %d): upstream's history has 1 to %d", r.Name, r.Files, r.LedgerFiles, n)
+			}
+		}
 	default:
 		return nil, bad("version %d, this tool reads versions 1 and %d", cr.header.Version, Version)
 	}
@@ -525,12 +530,48 @@ func validTable(t string) bool {
 	return false
 }
 
-// ErrNotBaseline: the captured database is not pgflow 0.16.0, so there is no
-// upgrade to replay.
+// ErrNotBaseline: a version 1 capture whose database is not pgflow 0.16.0
+// (version 1 files are restored into this tool's own 0.16.0 schema).
 var ErrNotBaseline = errors.New("the captured database is not a pgflow 0.16.0 baseline")
 
-// Restore loads a capture into an empty database: pgmq and the 0.16.0
-// engine, then the queues, then every row, in one transaction.
+// ErrNoPlan: no upgrade plan starts from the captured state (an unknown
+// schema, an online upgrade of ours in progress, upstream's newest
+// release or a newer one): there is nothing to rehearse.
+var ErrNoPlan = errors.New("no upgrade plan starts from the captured state")
+
+// PlanStart is how many of upstream's files the captured database held:
+// where a rehearsal of apply's plan starts. It refuses, saying why and what
+// to do, a capture no plan starts from: a version 1 file not at 0.16.0
+// (ErrNotBaseline); a version 2 file at upstream's newest release; one
+// written before captures recorded their release (Header.Release) whose
+// state is not 0.16.0's (ErrNoPlan).
+func (h Header) PlanStart() (int, error) {
+	baseline, err := versions.LookupRelease(versions.R0_16_0)
+	if err != nil {
+		return 0, err
+	}
+	newest := len(versions.UpstreamFiles())
+	switch {
+	case h.Version < 2 && h.PgflowState != string(versions.SchemaBaseline):
+		return 0, fmt.Errorf("%w (state %q): a version 1 capture is replayed into this tool's own 0.16.0 schema; capture the database again with this pgflow-upgrade (`fixtures capture`), which records any release a plan starts from",
+			ErrNotBaseline, h.PgflowState)
+	case h.Version < 2:
+		return baseline.Files, nil
+	case h.Release != nil && h.Release.Files >= newest:
+		return 0, fmt.Errorf("%w: the captured database is at %s, upstream's newest release: nothing to rehearse", ErrNoPlan, h.Release.Name)
+	case h.Release != nil:
+		return h.Release.Files, nil
+	case h.PgflowState == string(versions.SchemaBaseline):
+		return baseline.Files, nil
+	}
+	return 0, fmt.Errorf("%w (state %q, pgflow %q), and the file records no release (an older pgflow-upgrade wrote it): capture the database again with this pgflow-upgrade, which records where it stands on upstream's releases, when it is one a plan starts from",
+		ErrNoPlan, h.PgflowState, h.PgflowVersion)
+}
+
+// Restore loads a capture into an empty database, in one transaction: a
+// version 2 file as its source's catalog said (restoreExact), a version 1
+// file into pgmq and this tool's own 0.16.0 engine, then its queues and
+// rows. A capture no plan starts from is refused (Header.PlanStart).
 func (c *Captured) Restore(ctx context.Context, conn *pgx.Conn) error {
 	i := 0
 	return restore(ctx, conn, c.Header, func() (Record, bool, error) {
@@ -561,8 +602,8 @@ func RestoreFile(ctx context.Context, conn *pgx.Conn, path string, lim Limits) e
 // restore inserts the records next yields, in their order (the order
 // Write writes, which the reader enforces), in batches.
 func restore(ctx context.Context, conn *pgx.Conn, h Header, next func() (Record, bool, error)) error {
-	if h.PgflowState != string(versions.SchemaBaseline) {
-		return fmt.Errorf("%w (state %q): nothing to replay", ErrNotBaseline, h.PgflowState)
+	if _, err := h.PlanStart(); err != nil {
+		return fmt.Errorf("restore: %w", err)
 	}
 	if h.Version >= 2 {
 		return restoreExact(ctx, conn, h, next)

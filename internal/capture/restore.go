@@ -10,6 +10,8 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upstreamdb"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // restoreExact rebuilds a version 2 capture in an empty database, in one
@@ -128,6 +130,11 @@ func restorePrerequisites(ctx context.Context, tx pgx.Tx, h Header) error {
 		if err := fixtures.InstallSupabaseStubs(ctx, tx); err != nil {
 			return fmt.Errorf("restore: %w", err)
 		}
+		if h.Release != nil {
+			if err := restoreSupabase(ctx, tx, *h.Release); err != nil {
+				return err
+			}
+		}
 	}
 	for _, e := range h.Extensions {
 		var available bool
@@ -155,6 +162,50 @@ func restorePrerequisites(ctx context.Context, tx pgx.Tx, h Header) error {
 		if _, err := tx.Exec(ctx, "create role "+pgx.Identifier{role}.Sanitize()+" nologin"); err != nil {
 			return fmt.Errorf("restore: creating role %s, which the captured grants name: %w (create it on the replay server first)", role, err)
 		}
+	}
+	return nil
+}
+
+// restoreSupabase makes the Supabase stand-ins what the source's were for
+// the plan that runs on the copy: the ledger records upstream's files as
+// the source's did (the stand-ins' own ledger is 0.16.0's; no ledger when
+// the source had none), and pg_net and the pg_cron stand-in are registered
+// as extensions, as on a database upstream's files built, so that
+// upstream's telemetry file finds them. Registering writes
+// pg_catalog.pg_extension, which only a superuser may: for another role
+// they stay unregistered (that file then needs the real extensions).
+func restoreSupabase(ctx context.Context, tx pgx.Tx, r Release) error {
+	if r.LedgerFiles < 0 {
+		if _, err := tx.Exec(ctx, `drop schema supabase_migrations cascade`); err != nil {
+			return fmt.Errorf("restore: removing the stand-ins' Supabase ledger (the source had none): %w", err)
+		}
+	} else {
+		if _, err := tx.Exec(ctx, `delete from supabase_migrations.schema_migrations`); err != nil {
+			return fmt.Errorf("restore: the Supabase ledger: %w", err)
+		}
+		for _, f := range versions.UpstreamFiles()[:r.LedgerFiles] {
+			if _, err := tx.Exec(ctx, `insert into supabase_migrations.schema_migrations (version, name) values ($1, $2)`, f.Version(), f.Title()); err != nil {
+				return fmt.Errorf("restore: recording upstream's %s in the Supabase ledger: %w", f.Name, err)
+			}
+		}
+	}
+	var super bool
+	if err := tx.QueryRow(ctx, `select rolsuper from pg_catalog.pg_roles where rolname operator(pg_catalog.=) current_user`).Scan(&super); err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	if !super {
+		return nil
+	}
+	var c upstreamdb.Components
+	var err error
+	if c.PGMQ, err = fixtures.PGMQKind(ctx, tx); err != nil {
+		return err
+	}
+	if c.Cron, err = fixtures.CronKind(ctx, tx); err != nil {
+		return err
+	}
+	if err := upstreamdb.RegisterStandIns(ctx, tx, c); err != nil {
+		return fmt.Errorf("restore: %w", err)
 	}
 	return nil
 }

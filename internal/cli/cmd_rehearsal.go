@@ -96,12 +96,19 @@ func junitNames(results []scenario.Result, from string) []scenario.Result {
 }
 
 // writeCalibration writes what the rehearsal measured for the forecast.
-func writeCalibration(path, from string, m rehearsal.Measurements) error {
+// Its source says what was measured: the capture, and the plan when it is
+// more than this tool's own hop (its timings are then the whole plan's).
+func writeCalibration(path, from string, r *rehearsal.Rehearsal) error {
+	m := r.Measured()
 	if m.LockWindow <= 0 && m.StepTasks == 0 {
 		return fmt.Errorf("--calibration-out %s: the rehearsal measured nothing to calibrate with (run capture-upgrade-survives, and capture-online-survives for the online figures)", path)
 	}
+	source := "rehearsal of capture " + filepath.Base(from)
+	if !r.OwnHopOnly() {
+		source += "; the timings are the whole plan's, not this tool's own hop alone: " + r.PlanSummary()
+	}
 	return forecast.WriteCalibration(path, forecast.Calibration{
-		Source:              "rehearsal of capture " + filepath.Base(from),
+		Source:              source,
 		MeasuredAt:          time.Now().UTC().Truncate(time.Second),
 		ServerVersion:       m.ServerVersion,
 		StepTasks:           m.StepTasks,

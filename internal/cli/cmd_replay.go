@@ -25,6 +25,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/rehearsal"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // `fixtures replay` and `fixtures capture` (docs/fixtures.md).
@@ -180,15 +181,26 @@ func newReplayPlan(c *ucli.Context) (*replayPlan, error) {
 	all := append(scenario.Builtin(), fleetScenario()) // the fleet is the command line's: its scenario lives here
 	all = append(all, scenario.RoadScenarios()...)
 	p.pgflowMigrations = c.String("pgflow-migrations")
-	if p.from != "" {
-		if p.pgflowMigrations != "" {
-			return nil, usageErrorf("--pgflow-migrations is for the road-* scenarios, not a --from rehearsal")
+	if p.pgflowMigrations != "" {
+		// A folder that cannot be read, or holds none of upstream's files,
+		// is refused before any database is made; one lacking a file the
+		// road scenarios need, or holding one altered, fails them (exit 1),
+		// naming the file, as apply refuses it (a rehearsal's plan refuses
+		// it first: planRehearsal).
+		var fileErr *pgflowfiles.FileError
+		if _, err := pgflowfiles.Find(p.pgflowMigrations, 1); err != nil && !errors.As(err, &fileErr) {
+			return nil, withCode(ExitUsage, fmt.Errorf("--pgflow-migrations: %w", err))
 		}
+	}
+	if p.from != "" {
 		captured, err := validateReplayCapture(p.from)
 		if err != nil {
 			return nil, err
 		}
 		p.captured = captured
+		if err := p.planRehearsal(); err != nil {
+			return nil, err
+		}
 		all = rehearsal.Scenarios(p.rehearsal)
 	} else {
 		for _, f := range []string{"max-lock-window", "max-wait", "calibration-out", "pgmq"} {
@@ -210,22 +222,43 @@ func newReplayPlan(c *ucli.Context) (*replayPlan, error) {
 		return nil, usageErrorf("--parallel must be at least 1")
 	}
 	p.junitPath = c.String("junit")
+	return p, nil
+}
+
+// planRehearsal makes apply's plan from the capture's release to
+// upstream's newest, as apply makes it with the files given (none: the
+// plan ends where this tool's own hops end), before anything is restored.
+// A plan whose first hop needs upstream's files and has none is refused
+// (exit 1, as apply refuses it), naming the files; so is a copy lacking a
+// file, or holding one altered.
+func (p *replayPlan) planRehearsal() error {
+	from, err := p.captured.Header.PlanStart()
+	if err != nil {
+		return withCode(ExitFindings, fmt.Errorf("--from %s: %w", p.from, err))
+	}
+	to, err := versions.LookupRelease(versions.Newest)
+	if err != nil {
+		return err
+	}
+	var copy *pgflowfiles.Copy
 	if p.pgflowMigrations != "" {
-		// A folder that cannot be read, or holds none of upstream's files,
-		// is refused before any database is made; one lacking a file the
-		// road scenarios need, or holding one altered, fails them (exit 1),
-		// naming the file, as apply refuses it.
-		var fileErr *pgflowfiles.FileError
-		if _, err := pgflowfiles.Find(p.pgflowMigrations, 1); err != nil && !errors.As(err, &fileErr) {
-			return nil, withCode(ExitUsage, fmt.Errorf("--pgflow-migrations: %w", err))
+		if copy, err = pgflowfiles.Find(p.pgflowMigrations, to.Files); err != nil {
+			return withCode(ExitFindings, fmt.Errorf("--pgflow-migrations: cannot rehearse the plan from %s: %w", versions.StateName(from), err))
 		}
 	}
-	return p, nil
+	plan := upgrade.MakePlan(from, to, copy, false)
+	if len(plan.Hops) == 0 {
+		return withCode(ExitFindings, fmt.Errorf("--from %s: %w: cannot rehearse the plan from pgflow %s: %s",
+			p.from, upgrade.ErrNoUpstreamFiles, plan.From, plan.Rest))
+	}
+	p.rehearsal.Plan, p.rehearsal.PgflowMigrations = plan, p.pgflowMigrations
+	return nil
 }
 
 // validateReplayCapture reads the capture file whole before any database is
 // created, as a stream: memory stays bounded whatever the file's size
-// (capture.Limits). Only a baseline database has an upgrade to replay.
+// (capture.Limits). Only a capture a plan starts from has an upgrade to
+// rehearse (capture.Header.PlanStart).
 func validateReplayCapture(from string) (*capture.Info, error) {
 	f, err := os.Open(from)
 	if err != nil {
@@ -239,8 +272,8 @@ func validateReplayCapture(from string) (*capture.Info, error) {
 	if err != nil {
 		return nil, withCode(ExitUsage, fmt.Errorf("--from %s: %w; capture the database again with `pgflow-upgrade fixtures capture --out FILE`", from, err))
 	}
-	if captured.Header.PgflowState != "baseline" {
-		return nil, withCode(ExitFindings, fmt.Errorf("--from %s: %w (state %q): nothing to replay", from, capture.ErrNotBaseline, captured.Header.PgflowState))
+	if _, err := captured.Header.PlanStart(); err != nil {
+		return nil, withCode(ExitFindings, fmt.Errorf("--from %s: %w", from, err))
 	}
 	return captured, nil
 }
@@ -288,13 +321,14 @@ func (a *App) runReplayScenarios(ctx context.Context, srv *pgprovider.Server, pl
 	r := &scenario.Runner{Server: srv, Parallel: plan.parallel, Logf: logf, PgflowMigrations: plan.pgflowMigrations}
 	if plan.captured != nil {
 		a.describeCapture(plan.from, plan.captured)
+		fmt.Fprintf(a.Stderr, "replay: rehearsing apply's plan: %s\n", plan.rehearsal.PlanSummary())
 		r.Baseline = func(ctx context.Context, conn *pgx.Conn) error {
 			return capture.RestoreFile(ctx, conn, plan.from, capture.DefaultLimits)
 		}
 	}
-	if v := plan.rehearsal.PGMQ; v != "" {
+	if v, dir := plan.rehearsal.PGMQ, plan.rehearsal.PgflowMigrations; v != "" || dir != "" {
 		r.Upgrade = func(ctx context.Context, db *scenario.DB) (*outcome.Result[*upgrade.Report], error) {
-			return scenario.RunApplyWith(ctx, db, upgrade.Options{PGMQ: v})
+			return scenario.RunApplyWith(ctx, db, upgrade.Options{PGMQ: v, PgflowMigrations: dir})
 		}
 	}
 	if _, err := r.Template(ctx); err != nil {
@@ -351,7 +385,11 @@ func (a *App) describeCapture(from string, captured *capture.Info) {
 	h := captured.Header
 	fmt.Fprintf(a.Stderr, "replay: restoring %s (captured %s, %d records", from, h.CreatedAt.Format(time.RFC3339), captured.Records)
 	if h.Version >= 2 {
-		fmt.Fprintf(a.Stderr, "; pgflow %s on pgmq %s, PostgreSQL %s, schemas %s, %d step_tasks rows", h.PgflowVersion, h.PGMQ, h.ServerVersion, strings.Join(h.Schemas, ", "), h.Rows("pgflow.step_tasks"))
+		release := h.PgflowVersion
+		if h.Release != nil {
+			release = h.Release.Name
+		}
+		fmt.Fprintf(a.Stderr, "; pgflow %s on pgmq %s, PostgreSQL %s, schemas %s, %d step_tasks rows", release, h.PGMQ, h.ServerVersion, strings.Join(h.Schemas, ", "), h.Rows("pgflow.step_tasks"))
 	} else {
 		fmt.Fprintf(a.Stderr, "; a version 1 file: its rows are restored into this tool's own pgflow 0.16.0 schema, not an exact rebuild")
 	}
@@ -363,7 +401,7 @@ func (a *App) describeCapture(from string, captured *capture.Info) {
 func (a *App) writeReplayFiles(c *ucli.Context, plan *replayPlan, results []scenario.Result, started time.Time) error {
 	if plan.captured != nil {
 		if path := c.String("calibration-out"); path != "" {
-			if err := writeCalibration(path, plan.from, plan.rehearsal.Measured()); err != nil {
+			if err := writeCalibration(path, plan.from, plan.rehearsal); err != nil {
 				return withCode(ExitEnvironment, err)
 			}
 			fmt.Fprintf(a.Stderr, "replay: calibration written to %s\n", path)

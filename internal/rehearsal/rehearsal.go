@@ -24,6 +24,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/waitprobe"
 )
 
@@ -40,6 +41,14 @@ type Rehearsal struct {
 	// (fixtures replay --from FILE --pgmq VERSION): pgmq's queue list is
 	// then compared with what the hop reports it renamed.
 	PGMQ string
+	// Plan is apply's plan from the captured release, made before the
+	// restore with the files the replay was given (upgrade.MakePlan): the
+	// upgrade the scenarios run must run these hops, no other (nil: not
+	// checked).
+	Plan *upgrade.Plan
+	// PgflowMigrations is the user's copy of upstream's files the plan's
+	// upstream hops run from ("" when it has none).
+	PgflowMigrations string
 
 	mu sync.Mutex
 	m  Measurements
@@ -86,6 +95,102 @@ func Scenarios(r *Rehearsal) []scenario.Scenario {
 	}
 }
 
+// OwnHopOnly: the plan is this tool's own hop alone (0.16.0 -> 0.17.0),
+// what every rehearsal ran before plans from other releases (and what a
+// calibration's forecast scales).
+func (r *Rehearsal) OwnHopOnly() bool {
+	return r.Plan == nil || (len(r.Plan.Hops) == 1 && r.Plan.Hops[0].Kind == upgrade.HopOwn)
+}
+
+// PlanSummary says the plan in one line: from, where it ends, its hops.
+func (r *Rehearsal) PlanSummary() string {
+	p := r.Plan
+	if p == nil {
+		return ""
+	}
+	var own, up []string
+	for _, h := range p.Hops {
+		if h.Kind == upgrade.HopOwn {
+			own = append(own, fmt.Sprint(h.Upstream.Index))
+		} else {
+			up = append(up, fmt.Sprint(h.Upstream.Index))
+		}
+	}
+	s := fmt.Sprintf("%s -> %s in %d hop(s)", p.From, p.Reached, len(p.Hops))
+	var parts []string
+	if len(up) > 0 {
+		parts = append(parts, "upstream's files "+strings.Join(up, ", ")+" from "+p.Copy)
+	}
+	if len(own) > 0 {
+		parts = append(parts, "this tool's own hop for file "+strings.Join(own, ", "))
+	}
+	if len(parts) > 0 {
+		s += " (" + strings.Join(parts, "; ") + ")"
+	}
+	if p.Rest != "" {
+		s += "; not rehearsed: " + p.Rest
+	}
+	return s
+}
+
+// reference returns, for a plan with hops of upstream's files, a copy of
+// db taken where the plan ends by upstream's own files run in order, as
+// `supabase db push` runs them (this tool's own hop included, as upstream's
+// file): what the upgrade must leave every row and message as. Nil when the
+// plan is this tool's own hop alone: rows then stay as they are.
+func (r *Rehearsal) reference(ctx context.Context, env *scenario.Env, db *scenario.DB) (*scenario.DB, error) {
+	if r.Plan == nil || !r.Plan.Needs() {
+		return nil, nil
+	}
+	ref, err := env.Clone(ctx, db)
+	if err != nil {
+		return nil, err
+	}
+	if err := env.PushUpstream(ctx, ref, r.Plan.FromFiles, r.Plan.ReachedFiles, false); err != nil {
+		return nil, err
+	}
+	return ref, nil
+}
+
+// reached fails unless db is where the plan ends (upstream's release
+// detected on it): what, the upgrade run, went all the way.
+func (r *Rehearsal) reached(ctx context.Context, db *scenario.DB, what string) error {
+	if r.Plan == nil {
+		return nil
+	}
+	d, err := versions.Detect(ctx, db.Pool)
+	if err != nil {
+		return err
+	}
+	if d.Release == nil || d.Release.Files != r.Plan.ReachedFiles {
+		return fmt.Errorf("%s left the copy at %s; the plan reaches %s", what, d.Summary(), r.Plan.Reached)
+	}
+	return nil
+}
+
+// identicalTo says what the rows were compared with, after "identical".
+func (r *Rehearsal) identicalTo() string {
+	if r.Plan == nil || !r.Plan.Needs() {
+		return ""
+	}
+	return fmt.Sprintf(" to upstream's own files %d-%d run in order on the same copy", r.Plan.FromFiles+1, r.Plan.ReachedFiles)
+}
+
+// samePlan fails when the upgrade ran another plan than the one made
+// from the capture's header: the restored copy was not detected as the
+// capture said, or apply planned otherwise.
+func (r *Rehearsal) samePlan(ran *upgrade.Plan) error {
+	want := r.Plan
+	if want == nil || ran == nil {
+		return nil
+	}
+	if ran.FromFiles != want.FromFiles || ran.ReachedFiles != want.ReachedFiles || len(ran.Hops) != len(want.Hops) {
+		return fmt.Errorf("the upgrade ran the plan %s -> %s in %d hop(s); the capture's release plans %s -> %s in %d hop(s)",
+			ran.From, ran.Reached, len(ran.Hops), want.From, want.Reached, len(want.Hops))
+	}
+	return nil
+}
+
 // sizes counts the tables the forecast scales by.
 func (r *Rehearsal) sizes(ctx context.Context, db *scenario.DB) error {
 	var m Measurements
@@ -117,7 +222,11 @@ func (r *Rehearsal) survives(ctx context.Context, env *scenario.Env) error {
 			return err
 		}
 	}
-	rows, err := keeps(ctx, db, "the upgrade", r.PGMQ == "", func() error {
+	ref, err := r.reference(ctx, env, db)
+	if err != nil {
+		return err
+	}
+	rows, err := keeps(ctx, db, ref, "the upgrade", r.PGMQ == "", func() error {
 		var err error
 		if rep, err = env.Upgrade(ctx, db); err != nil {
 			return fmt.Errorf("the upgrade failed: %w", err)
@@ -139,9 +248,21 @@ func (r *Rehearsal) survives(ctx context.Context, env *scenario.Env) error {
 	if err := scenario.VerifyUpgraded(ctx, db); err != nil {
 		return err
 	}
-	env.Notef("%d rows and messages identical", rows)
+	env.Notef("%d rows and messages identical%s", rows, r.identicalTo())
 	if rep == nil {
 		return nil
+	}
+	if err := r.samePlan(rep.Report.Plan); err != nil {
+		return err
+	}
+	if r.Plan != nil && !r.OwnHopOnly() {
+		env.Notef("plan: %s", r.PlanSummary())
+	}
+	if r.Plan != nil && r.PgflowMigrations != "" && r.Plan.ReachedFiles == len(versions.UpstreamFiles()) {
+		if err := scenario.SameCatalogAsNewest(ctx, env, db); err != nil {
+			return err
+		}
+		env.Notef("catalog exactly what upstream's files build at %s", versions.Newest)
 	}
 	window := time.Duration(rep.Report.LockWindowMS) * time.Millisecond
 	r.record(func(m *Measurements) {
@@ -159,7 +280,11 @@ func (r *Rehearsal) onlineSurvives(ctx context.Context, env *scenario.Env) error
 	p := &waitprobe.Probe{ApplicationName: "pgflow-upgrade replay probe"}
 	var rep *outcome.Result[*online.Report]
 	var took time.Duration
-	rows, err := keeps(ctx, db, "apply --online", true, func() error {
+	ref, err := r.reference(ctx, env, db)
+	if err != nil {
+		return err
+	}
+	rows, err := keeps(ctx, db, ref, "apply --online", true, func() error {
 		pctx, stop := context.WithCancel(ctx)
 		defer stop()
 		ready := make(chan struct{})
@@ -178,7 +303,7 @@ func (r *Rehearsal) onlineSurvives(ctx context.Context, env *scenario.Env) error
 		}
 		defer conn.Close(context.WithoutCancel(ctx))
 		started := time.Now()
-		rep, err = online.Upgrade(ctx, conn, online.Options{})
+		rep, err = online.Upgrade(ctx, conn, online.Options{Switch: upgrade.Options{PgflowMigrations: r.PgflowMigrations}})
 		took = time.Since(started)
 		stop()
 		if perr := <-perr; perr != nil && err == nil {
@@ -198,9 +323,12 @@ func (r *Rehearsal) onlineSurvives(ctx context.Context, env *scenario.Env) error
 	if err := scenario.VerifyUpgraded(ctx, db); err != nil {
 		return err
 	}
+	if err := r.reached(ctx, db, "apply --online"); err != nil {
+		return err
+	}
 	probed := p.Result()
 	longest := probed.Longest
-	env.Notef("%d rows and messages identical; probe: %d operations, %d failed", rows, probed.Statements, probed.Failures)
+	env.Notef("%d rows and messages identical%s; probe: %d operations, %d failed", rows, r.identicalTo(), probed.Statements, probed.Failures)
 	lockWindow := time.Duration(rep.Report.LongestLockWindowMS) * time.Millisecond
 	r.record(func(m *Measurements) {
 		m.OnlineTotal, m.OnlineLongestWait, m.OnlineLockWindow = took, longest, lockWindow
@@ -210,11 +338,20 @@ func (r *Rehearsal) onlineSurvives(ctx context.Context, env *scenario.Env) error
 	return env.Measure("online_longest_wait", longest, r.MaxWait)
 }
 
-// keeps runs upgrade between two digests of db and checks that every
-// pre-existing row and message is still there, unchanged, and that the
-// new columns hold the right values. It returns the rows compared.
-func keeps(ctx context.Context, db *scenario.DB, what string, queueList bool, upgrade func() error) (int64, error) {
-	d, err := takeDigest(ctx, db.Pool, queueList)
+// keeps runs upgrade and checks every pre-existing row and message of db
+// against a digest, and that the new columns hold the right values. It
+// returns the rows compared. The digest is db's own before the upgrade,
+// every row unchanged, when ref is nil; else ref's, the same database
+// taken along the plan by upstream's own files (Rehearsal.reference):
+// upstream's files repair rows on their way (a failed run's stale tasks
+// cancelled, for one), and apply must leave every row and message as they
+// do.
+func keeps(ctx context.Context, db, ref *scenario.DB, what string, queueList bool, upgrade func() error) (int64, error) {
+	src, against := db, "in pre-existing state"
+	if ref != nil {
+		src, against = ref, "from what upstream's own files run in order leave"
+	}
+	d, err := takeDigest(ctx, src.Pool, queueList)
 	if err != nil {
 		return 0, err
 	}
@@ -227,7 +364,7 @@ func keeps(ctx context.Context, db *scenario.DB, what string, queueList bool, up
 		return 0, err
 	}
 	if total > 0 {
-		return 0, fmt.Errorf("%d differences in pre-existing state after %s:\n%s", total, what, strings.Join(diffs, "\n"))
+		return 0, fmt.Errorf("%d differences %s after %s:\n%s", total, against, what, strings.Join(diffs, "\n"))
 	}
 	nd, err := fingerprint.CheckNewColumns(ctx, db.Pool)
 	if err != nil {

@@ -88,6 +88,15 @@ func Prepare(ctx context.Context, conn *pgx.Conn, opts Options) (Components, err
 	if c.Cron, err = fixtures.CronKind(ctx, conn); err != nil {
 		return c, err
 	}
+	return c, RegisterStandIns(ctx, conn, c)
+}
+
+// RegisterStandIns records the stand-ins of a database that has the
+// Supabase stand-ins (fixtures.InstallSupabaseStubs) as extensions: pg_net
+// always, pg_cron and pgmq when c says they are stand-ins. A restored
+// capture that upstream's files will run on (a rehearsal) needs them as
+// much as a database those files build.
+func RegisterStandIns(ctx context.Context, db fixtures.DB, c Components) error {
 	rows := [][3]string{{"pg_net", "net", StandInNetVersion}}
 	if c.Cron == fixtures.CronStandIn {
 		rows = append(rows, [3]string{"pg_cron", "cron", StandInCronVersion})
@@ -96,11 +105,11 @@ func Prepare(ctx context.Context, conn *pgx.Conn, opts Options) (Components, err
 		rows = append(rows, [3]string{"pgmq", "pgmq", StandInPGMQVersion})
 	}
 	for _, r := range rows {
-		if err := registerStandIn(ctx, conn, r[0], r[1], r[2]); err != nil {
-			return c, err
+		if err := registerStandIn(ctx, db, r[0], r[1], r[2]); err != nil {
+			return err
 		}
 	}
-	return c, nil
+	return nil
 }
 
 // Build prepares conn's database (Prepare) and runs upstream's first n
@@ -162,7 +171,7 @@ func pushFile(ctx context.Context, conn *pgx.Conn, copy *pgflowfiles.Copy, n int
 // registerStandIn records a stand-in as extension ext in schema, so that
 // CREATE EXTENSION IF NOT EXISTS ext finds it. pg_nextoid gives the row an
 // unused oid (superuser only, as writing pg_extension is).
-func registerStandIn(ctx context.Context, conn *pgx.Conn, ext, schema, version string) error {
+func registerStandIn(ctx context.Context, conn fixtures.DB, ext, schema, version string) error {
 	tag, err := conn.Exec(ctx, `
 		insert into pg_catalog.pg_extension (oid, extname, extowner, extnamespace, extrelocatable, extversion)
 		select pg_catalog.pg_nextoid('pg_catalog.pg_extension', 'oid', 'pg_catalog.pg_extension_oid_index'),

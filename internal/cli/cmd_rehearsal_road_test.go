@@ -1,0 +1,138 @@
+package cli_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
+	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/forecast"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
+)
+
+// captureUpstream builds upstream's release (its own files) with runs,
+// tasks and messages in flight, and captures it with the command.
+func captureUpstream(t *testing.T, release string) string {
+	t.Helper()
+	src := testdb.Upstream(t, release)
+	if err := fixtures.LoadInflightRuns(context.Background(), src.Pool); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "upstream-"+release+".capture.gz")
+	r := clitest.Run(t, map[string]string{}, "--dsn", src.DSN, "fixtures", "capture", "--out", file)
+	if r.Code != cli.ExitOK {
+		t.Fatalf("capture of upstream's %s: exit %d\n%s\n%s", release, r.Code, r.Stdout, r.Stderr)
+	}
+	return file
+}
+
+// Without --pgflow-migrations a capture of upstream's 0.17.0 cannot be
+// rehearsed: every hop of its plan runs upstream's files. The replay
+// refuses (exit 1, no scenario run, nothing passed), naming the files it
+// needs and the flag.
+func TestRehearsalOfReleaseRefusesWithoutFiles(t *testing.T) {
+	file := captureUpstream(t, versions.R0_17_0)
+	all := versions.UpstreamFiles()
+	r := clitest.Run(t, replayEnv(t), "fixtures", "replay", "--from", file)
+	if r.Code != cli.ExitFindings || strings.Contains(r.Stdout, "passed") ||
+		!strings.Contains(r.Stderr, "cannot rehearse the plan from pgflow 0.17.0") ||
+		!strings.Contains(r.Stderr, "files 25-27") || !strings.Contains(r.Stderr, all[24].Name) || !strings.Contains(r.Stderr, all[26].Name) ||
+		!strings.Contains(r.Stderr, "--pgflow-migrations DIR") {
+		t.Fatalf("rehearsal of 0.17.0 without the files: exit %d\n%s\n%s", r.Code, r.Stdout, r.Stderr)
+	}
+	// A copy lacking a file the plan needs is refused too, naming it.
+	dir := testdb.PgflowInstalledCopy(t, 25)
+	r = clitest.Run(t, replayEnv(t), "fixtures", "replay", "--from", file, "--pgflow-migrations", dir)
+	if r.Code != cli.ExitFindings || !strings.Contains(r.Stderr, all[25].Name) {
+		t.Fatalf("rehearsal of 0.17.0 with a copy lacking file 26: exit %d\n%s\n%s", r.Code, r.Stdout, r.Stderr)
+	}
+}
+
+// rehearsedRows is the count of rows and messages the survival check
+// compared, read from capture-upgrade-survives' note.
+func rehearsedRows(t *testing.T, res scenario.Result) int {
+	t.Helper()
+	for _, n := range res.Notes {
+		var rows int
+		if _, err := fmt.Sscanf(n, "%d rows and messages identical", &rows); err == nil {
+			return rows
+		}
+	}
+	t.Fatalf("%s: no note of the rows compared: %q", res.Name, res.Notes)
+	return 0
+}
+
+// A capture of upstream's 0.14.1 and one of its 0.17.0, each with work in
+// flight, are rehearsed with the user's copy of upstream's files: apply's
+// whole plan to upstream's newest runs on the restored copy (0.14.1: files
+// 21-23, this tool's hop, 25-27), every row and message survives, verify
+// passes, the catalog reached is exactly what upstream's files build at
+// the newest release; the calibration says what it measured.
+func TestLongRehearsalOfUpstreamReleases(t *testing.T) {
+	testdb.SkipUnlessLong(t, "captures of upstream's 0.14.1 and 0.17.0 with work in flight rehearsed to the newest release with the copy of upstream's files")
+	dir := testdb.PgflowInstalledCopy(t, len(versions.UpstreamFiles()))
+	for _, c := range []struct {
+		release string
+		hops    int
+	}{{versions.R0_14_1, 7}, {versions.R0_17_0, 3}} {
+		t.Run(c.release, func(t *testing.T) {
+			file := captureUpstream(t, c.release)
+			calib := filepath.Join(t.TempDir(), "calibration.json")
+			r := clitest.Run(t, replayEnv(t), "--format", "json", "fixtures", "replay", "--from", file, "--pgflow-migrations", dir, "--calibration-out", calib)
+			var rep struct {
+				Scenarios []scenario.Result `json:"scenarios"`
+				Passed    int               `json:"passed"`
+				Failed    int               `json:"failed"`
+				Rehearsal struct {
+					LockWindowMS float64 `json:"lock_window_ms"`
+				} `json:"rehearsal"`
+			}
+			if err := json.Unmarshal([]byte(r.Stdout), &rep); err != nil {
+				t.Fatalf("replay JSON: %v\n%s\n%s", err, r.Stdout, r.Stderr)
+			}
+			for _, s := range rep.Scenarios {
+				t.Logf("%s passed=%t skipped=%t %.1fs %s %s", s.Name, s.Passed, s.Skipped, s.Seconds, strings.Join(s.Notes, "; "), s.Error)
+			}
+			if r.Code != cli.ExitOK || rep.Failed != 0 || rep.Passed == 0 {
+				t.Fatalf("rehearsal of %s: exit %d, %d passed, %d failed\n%s", c.release, r.Code, rep.Passed, rep.Failed, r.Stderr)
+			}
+			plan := fmt.Sprintf("%s -> %s in %d hop(s)", c.release, versions.Newest, c.hops)
+			if !strings.Contains(r.Stderr, "rehearsing apply's plan: "+plan) {
+				t.Errorf("stderr does not say the plan %q:\n%s", plan, r.Stderr)
+			}
+			var survives *scenario.Result
+			for i := range rep.Scenarios {
+				if rep.Scenarios[i].Name == "capture-upgrade-survives" {
+					survives = &rep.Scenarios[i]
+				}
+			}
+			if survives == nil || !survives.Passed {
+				t.Fatalf("capture-upgrade-survives did not pass: %+v", survives)
+			}
+			notes := strings.Join(survives.Notes, "\n")
+			if rows := rehearsedRows(t, *survives); rows == 0 {
+				t.Errorf("the survival check compared no rows and messages")
+			}
+			if !strings.Contains(notes, "catalog exactly what upstream's files build at "+versions.Newest) || !strings.Contains(notes, "plan: "+plan) {
+				t.Errorf("capture-upgrade-survives' notes do not show the plan and the catalog reached:\n%s", notes)
+			}
+			if rep.Rehearsal.LockWindowMS <= 0 {
+				t.Errorf("no lock window measured: %+v", rep.Rehearsal)
+			}
+			cal, err := forecast.ReadCalibration(calib)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(cal.Source, "the whole plan's") || !strings.Contains(cal.Source, plan) {
+				t.Errorf("calibration source %q does not say it measured the whole plan", cal.Source)
+			}
+		})
+	}
+}
