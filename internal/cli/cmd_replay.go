@@ -38,18 +38,19 @@ func (a *App) fixturesReplayCommand() *ucli.Command {
 			"names a server on which databases are created and dropped; else a Docker engine (unless PGFLOW_UPGRADE_NO_DOCKER=1);\n" +
 			"else an ephemeral cluster from the PostgreSQL binaries on this machine. Exit 1 when any scenario fails.\n" +
 			"The road-* scenarios start from databases built by running your copy of pgflow's migration files (--pgflow-migrations DIR)\n" +
-			"up to a release, then apply to upstream's newest; without --pgflow-migrations they are reported as skipped (not passed).",
+			"up to a release, then apply to upstream's newest; without --pgflow-migrations they are reported as skipped (not passed).\n" +
+			"--from CAPTURE rehearses the plan apply would run on the captured database (from its release to upstream's newest) on copies of it.",
 		ArgsUsage: "[NAME...]",
 		Flags: []ucli.Flag{
 			&ucli.StringFlag{Name: "dsn", Usage: "server for the throwaway databases (same as the global --dsn)"},
 			&ucli.StringFlag{Name: "junit", Usage: "also write the results as JUnit XML to `FILE`"},
-			&ucli.StringFlag{Name: "from", Usage: "replay the upgrade on the capture `FILE` (from `fixtures capture`) instead of the built-in scenarios"},
+			&ucli.StringFlag{Name: "from", Usage: "rehearse apply's plan on the capture `FILE` (from `fixtures capture`, of any release a plan starts from) instead of the built-in scenarios; a plan that runs upstream's files needs --pgflow-migrations"},
 			&ucli.IntFlag{Name: "parallel", Value: 4, Usage: "scenarios run at once (with --from the default is 1: the measured timings are not shared with other scenarios)"},
 			&ucli.DurationFlag{Name: "max-lock-window", Usage: "with --from: fail capture-upgrade-survives when the transactional apply holds its locks longer than `DURATION` (the figure is always reported)"},
 			&ucli.DurationFlag{Name: "max-wait", Usage: "with --from: fail capture-online-survives when the probe (a read and an update of a task row every 10 ms) waits longer than `DURATION` during apply --online (always reported)"},
 			&ucli.StringFlag{Name: "calibration-out", Usage: "with --from: write the rehearsal's measured sizes and timings to `FILE`, for `audit --calibration FILE`"},
 			&ucli.StringFlag{Name: "pgmq", Usage: "with --from: rehearse apply --pgmq `VERSION` (the pgmq hop after pgflow's, one transaction): its lock window measured on the capture, pgmq's queue list compared with the repairs it reports"},
-			&ucli.StringFlag{Name: "pgflow-migrations", Usage: "the folder holding your copy of pgflow's own migration files (as apply's flag: recognised by their atlas.sum hash, whatever their names): the road-* scenarios build databases from it up to a release and apply takes them to upstream's newest; without it they are skipped, saying so"},
+			&ucli.StringFlag{Name: "pgflow-migrations", Usage: "the folder holding your copy of pgflow's own migration files (as apply's flag: recognised by their atlas.sum hash, whatever their names): the road-* scenarios build databases from it up to a release and apply takes them to upstream's newest (without it they are skipped, saying so); with --from the rehearsal's plan runs upstream's files from it (without it a plan from another release than 0.16.0 is refused, exit 1, naming the files)"},
 		},
 		Action: a.fixturesReplay,
 	}
@@ -58,7 +59,7 @@ func (a *App) fixturesReplayCommand() *ucli.Command {
 func (a *App) fixturesCaptureCommand() *ucli.Command {
 	return &ucli.Command{
 		Name:  "capture",
-		Usage: "write a pgflow database's state, pgmq queue and archive rows included, to a file for `fixtures replay --from`",
+		Usage: "write a pgflow database's state, pgmq queue and archive rows included, to a file for `fixtures replay --from` (any release a plan to upstream's newest starts from; other states are refused)",
 		Flags: []ucli.Flag{
 			&ucli.StringFlag{Name: "dsn", Usage: "the database to capture (same as the global --dsn)"},
 			&ucli.StringFlag{Name: "out", Usage: "write the capture to `FILE` (- for stdout): a new file, or with --force an existing regular file; anything else (symlink, FIFO, device, directory) is refused", Required: true},

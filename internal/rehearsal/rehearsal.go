@@ -1,6 +1,6 @@
 // Package rehearsal holds the rehearsal (`fixtures replay --from CAPTURE`):
-// the upgrade and its invariants replayed on a rebuilt copy of a user's
-// database, as scenarios run by fixtures/scenario's Runner on clones of the
+// apply's plan from the captured release (Rehearsal.Plan) and its
+// invariants replayed on a rebuilt copy of a user's database, as scenarios run by fixtures/scenario's Runner on clones of the
 // restored capture, with the two figures an operator budgets for measured
 // on it: the lock window of the transactional apply and the longest wait a
 // client saw during `apply --online`. A digest compares every pre-existing
@@ -85,9 +85,9 @@ func CaptureScenarios() []scenario.Scenario { return Scenarios(&Rehearsal{}) }
 func Scenarios(r *Rehearsal) []scenario.Scenario {
 	return []scenario.Scenario{
 		{Name: "capture-upgrade-survives", Run: r.survives,
-			Proves: "the captured database upgrades with the transactional apply: every row, queue and message identical, new columns right, verify passes; its lock window is measured (budget --max-lock-window)"},
+			Proves: "the captured database upgrades with the transactional apply, along the plan made from the capture's release: every row, queue and message identical (to what upstream's own files run in order leave, when the plan runs them), new columns right, verify passes, and with upstream's files the catalog is their newest release's; the plan's lock window is measured (budget --max-lock-window)"},
 		{Name: "capture-online-survives", Run: r.onlineSurvives,
-			Proves: "the captured database upgrades with apply --online while a probe reads and updates a task row every 10 ms: every row, queue and message identical, new columns right, verify passes; the probe's longest wait is measured (budget --max-wait)"},
+			Proves: "the captured database upgrades with apply --online to where the plan ends while a probe reads and updates a task row every 10 ms: every row, queue and message identical (as above), new columns right, verify passes; the probe's longest wait is measured (budget --max-wait)"},
 		{Name: "capture-old-worker-fenced", Run: captureFenced,
 			Proves: "after the upgrade of the captured database a 0.16.0 worker's claim, start_tasks(flow_slug =>, msg_ids =>, worker_id =>), fails with 42883 and claims nothing"},
 		{Name: "capture-new-worker-drains", Run: captureDrains,
