@@ -17,7 +17,6 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
@@ -64,10 +63,7 @@ func upgraded(t *testing.T, path upgradePath) *pgxpool.Pool {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	db := testdb.Baseline(t)
-	conn, err := session.Open(ctx, db.DSN, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testdb.Connect(t, db.DSN)
 	defer conn.Close(context.Background())
 	if err := path.run(ctx, conn); err != nil {
 		t.Fatalf("%s: %v", path.name, err)

@@ -11,7 +11,6 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/rehearsal"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -31,10 +30,7 @@ func TestCaptureReplay(t *testing.T) {
 	if _, err := scenario.Generate(ctx, src.Pool, 11); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := session.Open(ctx, src.DSN, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testdb.Connect(t, src.DSN)
 	defer conn.Close(ctx)
 	var file bytes.Buffer
 	if _, err := capture.Write(ctx, conn, &file, capture.Options{}); err != nil {

@@ -11,7 +11,6 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture/capturetest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -47,10 +46,7 @@ func TestCaptureRebuildsExactly(t *testing.T) {
 		t.Fatal(err)
 	}
 	var file bytes.Buffer
-	conn, err := session.Open(ctx, src.DSN, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testdb.Connect(t, src.DSN)
 	defer conn.Close(ctx)
 	if _, err := capture.Write(ctx, conn, &file, capture.Options{IncludeSchemas: []string{"app"}}); err != nil {
 		t.Fatal(err)
@@ -157,13 +153,10 @@ func TestCaptureRefusesPartitionedTables(t *testing.T) {
 	if _, err := src.Pool.Exec(ctx, `create schema app; create table app.p (id int) partition by range (id)`); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := session.Open(ctx, src.DSN, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testdb.Connect(t, src.DSN)
 	defer conn.Close(ctx)
 	var file bytes.Buffer
-	_, err = capture.Write(ctx, conn, &file, capture.Options{IncludeSchemas: []string{"app"}})
+	_, err := capture.Write(ctx, conn, &file, capture.Options{IncludeSchemas: []string{"app"}})
 	if err == nil || !strings.Contains(err.Error(), "app.p") {
 		t.Fatalf("capture of a partitioned table: %v", err)
 	}

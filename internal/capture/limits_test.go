@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -241,10 +240,7 @@ func TestRestoreFileStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	dst := testdb.Empty(t)
-	conn, err := session.Open(ctx, dst.DSN, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testdb.Connect(t, dst.DSN)
 	defer conn.Close(ctx)
 	grew := peakHeap(func() { err = capture.RestoreFile(ctx, conn, path, capture.DefaultLimits) })
 	if err != nil {

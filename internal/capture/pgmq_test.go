@@ -9,7 +9,6 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -58,10 +57,7 @@ func TestCaptureOnPGMQ1131(t *testing.T) {
 
 	c.Header.PGMQ = "extension 1.99.0"
 	empty := testdb.Empty(t)
-	conn, err := session.Open(ctx, empty.DSN, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testdb.Connect(t, empty.DSN)
 	defer conn.Close(ctx)
 	err = c.Restore(ctx, conn)
 	if err == nil || !strings.Contains(err.Error(), "taken on pgmq 1.99.0") || !strings.Contains(err.Error(), "offers only") {

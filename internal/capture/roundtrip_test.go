@@ -14,7 +14,6 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -22,10 +21,7 @@ func TestMain(m *testing.M) { os.Exit(testdb.Main(m)) }
 
 func captureOf(t *testing.T, db *testdb.DB, redact bool) []byte {
 	t.Helper()
-	conn, err := session.Open(context.Background(), db.DSN, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testdb.Connect(t, db.DSN)
 	defer conn.Close(context.Background())
 	var buf bytes.Buffer
 	if _, err := capture.Write(context.Background(), conn, &buf, capture.Options{Redact: redact}); err != nil {
@@ -40,10 +36,7 @@ func restored(t *testing.T, c *capture.Captured) *testdb.DB {
 	t.Helper()
 	ctx := context.Background()
 	dst := testdb.Empty(t)
-	conn, err := session.Open(ctx, dst.DSN, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testdb.Connect(t, dst.DSN)
 	defer conn.Close(ctx)
 	if err := c.Restore(ctx, conn); err != nil {
 		t.Fatal(err)

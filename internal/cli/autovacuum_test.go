@@ -13,6 +13,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
@@ -77,10 +78,7 @@ func TestApplyCancelsAutovacuumOnStepTasks(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 
-	conn, err := session.Open(ctx, dsnValue, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testdb.Connect(t, dsnValue)
 	defer conn.Close(context.Background())
 	holders, err := upgrade.LockHolders(ctx, conn, "step_tasks", "access exclusive")
 	if err != nil {

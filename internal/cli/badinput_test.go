@@ -377,10 +377,7 @@ func TestBadInputTamperedMigration(t *testing.T) {
 	}
 	tampered[all[0].File] = &fstest.MapFile{Data: []byte(all[0].SQL + "\ndrop table pgflow.runs cascade;\n")}
 	before := testdb.State(t, db.Pool)
-	conn, err := session.Open(ctx, db.DSN, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testdb.Connect(t, db.DSN)
 	defer conn.Close(ctx)
 	rep, err := upgrade.Apply(ctx, conn, upgrade.Options{
 		Verify: func() error { return migrations.VerifyFS(tampered) },

@@ -97,10 +97,7 @@ func TestCaptureRefusesTextThatIsNotUTF8(t *testing.T) {
 	if r := clitest.Run(t, nil, "--dsn", dsnValue, "fixtures", "load", "inflight"); r.Code != cli.ExitOK {
 		t.Fatalf("fixtures load into a SQL_ASCII database: exit %d\n%s%s", r.Code, r.Stdout, r.Stderr)
 	}
-	conn, err := session.Open(ctx, dsnValue, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testdb.Connect(t, dsnValue)
 	defer conn.Close(ctx)
 	// The first run (in the table's order) gets a byte 0xff in its input.
 	tag, err := conn.Exec(ctx, `update pgflow.runs set input = pg_catalog.jsonb_build_object('note', pg_catalog.convert_from('\xff'::bytea, 'SQL_ASCII'))

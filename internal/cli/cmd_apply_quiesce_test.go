@@ -9,7 +9,6 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -73,10 +72,7 @@ func TestApplyQuiesceCommands(t *testing.T) {
 	}
 
 	// As a crash after the pause leaves it: status shows it and the commands.
-	conn, err := session.Open(ctx, db.DSN, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testdb.Connect(t, db.DSN)
 	defer conn.Close(ctx)
 	pause := func() {
 		if _, err := quiesce.Pause(ctx, conn, quiesce.ModeApply); err != nil {
@@ -148,10 +144,7 @@ func TestApplyOnlineResumeQuiesce(t *testing.T) {
 	ctx := context.Background()
 	db := quiesceDB(t)
 	before := recordedValues(t, db)
-	conn, err := session.Open(ctx, db.DSN, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testdb.Connect(t, db.DSN)
 	defer conn.Close(ctx)
 	if _, err := quiesce.Pause(ctx, conn, quiesce.ModeOnline); err != nil {
 		t.Fatal(err)

@@ -115,7 +115,7 @@ func superuserOn(t *testing.T, db *testdb.DB) (string, string) {
 // "run again to continue".
 func TestApplyOnlineEnvironmentSaysWhatRemains(t *testing.T) {
 	db := clitest.LegacyDB(t)
-	stopOnline(t, db, online.PointBatch)
+	stopOnlineAt(t, db, online.PointBatch)
 	role, dsnValue := superuserOn(t, db)
 	db.Exec(t, "alter role "+pgx.Identifier{role}.Sanitize()+" set default_transaction_read_only = on")
 	r := clitest.Run(t, nil, "--dsn", dsnValue, "apply", "--online", "--yes")
@@ -183,7 +183,7 @@ func TestApplyOnStandby(t *testing.T) {
 // 0), as status does, not a blocker that says to restore from backup.
 func TestAuditAndStatusAgreeOnOnlineUpgrade(t *testing.T) {
 	db := clitest.LegacyDB(t)
-	stopOnline(t, db, online.PointBatch)
+	stopOnlineAt(t, db, online.PointBatch)
 	st := clitest.Run(t, nil, "--dsn", db.DSN, "status")
 	au := clitest.Run(t, nil, "--dsn", db.DSN, "audit")
 	t.Logf("status: exit %d\n%s%s\naudit: exit %d\n%s%s", st.Code, st.Stdout, st.Stderr, au.Code, au.Stdout, au.Stderr)

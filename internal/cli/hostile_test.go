@@ -12,7 +12,6 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -241,10 +240,7 @@ func TestHostileDatabaseName(t *testing.T) {
 	if r := clitest.Run(t, nil, "--dsn", dsnValue, "fixtures", "load", "baseline"); r.Code != cli.ExitOK {
 		t.Fatalf("fixtures load baseline on database %q: exit %d\n%s%s", name, r.Code, r.Stdout, r.Stderr)
 	}
-	conn, err := session.Open(ctx, dsnValue, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testdb.Connect(t, dsnValue)
 	defer conn.Close(ctx)
 	var db string
 	if err := conn.QueryRow(ctx, `select current_database()`).Scan(&db); err != nil || db != name {

@@ -12,7 +12,6 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb/versiontest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
@@ -170,12 +169,9 @@ func TestOnlineInProgressNamedByAuditAndApply(t *testing.T) {
 	ctx := context.Background()
 	db := testdb.Baseline(t)
 	db.Exec(t, `select pgflow.create_flow('Half_Way')`, `select pgflow.add_step('Half_Way', 'only')`, `select pgflow.start_flow('Half_Way', '{}')`)
-	conn, err := session.Open(ctx, db.DSN, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testdb.Connect(t, db.DSN)
 	stop := errors.New("stopped by the test")
-	_, err = online.Upgrade(ctx, conn, online.Options{Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
+	_, err := online.Upgrade(ctx, conn, online.Options{Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
 		if p == online.PointIndex {
 			return stop
 		}
@@ -319,10 +315,7 @@ func TestVerifyFailsWhileAQuiesceRecordIsOpen(t *testing.T) {
 func crashQuiesceAt(t *testing.T, db *testdb.DB, point string) {
 	t.Helper()
 	ctx := context.Background()
-	conn, err := session.Open(ctx, db.DSN, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testdb.Connect(t, db.DSN)
 	defer conn.Close(ctx)
 	crash := errors.New("killed by the test")
 	q := &quiesce.Options{Mode: quiesce.ModeApply, DrainTimeout: 10 * time.Second, Hooks: quiesce.Hooks{Crash: true,

@@ -2,7 +2,6 @@ package cli_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/url"
 	"path/filepath"
@@ -446,7 +445,7 @@ func TestHostileSearchPathShadows(t *testing.T) {
 				roles := rolesSnapshot(t, db)
 				// Stopped in the middle (by the test's own session), then the
 				// commands an operator runs on an interrupted online upgrade.
-				stopOnline(t, db, online.PointBatch)
+				stopOnlineAt(t, db, online.PointBatch)
 				for _, args := range [][]string{
 					{"status"}, {"audit"}, {"apply", "--rollback-online", "--yes"}, {"status"},
 					{"apply", "--online", "--yes"}, {"verify"}, {"status"},
@@ -474,27 +473,6 @@ func TestHostileSearchPathShadows(t *testing.T) {
 				assertNoShadowCalled(t, db, h, roles)
 			})
 		})
-	}
-}
-
-// stopOnline runs apply --online on db's own session until point.
-func stopOnline(t *testing.T, db *testdb.DB, point string) {
-	t.Helper()
-	ctx := context.Background()
-	conn, err := session.Open(ctx, db.DSN, session.Test) // pinned, as the tool's own sessions
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	stop := errors.New("stop")
-	_, err = online.Upgrade(ctx, conn, online.Options{BatchSize: 1, Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
-		if p == point {
-			return stop
-		}
-		return nil
-	}}})
-	if !errors.Is(err, stop) {
-		t.Fatalf("apply --online did not stop at %s: %v", point, err)
 	}
 }
 

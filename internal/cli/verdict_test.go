@@ -11,7 +11,6 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -20,13 +19,10 @@ import (
 func stopOnlineAt(t *testing.T, db *testdb.DB, point string) {
 	t.Helper()
 	ctx := context.Background()
-	conn, err := session.Open(ctx, db.DSN, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testdb.Connect(t, db.DSN)
 	defer conn.Close(ctx)
 	stop := errors.New("stopped by the test")
-	_, err = online.Upgrade(ctx, conn, online.Options{BatchSize: 1, Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
+	_, err := online.Upgrade(ctx, conn, online.Options{BatchSize: 1, Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
 		if p == point {
 			return stop
 		}

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/forecast"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -27,10 +26,7 @@ func TestReadStats(t *testing.T) {
 	}
 	// Someone holds step_tasks as an apply would.
 	release := db.HoldLock(t, `lock table pgflow.step_tasks in access exclusive mode`)
-	conn, err := session.Open(ctx, db.DSN, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testdb.Connect(t, db.DSN)
 	defer conn.Close(ctx)
 	st, err := forecast.ReadStats(ctx, conn, 5*time.Second, 200*time.Millisecond)
 	if err != nil {
@@ -53,10 +49,7 @@ func TestReadStats(t *testing.T) {
 // the forecast unavailable).
 func TestReadStatsWithoutPgflow(t *testing.T) {
 	db := testdb.Empty(t)
-	conn, err := session.Open(context.Background(), db.DSN, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testdb.Connect(t, db.DSN)
 	defer conn.Close(context.Background())
 	if _, err := forecast.ReadStats(context.Background(), conn, 5*time.Second, time.Second); err == nil {
 		t.Fatal("no error without pgflow.step_tasks")

@@ -11,7 +11,6 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
@@ -357,10 +356,7 @@ func TestQuiesceCronRoleMayNotAlter(t *testing.T) {
 				`grant create on database `+pgx.Identifier{db.Name}.Sanitize()+` to %[1]s`)
 			before := snapshot(t, db)
 			stateBefore := testdb.State(t, db.Pool)
-			conn, err := session.Open(ctx, roleDSN, session.Test)
-			if err != nil {
-				t.Fatal(err)
-			}
+			conn := testdb.Connect(t, roleDSN)
 			defer conn.Close(context.Background())
 			res, err := upgrade.Apply(ctx, conn, upgrade.Options{Quiesce: quiesceOpts()})
 			if !errors.Is(err, quiesce.ErrCronAPI) || res.Outcome != outcome.Refused {

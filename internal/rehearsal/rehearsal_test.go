@@ -15,7 +15,6 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/junit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/rehearsal"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
@@ -34,10 +33,7 @@ func TestRehearsalOnACustomizedCapture(t *testing.T) {
 	if _, err := src.Pool.Exec(ctx, capturetest.CustomizeSQL); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := session.Open(ctx, src.DSN, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testdb.Connect(t, src.DSN)
 	defer conn.Close(ctx)
 	var file bytes.Buffer
 	if _, err := capture.Write(ctx, conn, &file, capture.Options{IncludeSchemas: []string{"app"}}); err != nil {

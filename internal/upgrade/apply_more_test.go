@@ -19,7 +19,6 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
@@ -392,10 +391,7 @@ func TestLongApplyKilledAtEveryStatement(t *testing.T) {
 			}
 			return nil
 		}
-		conn, err := session.Open(ctx, db.DSN, session.Test)
-		if err != nil {
-			t.Fatal(err)
-		}
+		conn := testdb.Connect(t, db.DSN)
 		opts.SupabaseDir = supabaseDir(t)
 		rep, err := upgrade.Apply(ctx, conn, opts)
 		dead := conn.IsClosed()
@@ -515,10 +511,7 @@ func TestApplyRefusesRoleWithoutOwnership(t *testing.T) {
 		`grant usage on schema pgflow, pgmq to %[1]s`,
 		`grant select, insert, update, delete on all tables in schema pgflow to %[1]s`)
 	before := testdb.State(t, db.Pool)
-	conn, err := session.Open(ctx, writer, session.Test)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := testdb.Connect(t, writer)
 	defer conn.Close(ctx)
 	rep, err := upgrade.Apply(ctx, conn, fastOpts())
 	if !errors.Is(err, outcome.ErrPreflight) || rep.Outcome != outcome.Refused {
