@@ -33,11 +33,15 @@ func captureUpstream(t *testing.T, release string) string {
 	return file
 }
 
-// Without --pgflow-migrations a capture of upstream's 0.17.0 cannot be
-// rehearsed: every hop of its plan runs upstream's files. The replay
-// refuses (exit 1, no scenario run, nothing passed), naming the files it
-// needs and the flag.
-func TestRehearsalOfReleaseRefusesWithoutFiles(t *testing.T) {
+// A capture of upstream's 0.17.0 with work in flight: without
+// --pgflow-migrations it cannot be rehearsed, every hop of its plan
+// running upstream's files, and the replay refuses (exit 1, no scenario
+// run, nothing passed), naming the files it needs and the flag; so it does
+// with a copy lacking one. With the copy, the transactional apply's plan
+// runs on the restored copy: rows and messages compared, the catalog
+// upstream's newest (TestLongRehearsalOfUpstreamReleases runs every
+// scenario, from more releases).
+func TestRehearsalOfRelease(t *testing.T) {
 	file := captureUpstream(t, versions.R0_17_0)
 	all := versions.UpstreamFiles()
 	r := clitest.Run(t, replayEnv(t), "fixtures", "replay", "--from", file)
@@ -52,6 +56,19 @@ func TestRehearsalOfReleaseRefusesWithoutFiles(t *testing.T) {
 	r = clitest.Run(t, replayEnv(t), "fixtures", "replay", "--from", file, "--pgflow-migrations", dir)
 	if r.Code != cli.ExitFindings || !strings.Contains(r.Stderr, all[25].Name) {
 		t.Fatalf("rehearsal of 0.17.0 with a copy lacking file 26: exit %d\n%s\n%s", r.Code, r.Stdout, r.Stderr)
+	}
+	dir = testdb.PgflowInstalledCopy(t, len(all))
+	r = clitest.Run(t, replayEnv(t), "--format", "json", "fixtures", "replay", "--from", file, "--pgflow-migrations", dir, "capture-upgrade-survives")
+	var rep struct {
+		Scenarios []scenario.Result `json:"scenarios"`
+	}
+	if err := json.Unmarshal([]byte(r.Stdout), &rep); err != nil || r.Code != cli.ExitOK || len(rep.Scenarios) != 1 || !rep.Scenarios[0].Passed {
+		t.Fatalf("rehearsal of 0.17.0 with the copy: exit %d, %v\n%s\n%s", r.Code, err, r.Stdout, r.Stderr)
+	}
+	notes := strings.Join(rep.Scenarios[0].Notes, "\n")
+	if rows := rehearsedRows(t, rep.Scenarios[0]); rows == 0 || !strings.Contains(notes, "to upstream's own files 25-27 run in order") ||
+		!strings.Contains(notes, "catalog exactly what upstream's files build at "+versions.Newest) {
+		t.Fatalf("capture-upgrade-survives' notes:\n%s", notes)
 	}
 }
 
@@ -69,19 +86,20 @@ func rehearsedRows(t *testing.T, res scenario.Result) int {
 	return 0
 }
 
-// A capture of upstream's 0.14.1 and one of its 0.17.0, each with work in
+// Captures of upstream's 0.14.1, 0.17.0 and 0.17.1, each with work in
 // flight, are rehearsed with the user's copy of upstream's files: apply's
 // whole plan to upstream's newest runs on the restored copy (0.14.1: files
-// 21-23, this tool's hop, 25-27), every row and message survives, verify
+// 21-23, this tool's hop, 25-27; 0.17.1: the endpoint fix on the captured
+// pgflow_telemetry schema), every row and message survives, verify
 // passes, the catalog reached is exactly what upstream's files build at
 // the newest release; the calibration says what it measured.
 func TestLongRehearsalOfUpstreamReleases(t *testing.T) {
-	testdb.SkipUnlessLong(t, "captures of upstream's 0.14.1 and 0.17.0 with work in flight rehearsed to the newest release with the copy of upstream's files")
+	testdb.SkipUnlessLong(t, "captures of upstream's 0.14.1, 0.17.0 and 0.17.1 with work in flight rehearsed to the newest release with the copy of upstream's files")
 	dir := testdb.PgflowInstalledCopy(t, len(versions.UpstreamFiles()))
 	for _, c := range []struct {
 		release string
 		hops    int
-	}{{versions.R0_14_1, 7}, {versions.R0_17_0, 3}} {
+	}{{versions.R0_14_1, 7}, {versions.R0_17_0, 3}, {versions.R0_17_1, 1}} {
 		t.Run(c.release, func(t *testing.T) {
 			file := captureUpstream(t, c.release)
 			calib := filepath.Join(t.TempDir(), "calibration.json")
@@ -103,7 +121,11 @@ func TestLongRehearsalOfUpstreamReleases(t *testing.T) {
 			if r.Code != cli.ExitOK || rep.Failed != 0 || rep.Passed == 0 {
 				t.Fatalf("rehearsal of %s: exit %d, %d passed, %d failed\n%s", c.release, r.Code, rep.Passed, rep.Failed, r.Stderr)
 			}
-			plan := fmt.Sprintf("%s -> %s in %d hop(s)", c.release, versions.Newest, c.hops)
+			rel, err := versions.LookupRelease(c.release)
+			if err != nil {
+				t.Fatal(err)
+			}
+			plan := fmt.Sprintf("%s -> %s in %d hop(s)", versions.StateName(rel.Files), versions.Newest, c.hops)
 			if !strings.Contains(r.Stderr, "rehearsing apply's plan: "+plan) {
 				t.Errorf("stderr does not say the plan %q:\n%s", plan, r.Stderr)
 			}

@@ -173,7 +173,11 @@ func (r *Rehearsal) identicalTo() string {
 	if r.Plan == nil || !r.Plan.Needs() {
 		return ""
 	}
-	return fmt.Sprintf(" to upstream's own files %d-%d run in order on the same copy", r.Plan.FromFiles+1, r.Plan.ReachedFiles)
+	files := fmt.Sprintf("files %d-%d", r.Plan.FromFiles+1, r.Plan.ReachedFiles)
+	if r.Plan.ReachedFiles == r.Plan.FromFiles+1 {
+		files = fmt.Sprintf("file %d", r.Plan.ReachedFiles)
+	}
+	return " to upstream's own " + files + " run in order on the same copy"
 }
 
 // samePlan fails when the upgrade ran another plan than the one made
