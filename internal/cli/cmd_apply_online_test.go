@@ -3,7 +3,6 @@ package cli_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"strings"
 	"testing"
 
@@ -33,19 +32,7 @@ func TestApplyOnlineCLI(t *testing.T) {
 	}
 
 	// Stop an online upgrade after its backfill, as a kill would.
-	ctx := context.Background()
-	conn := testdb.Connect(t, db.DSN)
-	stop := errors.New("stopped by the test")
-	_, err := online.Upgrade(ctx, conn, online.Options{Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
-		if p == online.PointCheck {
-			return stop
-		}
-		return nil
-	}}})
-	conn.Close(ctx)
-	if !errors.Is(err, stop) {
-		t.Fatalf("online apply did not stop at the check: %v", err)
-	}
+	stopOnlineAt(t, db, online.PointCheck)
 	r := clitest.Run(t, env, "--format", "json", "status")
 	var st struct {
 		ExitCode int `json:"exit_code"`

@@ -166,21 +166,9 @@ func TestCrashedQuiesceIsAStateEveryCommandSees(t *testing.T) {
 // apply's refusal (not as an unknown schema to restore), with its two
 // commands.
 func TestOnlineInProgressNamedByAuditAndApply(t *testing.T) {
-	ctx := context.Background()
 	db := testdb.Baseline(t)
 	db.Exec(t, `select pgflow.create_flow('Half_Way')`, `select pgflow.add_step('Half_Way', 'only')`, `select pgflow.start_flow('Half_Way', '{}')`)
-	conn := testdb.Connect(t, db.DSN)
-	stop := errors.New("stopped by the test")
-	_, err := online.Upgrade(ctx, conn, online.Options{Hooks: online.Hooks{At: func(_ context.Context, _ uint32, p string) error {
-		if p == online.PointIndex {
-			return stop
-		}
-		return nil
-	}}})
-	conn.Close(ctx)
-	if !errors.Is(err, stop) {
-		t.Fatalf("online apply did not stop at the index build: %v", err)
-	}
+	stopOnlineAt(t, db, online.PointIndex)
 	const cont, undo = "`pgflow-upgrade apply --online`", "`pgflow-upgrade apply --rollback-online`"
 
 	code, findings, out := auditFindings(t, db)
