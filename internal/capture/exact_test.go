@@ -9,7 +9,6 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture/capturetest"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
@@ -67,28 +66,8 @@ func TestCaptureRebuildsExactly(t *testing.T) {
 	}
 
 	dst := restored(t, c)
-	for _, schema := range []string{"pgflow", "app"} {
-		want, err := catalog.Read(ctx, src.Pool, schema)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := catalog.Read(ctx, dst.Pool, schema)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if d := catalog.Diff(want, got); len(d) > 0 {
-			t.Errorf("schema %s rebuilt with %d differences:\n%s", schema, len(d), strings.Join(catalog.Strings(d), "\n"))
-		}
-	}
-	a, err := fingerprint.Take(ctx, src.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := fingerprint.Take(ctx, dst.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d := append(fingerprint.Compare(a, b), fingerprint.Added(a, b)...); len(d) > 0 {
+	sameCatalogs(t, src, dst, "pgflow", "app")
+	if d, _ := rowDiff(t, src, dst); len(d) > 0 {
 		t.Errorf("rebuilt rows differ:\n%s", fingerprint.Format(d, 20))
 	}
 	var srcOwner, dstOwner, srcACL, dstACL, srcJobs, dstJobs string

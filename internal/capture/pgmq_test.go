@@ -39,15 +39,7 @@ func TestCaptureOnPGMQ1131(t *testing.T) {
 	if v := dst.PGMQVersion(t); v != testdb.PGMQNewest {
 		t.Fatalf("restored on pgmq %s", v)
 	}
-	a, err := fingerprint.Take(ctx, src.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := fingerprint.Take(ctx, dst.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d := append(fingerprint.Compare(a, b), fingerprint.Added(a, b)...); len(d) > 0 {
+	if d, _ := rowDiff(t, src, dst); len(d) > 0 {
 		t.Fatalf("restored state differs from the source:\n%s", fingerprint.Format(d, 20))
 	}
 	var filled int

@@ -9,7 +9,6 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -52,29 +51,9 @@ func TestCaptureOfUpstreamReleases(t *testing.T) {
 				t.Fatalf("captured schemas %v, want %v", h.Schemas, schemas)
 			}
 			dst := restored(t, c)
-			for _, s := range schemas {
-				a, err := catalog.Read(ctx, src.Pool, s)
-				if err != nil {
-					t.Fatal(err)
-				}
-				b, err := catalog.Read(ctx, dst.Pool, s)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if d := catalog.Diff(a, b); len(d) > 0 {
-					t.Errorf("schema %s rebuilt with %d differences:\n%s", s, len(d), strings.Join(catalog.Strings(d), "\n"))
-				}
-			}
-			a, err := fingerprint.Take(ctx, src.Pool)
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, err := fingerprint.Take(ctx, dst.Pool)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if d := append(fingerprint.Compare(a, b), fingerprint.Added(a, b)...); len(d) > 0 || a.RowCount() == 0 {
-				t.Errorf("rebuilt rows differ (%d rows in the source):\n%s", a.RowCount(), fingerprint.Format(d, 20))
+			sameCatalogs(t, src, dst, schemas...)
+			if d, rows := rowDiff(t, src, dst); len(d) > 0 || rows == 0 {
+				t.Errorf("rebuilt rows differ (%d rows in the source):\n%s", rows, fingerprint.Format(d, 20))
 			}
 			d, err := versions.Detect(ctx, dst.Pool)
 			if err != nil {

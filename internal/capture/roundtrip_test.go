@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/capture"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
@@ -44,6 +45,42 @@ func restored(t *testing.T, c *capture.Captured) *testdb.DB {
 	return dst
 }
 
+// rowDiff is every row and message of src that dst lacks or holds
+// otherwise, and every row dst adds; srcRows counts src's rows.
+func rowDiff(t *testing.T, src, dst *testdb.DB) (d []fingerprint.Diff, srcRows int) {
+	t.Helper()
+	ctx := context.Background()
+	a, err := fingerprint.Take(ctx, src.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := fingerprint.Take(ctx, dst.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return append(fingerprint.Compare(a, b), fingerprint.Added(a, b)...), a.RowCount()
+}
+
+// sameCatalogs fails t for each schema whose catalog in dst differs from
+// src's.
+func sameCatalogs(t *testing.T, src, dst *testdb.DB, schemas ...string) {
+	t.Helper()
+	ctx := context.Background()
+	for _, schema := range schemas {
+		want, err := catalog.Read(ctx, src.Pool, schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := catalog.Read(ctx, dst.Pool, schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := catalog.Diff(want, got); len(d) > 0 {
+			t.Errorf("schema %s rebuilt with %d differences:\n%s", schema, len(d), strings.Join(catalog.Strings(d), "\n"))
+		}
+	}
+}
+
 func TestCaptureRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	src := testdb.Baseline(t)
@@ -63,15 +100,7 @@ func TestCaptureRoundTrip(t *testing.T) {
 		t.Fatalf("header %+v", c.Header)
 	}
 	dst := restored(t, c)
-	a, err := fingerprint.Take(ctx, src.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := fingerprint.Take(ctx, dst.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d := append(fingerprint.Compare(a, b), fingerprint.Added(a, b)...); len(d) > 0 {
+	if d, _ := rowDiff(t, src, dst); len(d) > 0 {
 		t.Fatalf("restored state differs from the source:\n%s", fingerprint.Format(d, 20))
 	}
 	// Every restored queue keeps allocating ids after every id it handed out
