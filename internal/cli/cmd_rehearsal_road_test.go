@@ -58,6 +58,22 @@ func TestRehearsalOfRelease(t *testing.T) {
 		t.Fatalf("rehearsal of 0.17.0 with a copy lacking file 26: exit %d\n%s\n%s", r.Code, r.Stdout, r.Stderr)
 	}
 	dir = testdb.PgflowInstalledCopy(t, len(all))
+	// --to as apply's: a capture already there has nothing to rehearse; a
+	// release apply does not end at, or --to without --from, is usage.
+	for _, c := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		{[]string{"--from", file, "--pgflow-migrations", dir, "--to", versions.R0_17_0}, cli.ExitFindings, "already at or past 0.17.0"},
+		{[]string{"--from", file, "--to", versions.R0_16_0}, cli.ExitUsage, "0.17.0 or later"},
+		{[]string{"--to", versions.R0_17_1, "clean-upgrade"}, cli.ExitUsage, "--to needs --from"},
+	} {
+		r := clitest.Run(t, replayEnv(t), append([]string{"fixtures", "replay"}, c.args...)...)
+		if r.Code != c.code || !strings.Contains(r.Stderr, c.says) || strings.Contains(r.Stdout, "passed") {
+			t.Errorf("replay %v: exit %d, want %d saying %q\n%s", c.args, r.Code, c.code, c.says, r.Stderr)
+		}
+	}
 	r = clitest.Run(t, replayEnv(t), "--format", "json", "fixtures", "replay", "--from", file, "--pgflow-migrations", dir, "capture-upgrade-survives")
 	var rep struct {
 		Scenarios []scenario.Result `json:"scenarios"`
@@ -92,18 +108,29 @@ func rehearsedRows(t *testing.T, res scenario.Result) int {
 // 21-23, this tool's hop, 25-27; 0.17.1: the endpoint fix on the captured
 // pgflow_telemetry schema), every row and message survives, verify
 // passes, the catalog reached is exactly what upstream's files build at
-// the newest release; the calibration says what it measured.
+// the newest release; the calibration says what it measured. With --to
+// 0.17.0 the plan from 0.14.1 stops after this tool's own hop, its catalog
+// exactly upstream's 0.17.0.
 func TestLongRehearsalOfUpstreamReleases(t *testing.T) {
 	testdb.SkipUnlessLong(t, "captures of upstream's 0.14.1, 0.17.0 and 0.17.1 with work in flight rehearsed to the newest release with the copy of upstream's files")
 	dir := testdb.PgflowInstalledCopy(t, len(versions.UpstreamFiles()))
 	for _, c := range []struct {
-		release string
-		hops    int
-	}{{versions.R0_14_1, 7}, {versions.R0_17_0, 3}, {versions.R0_17_1, 1}} {
-		t.Run(c.release, func(t *testing.T) {
+		release, to string // to: --to ("": upstream's newest)
+		hops        int
+	}{{versions.R0_14_1, "", 7}, {versions.R0_17_0, "", 3}, {versions.R0_17_1, "", 1}, {versions.R0_14_1, versions.R0_17_0, 4}} {
+		name := c.release + "-to-newest"
+		if c.to != "" {
+			name = c.release + "-to-" + c.to
+		}
+		t.Run(name, func(t *testing.T) {
 			file := captureUpstream(t, c.release)
 			calib := filepath.Join(t.TempDir(), "calibration.json")
-			r := clitest.Run(t, replayEnv(t), "--format", "json", "fixtures", "replay", "--from", file, "--pgflow-migrations", dir, "--calibration-out", calib)
+			args := []string{"--format", "json", "fixtures", "replay", "--from", file, "--pgflow-migrations", dir, "--calibration-out", calib}
+			to := versions.Newest
+			if c.to != "" {
+				args, to = append(args, "--to", c.to), c.to
+			}
+			r := clitest.Run(t, replayEnv(t), args...)
 			var rep struct {
 				Scenarios []scenario.Result `json:"scenarios"`
 				Passed    int               `json:"passed"`
@@ -125,7 +152,7 @@ func TestLongRehearsalOfUpstreamReleases(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			plan := fmt.Sprintf("%s -> %s in %d hop(s)", versions.StateName(rel.Files), versions.Newest, c.hops)
+			plan := fmt.Sprintf("%s -> %s in %d hop(s)", versions.StateName(rel.Files), to, c.hops)
 			if !strings.Contains(r.Stderr, "rehearsing apply's plan: "+plan) {
 				t.Errorf("stderr does not say the plan %q:\n%s", plan, r.Stderr)
 			}
@@ -142,7 +169,7 @@ func TestLongRehearsalOfUpstreamReleases(t *testing.T) {
 			if rows := rehearsedRows(t, *survives); rows == 0 {
 				t.Errorf("the survival check compared no rows and messages")
 			}
-			if !strings.Contains(notes, "catalog exactly what upstream's files build at "+versions.Newest) || !strings.Contains(notes, "plan: "+plan) {
+			if !strings.Contains(notes, "catalog exactly what upstream's files build at "+to) || !strings.Contains(notes, "plan: "+plan) {
 				t.Errorf("capture-upgrade-survives' notes do not show the plan and the catalog reached:\n%s", notes)
 			}
 			if rep.Rehearsal.LockWindowMS <= 0 {

@@ -50,6 +50,7 @@ func (a *App) fixturesReplayCommand() *ucli.Command {
 			&ucli.DurationFlag{Name: "max-wait", Usage: "with --from: fail capture-online-survives when the probe (a read and an update of a task row every 10 ms) waits longer than `DURATION` during apply --online (always reported)"},
 			&ucli.StringFlag{Name: "calibration-out", Usage: "with --from: write the rehearsal's measured sizes and timings to `FILE`, for `audit --calibration FILE`"},
 			&ucli.StringFlag{Name: "pgmq", Usage: "with --from: rehearse apply --pgmq `VERSION` (the pgmq hop after pgflow's, one transaction): its lock window measured on the capture, pgmq's queue list compared with the repairs it reports"},
+			&ucli.StringFlag{Name: "to", Usage: "with --from: the release the rehearsed plan ends at, as apply's --to: 0.17.0 (this tool's own hop only), 0.17.1 or " + versions.Newest + " (default: upstream's newest, " + versions.Newest + ")"},
 			&ucli.StringFlag{Name: "pgflow-migrations", Usage: "the folder holding your copy of pgflow's own migration files (as apply's flag: recognised by their atlas.sum hash, whatever their names): the road-* scenarios build databases from it up to a release and apply takes them to upstream's newest (without it they are skipped, saying so); with --from the rehearsal's plan runs upstream's files from it (without it a plan from another release than 0.16.0 is refused, exit 1, naming the files)"},
 		},
 		Action: a.fixturesReplay,
@@ -193,6 +194,10 @@ func newReplayPlan(c *ucli.Context) (*replayPlan, error) {
 			return nil, withCode(ExitUsage, fmt.Errorf("--pgflow-migrations: %w", err))
 		}
 	}
+	if err := toFlag(c); err != nil {
+		return nil, err
+	}
+	p.rehearsal.To = c.String("to")
 	if p.from != "" {
 		captured, err := validateReplayCapture(p.from)
 		if err != nil {
@@ -204,7 +209,7 @@ func newReplayPlan(c *ucli.Context) (*replayPlan, error) {
 		}
 		all = rehearsal.Scenarios(p.rehearsal)
 	} else {
-		for _, f := range []string{"max-lock-window", "max-wait", "calibration-out", "pgmq"} {
+		for _, f := range []string{"max-lock-window", "max-wait", "calibration-out", "pgmq", "to"} {
 			if c.IsSet(f) {
 				return nil, usageErrorf("--%s needs --from CAPTURE: it budgets or records the rehearsal of a captured database", f)
 			}
@@ -226,9 +231,10 @@ func newReplayPlan(c *ucli.Context) (*replayPlan, error) {
 	return p, nil
 }
 
-// planRehearsal makes apply's plan from the capture's release to
-// upstream's newest, as apply makes it with the files given (none: the
-// plan ends where this tool's own hops end), before anything is restored.
+// planRehearsal makes apply's plan from the capture's release to --to
+// (default upstream's newest), as apply makes it with the files given
+// (none: the plan ends where this tool's own hops end), before anything is
+// restored.
 // A plan whose first hop needs upstream's files and has none is refused
 // (exit 1, as apply refuses it), naming the files; so is a copy lacking a
 // file, or holding one altered.
@@ -237,9 +243,17 @@ func (p *replayPlan) planRehearsal() error {
 	if err != nil {
 		return withCode(ExitFindings, fmt.Errorf("--from %s: %w", p.from, err))
 	}
-	to, err := versions.LookupRelease(versions.Newest)
+	toName := p.rehearsal.To
+	if toName == "" {
+		toName = versions.Newest
+	}
+	to, err := versions.LookupRelease(toName)
 	if err != nil {
 		return err
+	}
+	if from >= to.Files {
+		return withCode(ExitFindings, fmt.Errorf("--from %s: the captured database is at %s, already at or past %s: nothing to rehearse (name a later release with --to)",
+			p.from, versions.StateName(from), to.Name))
 	}
 	var copy *pgflowfiles.Copy
 	if p.pgflowMigrations != "" {
@@ -327,9 +341,9 @@ func (a *App) runReplayScenarios(ctx context.Context, srv *pgprovider.Server, pl
 			return capture.RestoreFile(ctx, conn, plan.from, capture.DefaultLimits)
 		}
 	}
-	if v, dir := plan.rehearsal.PGMQ, plan.rehearsal.PgflowMigrations; v != "" || dir != "" {
+	if v, dir, to := plan.rehearsal.PGMQ, plan.rehearsal.PgflowMigrations, plan.rehearsal.To; v != "" || dir != "" || to != "" {
 		r.Upgrade = func(ctx context.Context, db *scenario.DB) (*outcome.Result[*upgrade.Report], error) {
-			return scenario.RunApplyWith(ctx, db, upgrade.Options{PGMQ: v, PgflowMigrations: dir})
+			return scenario.RunApplyWith(ctx, db, upgrade.Options{PGMQ: v, PgflowMigrations: dir, To: to})
 		}
 	}
 	if _, err := r.Template(ctx); err != nil {

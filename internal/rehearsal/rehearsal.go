@@ -49,6 +49,9 @@ type Rehearsal struct {
 	// PgflowMigrations is the user's copy of upstream's files the plan's
 	// upstream hops run from ("" when it has none).
 	PgflowMigrations string
+	// To is the release the plan ends at (apply's --to; "" for upstream's
+	// newest).
+	To string
 
 	mu sync.Mutex
 	m  Measurements
@@ -262,11 +265,11 @@ func (r *Rehearsal) survives(ctx context.Context, env *scenario.Env) error {
 	if r.Plan != nil && !r.OwnHopOnly() {
 		env.Notef("plan: %s", r.PlanSummary())
 	}
-	if r.Plan != nil && r.PgflowMigrations != "" && r.Plan.ReachedFiles == len(versions.UpstreamFiles()) {
-		if err := scenario.SameCatalogAsNewest(ctx, env, db); err != nil {
+	if r.Plan != nil && r.PgflowMigrations != "" && r.Plan.Rest == "" {
+		if err := scenario.SameCatalogAs(ctx, env, db, r.Plan.ReachedFiles); err != nil {
 			return err
 		}
-		env.Notef("catalog exactly what upstream's files build at %s", versions.Newest)
+		env.Notef("catalog exactly what upstream's files build at %s", r.Plan.Reached)
 	}
 	window := time.Duration(rep.Report.LockWindowMS) * time.Millisecond
 	r.record(func(m *Measurements) {
@@ -307,7 +310,7 @@ func (r *Rehearsal) onlineSurvives(ctx context.Context, env *scenario.Env) error
 		}
 		defer conn.Close(context.WithoutCancel(ctx))
 		started := time.Now()
-		rep, err = online.Upgrade(ctx, conn, online.Options{Switch: upgrade.Options{PgflowMigrations: r.PgflowMigrations}})
+		rep, err = online.Upgrade(ctx, conn, online.Options{Switch: upgrade.Options{PgflowMigrations: r.PgflowMigrations, To: r.To}})
 		took = time.Since(started)
 		stop()
 		if perr := <-perr; perr != nil && err == nil {
