@@ -8,6 +8,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures/scenario"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/forecast"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/rehearsal"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 )
 
 // The figures of a rehearsal (`fixtures replay --from CAPTURE`): reported
@@ -16,16 +17,19 @@ import (
 
 // rehearsalReport is the "rehearsal" object of replay's JSON.
 type rehearsalReport struct {
-	StepTasks             int64   `json:"step_tasks"`
-	LockWindowMS          float64 `json:"lock_window_ms"`
-	MaxLockWindowMS       float64 `json:"max_lock_window_ms,omitempty"`
-	ApplyTotalMS          float64 `json:"apply_total_ms"`
-	OnlineTotalMS         float64 `json:"online_total_ms"`
-	OnlineLongestWaitMS   float64 `json:"online_longest_wait_ms"`
-	MaxWaitMS             float64 `json:"max_wait_ms,omitempty"`
-	OnlineLongestLockMS   float64 `json:"online_longest_lock_window_ms"`
-	LockWindowOverBudget  bool    `json:"lock_window_over_budget"`
-	LongestWaitOverBudget bool    `json:"longest_wait_over_budget"`
+	// Plan is apply's plan the rehearsal ran, made from the capture's
+	// release (its timings are the whole plan's).
+	Plan                  *upgrade.Plan `json:"plan,omitempty"`
+	StepTasks             int64         `json:"step_tasks"`
+	LockWindowMS          float64       `json:"lock_window_ms"`
+	MaxLockWindowMS       float64       `json:"max_lock_window_ms,omitempty"`
+	ApplyTotalMS          float64       `json:"apply_total_ms"`
+	OnlineTotalMS         float64       `json:"online_total_ms"`
+	OnlineLongestWaitMS   float64       `json:"online_longest_wait_ms"`
+	MaxWaitMS             float64       `json:"max_wait_ms,omitempty"`
+	OnlineLongestLockMS   float64       `json:"online_longest_lock_window_ms"`
+	LockWindowOverBudget  bool          `json:"lock_window_over_budget"`
+	LongestWaitOverBudget bool          `json:"longest_wait_over_budget"`
 }
 
 func msOf(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
@@ -33,6 +37,7 @@ func msOf(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
 func newRehearsalReport(r *rehearsal.Rehearsal) *rehearsalReport {
 	m := r.Measured()
 	return &rehearsalReport{
+		Plan:                  r.Plan,
 		StepTasks:             m.StepTasks,
 		LockWindowMS:          msOf(m.LockWindow),
 		MaxLockWindowMS:       msOf(r.MaxLockWindow),

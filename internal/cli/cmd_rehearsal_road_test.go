@@ -137,6 +137,13 @@ func TestLongRehearsalOfUpstreamReleases(t *testing.T) {
 				Failed    int               `json:"failed"`
 				Rehearsal struct {
 					LockWindowMS float64 `json:"lock_window_ms"`
+					Plan         struct {
+						FromFiles    int `json:"from_files"`
+						ReachedFiles int `json:"reached_files"`
+						Hops         []struct {
+							Kind string `json:"kind"`
+						} `json:"hops"`
+					} `json:"plan"`
 				} `json:"rehearsal"`
 			}
 			if err := json.Unmarshal([]byte(r.Stdout), &rep); err != nil {
@@ -174,6 +181,13 @@ func TestLongRehearsalOfUpstreamReleases(t *testing.T) {
 			}
 			if rep.Rehearsal.LockWindowMS <= 0 {
 				t.Errorf("no lock window measured: %+v", rep.Rehearsal)
+			}
+			toRel, err := versions.LookupRelease(to)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p := rep.Rehearsal.Plan; p.FromFiles != rel.Files || p.ReachedFiles != toRel.Files || len(p.Hops) != c.hops {
+				t.Errorf("the JSON's rehearsal.plan: %+v, want %d -> %d in %d hops", p, rel.Files, toRel.Files, c.hops)
 			}
 			cal, err := forecast.ReadCalibration(calib)
 			if err != nil {
