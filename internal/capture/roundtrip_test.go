@@ -49,15 +49,8 @@ func restored(t *testing.T, c *capture.Captured) *testdb.DB {
 // otherwise, and every row dst adds; srcRows counts src's rows.
 func rowDiff(t *testing.T, src, dst *testdb.DB) (d []fingerprint.Diff, srcRows int) {
 	t.Helper()
-	ctx := context.Background()
-	a, err := fingerprint.Take(ctx, src.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := fingerprint.Take(ctx, dst.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := src.Fingerprint(t)
+	b := dst.Fingerprint(t)
 	return append(fingerprint.Compare(a, b), fingerprint.Added(a, b)...), a.RowCount()
 }
 

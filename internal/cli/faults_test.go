@@ -321,10 +321,7 @@ func TestLongFaultDiskFull(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			db, _ := fullDiskDB(t)
-			before, err := fingerprint.Take(context.Background(), db.Pool)
-			if err != nil {
-				t.Fatal(err)
-			}
+			before := db.Fingerprint(t)
 			args := []string{"--dsn", db.DSN, "apply", "--yes"}
 			if online {
 				args = append(args, "--online")

@@ -27,7 +27,7 @@ func verifyCode(t *testing.T, db *testdb.DB) int {
 // unchanged (columns the upgrade adds aside).
 func sameRows(t *testing.T, name string, before *fingerprint.Fingerprint, db *testdb.DB) {
 	t.Helper()
-	after := take(t, db)
+	after := db.Fingerprint(t)
 	if d := fingerprint.Compare(before, after); len(d) > 0 || after.RowCount() != before.RowCount() {
 		t.Errorf("%s: %d rows and messages before, %d after:\n%s", name, before.RowCount(), after.RowCount(), fingerprint.Format(d, 10))
 	}
@@ -40,7 +40,7 @@ func sameRows(t *testing.T, name string, before *fingerprint.Fingerprint, db *te
 // the blocker is fixed, the next rerun audits it again and upgrades it.
 func TestFleetApplyStaged(t *testing.T) {
 	c1, block, c2, c3 := clitest.LegacyDB(t), blocked(t), clitest.LegacyDB(t), clitest.LegacyDB(t)
-	fps := map[string]*fingerprint.Fingerprint{"c1": take(t, c1), "blocked": take(t, block), "c2": take(t, c2), "c3": take(t, c3)}
+	fps := map[string]*fingerprint.Fingerprint{"c1": c1.Fingerprint(t), "blocked": block.Fingerprint(t), "c2": c2.Fingerprint(t), "c3": c3.Fingerprint(t)}
 	dbs := map[string]*testdb.DB{"c1": c1, "blocked": block, "c2": c2, "c3": c3}
 
 	// A canary that fails: nothing else starts.
@@ -91,7 +91,7 @@ func TestFleetApplyStaged(t *testing.T) {
 
 	// The blocker fixed: its state changed, so it is audited again and upgraded.
 	block.Exec(t, `delete from pgflow.flows where flow_slug = 'Foo'`)
-	fps["blocked"] = take(t, block)
+	fps["blocked"] = block.Fingerprint(t)
 	r = clitest.Run(t, nil, args...)
 	doc = report(t, r)
 	if e := entry(t, doc, "blocked"); r.Code != cli.ExitOK || e["verdict"] != "applied" || !strings.Contains(e["note"].(string), "state changed") {
@@ -126,7 +126,7 @@ func TestLongFleetApplyResumeAfterKill(t *testing.T) {
 	var lines []string
 	for i := range dbs {
 		dbs[i] = clitest.LegacyDB(t)
-		fps[i] = take(t, dbs[i])
+		fps[i] = dbs[i].Fingerprint(t)
 		lines = append(lines, "t"+string(rune('1'+i))+" "+dbs[i].DSN)
 	}
 	targets := writeTargets(t, lines...)
@@ -196,7 +196,7 @@ func TestLongFleetApplyOnlineAndInterrupt(t *testing.T) {
 	fps := make([]*fingerprint.Fingerprint, len(dbs))
 	var lines []string
 	for i, db := range dbs {
-		fps[i] = take(t, db)
+		fps[i] = db.Fingerprint(t)
 		lines = append(lines, "t"+string(rune('1'+i))+" "+db.DSN)
 	}
 	targets := writeTargets(t, lines...)

@@ -63,7 +63,7 @@ func TestLongFleet50(t *testing.T) {
 	for i := range ts {
 		lines = append(lines, ts[i].name+" "+ts[i].dsn)
 		if ts[i].db != nil {
-			ts[i].fp = take(t, ts[i].db)
+			ts[i].fp = ts[i].db.Fingerprint(t)
 		}
 	}
 	targets := writeTargets(t, lines...)

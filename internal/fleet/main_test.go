@@ -17,7 +17,6 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/cli/clitest"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 )
 
@@ -146,14 +145,4 @@ func entry(t *testing.T, doc map[string]any, name string) map[string]any {
 	}
 	t.Fatalf("no entry %s in the report", name)
 	return nil
-}
-
-// take fingerprints every row and message of db.
-func take(t *testing.T, db *testdb.DB) *fingerprint.Fingerprint {
-	t.Helper()
-	fp, err := fingerprint.Take(context.Background(), db.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fp
 }

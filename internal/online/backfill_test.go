@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
@@ -23,10 +22,7 @@ import (
 func TestBackfillResumesByBlock(t *testing.T) {
 	ctx := context.Background()
 	db := testdb.Inflight(t, 400)
-	before, err := fingerprint.Take(ctx, db.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	before := db.Fingerprint(t)
 	conn := testdb.Connect(t, db.DSN)
 	stopOnlineAt(t, conn, online.PointBatch)
 	p, ok, err := online.ReadProgress(ctx, db.Pool)
@@ -161,10 +157,7 @@ func TestOnlineDuplicateMessageIDsFoundByIndexBuild(t *testing.T) {
 		where flow_slug = 'root_map' and task_index in (5, 6) and run_id = '00000000-0000-0000-0000-000000000002'`); err != nil {
 		t.Fatal(err)
 	}
-	before, err := fingerprint.Take(ctx, db.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	before := db.Fingerprint(t)
 	cat016 := readCatalog(t, db.Pool)
 	conn := testdb.Connect(t, db.DSN)
 	var phases []string

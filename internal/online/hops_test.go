@@ -64,14 +64,8 @@ func onlineToNewest(t *testing.T, release string) {
 			t.Fatalf("schema %s differs from upstream's newest:\n%s", schema, strings.Join(catalog.Strings(d), "\n"))
 		}
 	}
-	want, err := fingerprint.Take(ctx, theirs.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := fingerprint.Take(ctx, db.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	want := theirs.Fingerprint(t)
+	got := db.Fingerprint(t)
 	if d := append(fingerprint.Compare(want, got), fingerprint.Added(want, got)...); len(d) != 0 {
 		t.Fatalf("rows or messages differ from upstream's own files run in order:\n%s", fingerprint.Format(d, 20))
 	}

@@ -53,10 +53,7 @@ func assertNothingLeft(t *testing.T, db *testdb.DB, before *fingerprint.Fingerpr
 	if err := db.Pool.QueryRow(ctx, `select exists (select 1 from pg_namespace where nspname = 'pgflow_upgrade')`).Scan(&schema); err != nil || schema {
 		t.Fatalf("schema pgflow_upgrade left %s (%v)", when, err)
 	}
-	after, err := fingerprint.Take(ctx, db.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	after := db.Fingerprint(t)
 	if d := fingerprint.Compare(before, after); len(d) > 0 {
 		t.Fatalf("rows changed %s:\n%s", when, fingerprint.Format(d, 20))
 	}
@@ -92,10 +89,7 @@ func checkUpgraded(t *testing.T, db *testdb.DB, before *fingerprint.Fingerprint)
 	if !v.OK {
 		t.Fatalf("verify failed: %+v", upgrade.Failed(v.Checks))
 	}
-	after, err := fingerprint.Take(ctx, db.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	after := db.Fingerprint(t)
 	if before != nil {
 		if d := fingerprint.Compare(before, after); len(d) > 0 {
 			t.Fatalf("%d differences:\n%s", len(d), fingerprint.Format(d, 20))
@@ -164,10 +158,7 @@ var allPoints = []string{online.PointPreflight, online.PointExpand, online.Point
 func TestApplyOnlineInflight(t *testing.T) {
 	ctx := context.Background()
 	db := testdb.Inflight(t, 400)
-	before, err := fingerprint.Take(ctx, db.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	before := db.Fingerprint(t)
 	conn := testdb.Connect(t, db.DSN)
 	rep, err := online.Upgrade(ctx, conn, online.Options{BatchSize: 7})
 	if err != nil {
@@ -237,10 +228,7 @@ func TestRollbackOnline(t *testing.T) {
 		t.Run(stopAt, func(t *testing.T) {
 			ctx := context.Background()
 			db := testdb.Inflight(t, 400)
-			before, err := fingerprint.Take(ctx, db.Pool)
-			if err != nil {
-				t.Fatal(err)
-			}
+			before := db.Fingerprint(t)
 			cat016 := readCatalog(t, db.Pool)
 			conn := testdb.Connect(t, db.DSN)
 			stopOnlineAt(t, conn, stopAt)
@@ -329,10 +317,7 @@ func TestResumeOnlineFromEveryPoint(t *testing.T) {
 		t.Run(stopAt, func(t *testing.T) {
 			ctx := context.Background()
 			db := testdb.Inflight(t, 400)
-			before, err := fingerprint.Take(ctx, db.Pool)
-			if err != nil {
-				t.Fatal(err)
-			}
+			before := db.Fingerprint(t)
 			conn := testdb.Connect(t, db.DSN)
 			stopOnlineAt(t, conn, stopAt)
 			shape := mustShape(t, db)

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/fingerprint"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgprovider"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
@@ -42,6 +43,17 @@ func (db *DB) Exec(t testing.TB, sqls ...string) {
 	for _, s := range sqls {
 		Exec(t, db.Pool, s)
 	}
+}
+
+// Fingerprint is every row and queue message of db (fingerprint.Take),
+// to compare with a later one.
+func (db *DB) Fingerprint(t testing.TB) *fingerprint.Fingerprint {
+	t.Helper()
+	fp, err := fingerprint.Take(context.Background(), db.Pool)
+	if err != nil {
+		t.Fatalf("testdb: fingerprinting %s: %v", db.Name, err)
+	}
+	return fp
 }
 
 // AnalyzeWebsite adds upstream's example flow analyzeWebsite to db through

@@ -227,8 +227,8 @@ type DB struct {
 	Name string
 	DSN  string
 	// Pool's sessions are session.Test ones: search_path pinned. A test
-	// opens more with session.Open(ctx, db.DSN, session.Test), or an
-	// explicitly unpinned purpose when that is what it tests.
+	// opens more with Connect(t, db.DSN) (session.Test), or with session.Open
+	// and an explicitly unpinned purpose when that is what it tests.
 	Pool *pgxpool.Pool
 }
 

@@ -119,14 +119,8 @@ func hopApply(t *testing.T, db *testdb.DB, opts upgrade.Options, reached string)
 		t.Fatal(err)
 	}
 	theirs.PushUpstream(t, from, rel.Files)
-	want, err := fingerprint.Take(ctx, theirs.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := fingerprint.Take(ctx, db.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	want := theirs.Fingerprint(t)
+	got := db.Fingerprint(t)
 	if d := append(fingerprint.Compare(want, got), fingerprint.Added(want, got)...); len(d) != 0 || got.RowCount() != want.RowCount() {
 		t.Fatalf("rows or messages differ from upstream's own files run in order (%d rows, upstream's %d):\n%s",
 			got.RowCount(), want.RowCount(), fingerprint.Format(d, 20))

@@ -36,10 +36,7 @@ func pgmqDB(t *testing.T) *testdb.DB {
 // the rows are compared.
 func applyPGMQ(ctx context.Context, t *testing.T, db *testdb.DB, opts upgrade.Options, check func(*outcome.Result[*upgrade.Report])) {
 	t.Helper()
-	before, err := fingerprint.Take(ctx, db.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	before := db.Fingerprint(t)
 	msgs := queueRows(t, db)
 	res, err := upgrade.Apply(ctx, testdb.Connect(t, db.DSN), opts)
 	if err != nil || res.Outcome != outcome.Applied {
@@ -47,10 +44,7 @@ func applyPGMQ(ctx context.Context, t *testing.T, db *testdb.DB, opts upgrade.Op
 	}
 	t.Logf("%s", res.Message)
 	check(res)
-	after, err := fingerprint.Take(ctx, db.Pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	after := db.Fingerprint(t)
 	for _, d := range fingerprint.Compare(before, after) {
 		if strings.HasPrefix(d.Table, "pgflow.") {
 			t.Errorf("pgflow row changed: %s", d)
