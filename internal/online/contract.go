@@ -86,6 +86,7 @@ func (e *engine) contract(ctx context.Context) error {
 			if _, err := tx.Exec(ctx, fn); err != nil {
 				return fmt.Errorf("online contract: creating pgflow.is_valid_queue_name: %w", err)
 			}
+			e.lockWindowStarts()
 			for _, t := range Tables {
 				if _, err := tx.Exec(ctx, `lock table pgflow.`+t+` in access exclusive mode`); err != nil {
 					return fmt.Errorf("online contract: lock table pgflow.%s: %w", t, err)

@@ -2,6 +2,7 @@ package online_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 
@@ -47,8 +48,19 @@ func onlineToNewest(t *testing.T, release string) {
 	if err != nil || res.Outcome != outcome.Applied {
 		t.Fatalf("online: %v (%s: %s)", err, res.Outcome, res.Message)
 	}
-	if sw := res.Report.Switch; sw == nil || sw.Report.VersionNow != versions.Newest {
+	sw := res.Report.Switch
+	if sw == nil || sw.Report.VersionNow != versions.Newest {
 		t.Fatalf("switch: %+v", sw)
+	}
+	// Under the switch's locks the post-conditions read what the plan
+	// changes alone; the whole catalog is read after the commit.
+	for _, o := range sw.Report.PostConditions {
+		if (o.ID == "catalog_0_17_0" || o.ID == "release_reached") && !strings.Contains(o.Detail, "read alone") {
+			t.Errorf("switch post-condition %s read the whole catalog under the locks: %s", o.ID, o.Detail)
+		}
+	}
+	if !slices.ContainsFunc(sw.Report.Steps, func(s upgrade.StepTiming) bool { return s.Step == upgrade.StepReleaseAfter }) {
+		t.Errorf("switch: no %s step: %+v", upgrade.StepReleaseAfter, sw.Report.Steps)
 	}
 	theirs.PushUpstream(t, rel.Files, 27)
 	for _, schema := range []string{"pgflow", "pgflow_telemetry"} {

@@ -180,6 +180,9 @@ type engine struct {
 	rep   *Report // res.Report
 	pid   uint32
 	shape Shape // what the catalog said last: the plan's operations read it and refresh it
+	// windowFrom: the first LOCK TABLE of the current ddlTx attempt
+	// (lockWindowStarts), zero until then.
+	windowFrom time.Time
 }
 
 func newEngine(conn *pgx.Conn, opts Options) *engine {
@@ -475,7 +478,7 @@ func (e *engine) ddlTx(ctx context.Context, step string, fn func(tx pgx.Tx) erro
 			if err := (session.Limits{Lock: e.opts.LockTimeout, Statement: 60 * time.Second, IdleInTransaction: idleTimeout}).Set(ctx, tx); err != nil {
 				return fmt.Errorf("online %s: setting lock_timeout: %w", step, err)
 			}
-			held = time.Now()
+			held, e.windowFrom = time.Now(), time.Time{}
 			if err := fn(tx); err != nil {
 				return err
 			}
@@ -491,9 +494,21 @@ func (e *engine) ddlTx(ctx context.Context, step string, fn func(tx pgx.Tx) erro
 			step, ex.Attempts, e.opts.LockTimeout, e.holders(ctx), ex.Err)
 	}
 	if err == nil {
+		if !e.windowFrom.IsZero() {
+			held = e.windowFrom
+		}
 		e.lockWindow(step, attempts, time.Since(held))
 	}
 	return err
+}
+
+// lockWindowStarts marks, in a ddlTx, the first LOCK TABLE: the work
+// before it (reading the catalog, creating a function of ours) blocks no
+// application session, so the lock window is measured from here.
+func (e *engine) lockWindowStarts() {
+	if e.windowFrom.IsZero() {
+		e.windowFrom = time.Now()
+	}
 }
 
 // holders names the sessions that hold a lock on the tables the online

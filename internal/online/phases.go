@@ -44,6 +44,7 @@ func (e *engine) expand(ctx context.Context) error {
 			return fmt.Errorf("%w: %w: state %s", ErrRefused, upgrade.ErrNotBaseline, st.State)
 		}
 		restart := false
+		e.lockWindowStarts()
 		for _, t := range Tables {
 			if _, err := tx.Exec(ctx, `lock table pgflow.`+t+` in access exclusive mode`); err != nil {
 				return fmt.Errorf("online expand: lock table pgflow.%s: %w", t, err)

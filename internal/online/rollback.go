@@ -117,6 +117,7 @@ func (e *engine) undo(ctx context.Context, s Shape) error {
 				stmts = append(stmts, undo()...)
 			}
 		}
+		e.lockWindowStarts() // the statements begin with the locks
 		for _, stmt := range stmts {
 			if _, err := tx.Exec(ctx, stmt); err != nil {
 				return fmt.Errorf("rollback-online: %s: %w", summary(stmt), err)

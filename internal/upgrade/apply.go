@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgflowfiles"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
@@ -526,29 +525,17 @@ func (a *applyRun) migrate() error {
 	return nil
 }
 
-// postChecks runs the post-conditions (Checks) in the transaction. The
-// catalog read for 0.17's comparison also tells the release reached
-// (reached.go): the tables are locked while it is read, so it is read once.
+// postChecks runs the post-conditions (Checks) in the transaction: on
+// the objects the plan changes alone when the start catalog allows it
+// (reached.go), else on the whole catalog, read once for the 0.17
+// comparison and the release reached. The tables are locked meanwhile.
 func (a *applyRun) postChecks() error {
 	var out []CheckOutcome
 	var err error
-	var got *catalog.Catalog
-	if a.plan == nil || a.plan.ReachedFiles >= ownHopFile {
-		// 0.17's checks.
-		out, err = runPostConditions(a.ctx, a.tx, true, postConditions(func(ctx context.Context, q Querier) (bool, string, error) {
-			c, err := catalog.Read(ctx, q, versions.Schema)
-			if err != nil {
-				return false, "", err
-			}
-			got = c
-			return catalogIs017(c)
-		}))
-	}
-	if err == nil && a.plan != nil {
-		var o CheckOutcome
-		if o, err = a.reachedCheck(got); err == nil {
-			out = append(out, o)
-		}
+	if sc, ok := a.scopeOf(); ok {
+		out, err = a.scopedPostConditions(sc)
+	} else {
+		out, err = a.wholePostConditions(a.tx, true)
 	}
 	a.r.PostConditions = out
 	if err != nil {

@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgretry"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
 // AdvisoryLockKey is the key of the transaction-level advisory lock that
@@ -322,40 +321,61 @@ func waitFor(plan []TableLock, l *TableLock, timeout, rest time.Duration) time.D
 // up to timeout; the others share a budget of rest from the first grant.
 // On a lock error it returns the table it failed on (the caller rolls back
 // to the savepoint, which releases every lock this attempt took).
+//
+// The statements go to the server as one pipeline (a pgx batch: one round
+// trip, not two per table): the time between two grants is the server's
+// alone, and the application waits on the tables already locked no longer
+// than that. So the server keeps the budget's clock: the first grant's
+// time is set as a setting of the savepoint, and each later lock_timeout
+// is what is left of rest since then (at least 1ms: a budget used up
+// still bounds the wait). The first statement that fails names the table;
+// the server skips the rest of the pipeline.
 func lockAttempt(ctx context.Context, tx pgx.Tx, plan []TableLock, rest, timeout time.Duration) (time.Time, *TableLock, error) {
 	start := time.Now()
-	if _, err := tx.Exec(ctx, `savepoint pgflow_upgrade_locks`); err != nil {
-		return start, nil, fmt.Errorf("savepoint before table locks: %w", err)
+	b := &pgx.Batch{}
+	type step struct {
+		what string
+		lock *TableLock
 	}
-	var firstHeld time.Time
+	var steps []step
+	queue := func(what string, lock *TableLock, sql string, args ...any) {
+		b.Queue(sql, args...)
+		steps = append(steps, step{what, lock})
+	}
+	queue("savepoint before table locks", nil, `savepoint pgflow_upgrade_locks`)
 	for i := range plan {
 		l := &plan[i]
 		if i > 0 {
-			left := rest - time.Since(firstHeld)
-			// At least 1ms: a budget used up still bounds the wait.
-			if err := (session.Limits{Lock: max(left, time.Millisecond)}).Set(ctx, tx); err != nil {
-				return start, nil, fmt.Errorf("setting the lock budget: %w", err)
-			}
+			queue("setting the lock budget", nil, `select pg_catalog.set_config('lock_timeout',
+				greatest(1, pg_catalog.floor($1::pg_catalog.float8 operator(pg_catalog.-) (extract(epoch from pg_catalog.clock_timestamp()
+					operator(pg_catalog.-) pg_catalog.current_setting('pgflow_upgrade.first_lock')::pg_catalog.timestamptz) operator(pg_catalog.*) 1000)))::pg_catalog.int8::pg_catalog.text
+				operator(pg_catalog.||) 'ms', true)`, float64(rest.Milliseconds()))
 		}
 		// The identifier is quoted; modes are constants of this package.
-		if _, err := tx.Exec(ctx, `lock table `+l.ident()+` in `+l.Mode+` mode`); err != nil {
-			if pgretry.LockError(err) {
-				return start, l, err
-			}
-			return start, nil, fmt.Errorf("lock table %s in %s mode: %w", l.Name(), l.Mode, err)
-		}
+		queue("lock table "+l.Name()+" in "+l.Mode+" mode", l, `lock table `+l.ident()+` in `+l.Mode+` mode`)
 		if i == 0 {
-			firstHeld = time.Now()
+			queue("noting the first grant", nil, `select pg_catalog.set_config('pgflow_upgrade.first_lock', pg_catalog.clock_timestamp()::pg_catalog.text, true)`)
 		}
 	}
 	// The statements after the locks get the full lock_timeout back.
-	if err := (session.Limits{Lock: timeout}).Set(ctx, tx); err != nil {
-		return start, nil, fmt.Errorf("restoring lock_timeout: %w", err)
+	queue("restoring lock_timeout", nil, `select pg_catalog.set_config('lock_timeout', $1, true)`, fmt.Sprintf("%dms", max(timeout.Milliseconds(), 1)))
+	queue("release savepoint after table locks", nil, `release savepoint pgflow_upgrade_locks`)
+	br := tx.SendBatch(ctx, b)
+	var failed *TableLock
+	var err error
+	for _, st := range steps {
+		if _, e := br.Exec(); e != nil {
+			failed, err = st.lock, e
+			if failed == nil || !pgretry.LockError(e) {
+				failed, err = nil, fmt.Errorf("%s: %w", st.what, e)
+			}
+			break
+		}
 	}
-	if _, err := tx.Exec(ctx, `release savepoint pgflow_upgrade_locks`); err != nil {
-		return start, nil, fmt.Errorf("release savepoint after table locks: %w", err)
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("table locks: %w", cerr)
 	}
-	return start, nil, nil
+	return start, failed, err
 }
 
 // blockers lists the other sessions with a lock on l's table that

@@ -1,8 +1,10 @@
 package upgrade
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
@@ -11,31 +13,156 @@ import (
 )
 
 // StepReleaseAfter reads the whole catalog after the commit when the
-// transaction checked the release reached by its scope (reachedScoped).
+// transaction's post-conditions read only what the plan changes (scoped).
 const StepReleaseAfter = "release_after_commit"
 
 // ErrAfterCommit: the whole catalog, read after a commit whose transaction
-// checked the objects its plan changes, is not the release reached.
-var ErrAfterCommit = errors.New("the whole catalog read after the commit is not at the release the plan reached")
+// checked the objects its plan changes, is not what the plan reached.
+var ErrAfterCommit = errors.New("the whole catalog read after the commit is not what the plan reached")
 
-// reachedCheck is a post-condition: the database is at the release the
-// plan reached. got, when not nil, is schema pgflow's whole catalog read
-// by the 0.17 checks in this transaction: detection reads nothing more of
-// it. Otherwise, when the transaction started from an exact release
-// (reachedScoped), only the objects the plan changes are read under the
-// locks; else the whole catalog is.
-func (a *applyRun) reachedCheck(got *catalog.Catalog) (CheckOutcome, error) {
+// scoped is the post-conditions' read under the locks when it may be
+// narrowed to the objects the plan changes (scopeOf).
+//
+// Why that is enough to be sure: the transaction read the whole catalog
+// before its table locks (the state step, kept as the start catalog) and
+// it was release s's (this tool's prepared shape, for apply --online's
+// switch, adds only objects on the tables the plan changes), with any
+// objects of the user's own; the plan then ran upstream's files, verified
+// by their hashes, and this tool's own statements. Every object whose
+// description differs between s and the release reached t is read here,
+// under the locks, and must be t's (none of s's that t lacks may remain),
+// and the release's own evidence (the digests of body-only files, the
+// Supabase ledger) must say t. Every other object was s's when the
+// transaction read it, which is t's. What only a whole read sees (another
+// session's DDL between that read and the locks) is looked for by reading
+// the whole catalog again after the commit (StepReleaseAfter).
+type scoped struct {
+	s, t  *versions.Version
+	scope catalog.Scope
+	got   *catalog.Catalog // the scope, read under the locks
+}
+
+// scopeOf says whether the post-conditions may read the plan's scope
+// alone: the start catalog was read whole, it is s's outside what the plan
+// changes, and both ends have a description.
+func (a *applyRun) scopeOf() (*scoped, bool) {
+	start := a.r.State.Version
+	if a.plan == nil || start == nil || start.Catalog == nil || start.Shallow || start.Quiesce != nil {
+		return nil, false
+	}
+	from := ownHopFile - 1 // the prepared shape is 0.16.0's with the online objects
+	if !a.accepted {
+		if start.Release == nil {
+			return nil, false
+		}
+		from = start.Release.Files
+	}
+	s, ok := versions.CatalogOf(from)
+	if !ok {
+		return nil, false
+	}
+	t, ok := versions.CatalogOf(a.plan.ReachedFiles)
+	if !ok {
+		return nil, false
+	}
+	scope, ok := catalog.ScopeOf(catalog.Diff(s.Catalog, t.Catalog))
+	if !ok {
+		return nil, false
+	}
+	// Outside the scope the start catalog has s's objects as described:
+	// anything else there is the user's own (tolerated, untouched).
+	for _, d := range catalog.Diff(s.Catalog, start.Catalog) {
+		if d.Change == catalog.ChangeExtra || d.Kind == catalog.KindPGMQ {
+			continue
+		}
+		in, ok := catalog.ScopeOf([]catalog.Difference{d})
+		if !ok || !within(in, scope) {
+			return nil, false
+		}
+	}
+	return &scoped{s: s, t: t, scope: scope}, true
+}
+
+// within: every name of in is one of scope's.
+func within(in, scope catalog.Scope) bool {
+	for _, x := range in.Tables {
+		if !slices.Contains(scope.Tables, x) {
+			return false
+		}
+	}
+	for _, x := range in.Functions {
+		if !slices.Contains(scope.Functions, x) {
+			return false
+		}
+	}
+	return true
+}
+
+// scopedPostConditions are the post-conditions on the scope read alone:
+// the 0.17 checks (their catalog comparison on the scope, their SQL checks
+// as they are) when the plan reaches 0.17, and the release reached.
+func (a *applyRun) scopedPostConditions(sc *scoped) ([]CheckOutcome, error) {
+	got, err := catalog.ReadScope(a.ctx, a.tx, versions.Schema, sc.scope)
+	if err != nil {
+		return nil, err
+	}
+	sc.got = got
+	var out []CheckOutcome
+	if a.plan.ReachedFiles >= ownHopFile {
+		out, err = runPostConditions(a.ctx, a.tx, true, postConditions(func(context.Context, Querier) (bool, string, error) {
+			same := fmt.Sprintf("equal to pgflow %s on what the plan changes (%d tables and %d functions, read alone under the locks; "+
+				"the whole catalog was read before them and is compared again after the commit)", sc.t.Name, len(sc.scope.Tables), len(sc.scope.Functions))
+			ok, detail := compareCatalog(sc.t.Catalog.Restrict(sc.scope), got, same)
+			return ok, detail, nil
+		}))
+		if err != nil {
+			return out, err
+		}
+	}
+	o, err := a.reachedByScope(sc)
+	if err != nil {
+		return out, err
+	}
+	a.wholeAfterCommit = true
+	return append(out, o), nil
+}
+
+// reachedByScope is the release reached, on the scope: t's objects, none
+// of s's that t lacks, and the release's evidence.
+func (a *applyRun) reachedByScope(sc *scoped) (CheckOutcome, error) {
+	o := CheckOutcome{ID: "release_reached", Title: "the database is at the release the plan reached: " + a.plan.Reached}
+	if bad := scopeDifferences(sc.s, sc.t, sc.scope, sc.got); len(bad) > 0 {
+		o.Detail = "what the plan changes is not " + sc.t.Name + "'s: " + strings.Join(bad, "; ")
+		return o, nil
+	}
+	rel, err := versions.DetectRelease(a.ctx, a.tx, &versions.Detection{Found: sc.t.Name, State: sc.t.State})
+	if err != nil {
+		return o, err
+	}
+	if rel == nil || rel.Files != a.plan.ReachedFiles {
+		o.Detail = "the release's evidence says otherwise"
+		if rel != nil {
+			o.Detail += ": " + rel.Name + " (" + strings.Join(rel.Evidence, "; ") + ")"
+		}
+		return o, nil
+	}
+	o.OK = true
+	o.Detail = fmt.Sprintf("%s (under the locks: the %d tables and %d functions the plan changes from %s, read alone; the whole catalog was read before them, and is read again after the commit)",
+		rel.Name, len(sc.scope.Tables), len(sc.scope.Functions), sc.s.Name)
+	return o, nil
+}
+
+// reachedCheck is the release reached on the whole catalog: got, when not
+// nil, is schema pgflow's whole catalog read by the 0.17 checks in this
+// transaction, and detection reads nothing more of it.
+func (a *applyRun) reachedCheck(q Querier, got *catalog.Catalog) (CheckOutcome, error) {
 	o := CheckOutcome{ID: "release_reached", Title: "the database is at the release the plan reached: " + a.plan.Reached}
 	var d *versions.Detection
 	var err error
 	if got != nil {
-		d, err = versions.DetectCatalog(a.ctx, a.tx, got)
+		d, err = versions.DetectCatalog(a.ctx, q, got)
 	} else {
-		var done bool
-		if o, done, err = a.reachedScoped(o); done || err != nil {
-			return o, err
-		}
-		d, err = versions.Detect(a.ctx, a.tx)
+		d, err = versions.Detect(a.ctx, q)
 	}
 	if err != nil {
 		return o, err
@@ -51,74 +178,47 @@ func (a *applyRun) reachedCheck(got *catalog.Catalog) (CheckOutcome, error) {
 	return o, nil
 }
 
-// reachedScoped checks the release reached from what the plan changes
-// (done false: it does not apply, the whole catalog is read instead).
-//
-// Why that is enough to be sure: the transaction read the whole catalog
-// before its table locks (the state step) and found exactly the start
-// release S (with any objects of the user's own); the plan then ran
-// upstream's files, verified by their hashes, and this tool's statements
-// in place of some of theirs. Every object whose description differs
-// between S and the release reached T is read here, under the locks, and
-// must be T's, none of S's that T lacks may remain, and the release's own
-// evidence (the digests of body-only files, the Supabase ledger) must say
-// T. Every other object was S's at the start, which is T's. The whole
-// catalog is read again after the commit (StepReleaseAfter).
-func (a *applyRun) reachedScoped(o CheckOutcome) (CheckOutcome, bool, error) {
-	start := a.r.State.Version
-	if a.accepted || start == nil || start.Release == nil || start.Shallow || start.Version == nil ||
-		start.State == versions.StateUnknown || start.State == versions.StateOnline || start.Quiesce != nil {
-		return o, false, nil
+// wholePostConditions are the post-conditions on the whole catalog, read
+// once for the 0.17 comparison and the release reached.
+func (a *applyRun) wholePostConditions(q Querier, inTx bool) ([]CheckOutcome, error) {
+	var out []CheckOutcome
+	var err error
+	var got *catalog.Catalog
+	if a.plan == nil || a.plan.ReachedFiles >= ownHopFile {
+		// 0.17's checks.
+		out, err = runPostConditions(a.ctx, q, inTx, postConditions(func(ctx context.Context, q Querier) (bool, string, error) {
+			c, err := catalog.Read(ctx, q, versions.Schema)
+			if err != nil {
+				return false, "", err
+			}
+			got = c
+			return catalogIs017(c)
+		}))
 	}
-	s, ok := versions.CatalogOf(start.Release.Files)
-	if !ok || s.Name != start.Version.Name {
-		return o, false, nil
-	}
-	t, ok := versions.CatalogOf(a.plan.ReachedFiles)
-	if !ok {
-		return o, false, nil
-	}
-	scope, ok := catalog.ScopeOf(catalog.Diff(s.Catalog, t.Catalog))
-	if !ok {
-		return o, false, nil
-	}
-	got, err := catalog.ReadScope(a.ctx, a.tx, versions.Schema, scope)
-	if err != nil {
-		return o, true, err
-	}
-	if bad := scopeDifferences(s, t, scope, got); len(bad) > 0 {
-		o.Detail = "what the plan changes is not " + t.Name + "'s: " + strings.Join(bad, "; ")
-		return o, true, nil
-	}
-	rel, err := versions.DetectRelease(a.ctx, a.tx, &versions.Detection{Found: t.Name, State: t.State})
-	if err != nil {
-		return o, true, err
-	}
-	if rel == nil || rel.Files != a.plan.ReachedFiles {
-		o.Detail = "the release's evidence says otherwise"
-		if rel != nil {
-			o.Detail += ": " + rel.Name + " (" + strings.Join(rel.Evidence, "; ") + ")"
+	if err == nil && a.plan != nil {
+		var o CheckOutcome
+		if o, err = a.reachedCheck(q, got); err == nil {
+			out = append(out, o)
 		}
-		return o, true, nil
 	}
-	a.wholeAfterCommit = true
-	o.OK = true
-	o.Detail = fmt.Sprintf("%s (under the locks: the %d tables and %d functions the plan changes from %s, read alone; the whole catalog was %s's before the locks, and is read again after the commit)",
-		rel.Name, len(scope.Tables), len(scope.Functions), start.Release.Name, start.Release.Name)
-	return o, true, nil
+	return out, err
 }
 
 // releaseAfterCommit reads the whole catalog once the locks are gone,
-// after a transaction that checked the release reached by its scope.
+// after a transaction whose post-conditions read only the plan's scope.
 func (a *applyRun) releaseAfterCommit() error {
-	d, err := versions.Detect(a.ctx, a.conn)
+	out, err := a.wholePostConditions(a.conn, false)
 	if err != nil {
 		return fmt.Errorf("reading the catalog after the commit: %w", err)
 	}
-	if d.Release == nil || d.Release.Files != a.plan.ReachedFiles {
+	if bad := Failed(out); len(bad) > 0 {
 		a.res.Outcome = outcome.Failed
-		return fmt.Errorf("%w: committed, then read as %s instead of %s (changed by another session meanwhile?); run `pgflow-upgrade status` and `pgflow-upgrade verify`",
-			ErrAfterCommit, d.Summary(), a.plan.Reached)
+		ids := make([]string, len(bad))
+		for i, b := range bad {
+			ids[i] = b.ID + ": " + b.Detail
+		}
+		return fmt.Errorf("%w: committed, then %s (changed by another session meanwhile?); run `pgflow-upgrade status` and `pgflow-upgrade verify`",
+			ErrAfterCommit, strings.Join(ids, "; "))
 	}
 	return nil
 }
