@@ -63,6 +63,24 @@ func onlineToNewest(t *testing.T, release string) {
 		t.Errorf("switch: no %s step: %+v", upgrade.StepReleaseAfter, sw.Report.Steps)
 	}
 	theirs.PushUpstream(t, rel.Files, 27)
+	// The telemetry schema's functions (made before the switch's table
+	// locks) have upstream's bodies, settings and comments. (Schema
+	// pgflow's bodies are this tool's own hop's text, not file 24's: the
+	// catalog and the rows above are what is compared there.)
+	if a, b := functionBodies(t, theirs), functionBodies(t, db); !slices.Equal(a, b) {
+		var only []string
+		for _, x := range a {
+			if !slices.Contains(b, x) {
+				only = append(only, "upstream's: "+x)
+			}
+		}
+		for _, x := range b {
+			if !slices.Contains(a, x) {
+				only = append(only, "ours: "+x)
+			}
+		}
+		t.Fatalf("function bodies differ from upstream's files run in order:\n%s", strings.Join(only, "\n"))
+	}
 	for _, schema := range []string{"pgflow", "pgflow_telemetry"} {
 		w, err := catalog.Read(ctx, theirs.Pool, schema)
 		if err != nil {
@@ -85,4 +103,20 @@ func onlineToNewest(t *testing.T, release string) {
 	if err := db.Pool.QueryRow(ctx, `select count(*)::int from supabase_migrations.schema_migrations`).Scan(&ledger); err != nil || ledger != 27 {
 		t.Fatalf("ledger: %d rows (%v)", ledger, err)
 	}
+}
+
+// functionBodies: every function of schema pgflow_telemetry, its source's
+// digest, settings and comment.
+func functionBodies(t *testing.T, db *testdb.DB) []string {
+	t.Helper()
+	var out []string
+	err := db.Pool.QueryRow(context.Background(), `
+		select coalesce(array_agg(p.oid::regprocedure::text || ' ' || md5(p.prosrc) || ' ' || coalesce(p.proconfig::text, '') || ' ' ||
+		       coalesce(obj_description(p.oid, 'pg_proc'), '') order by p.oid::regprocedure::text), '{}')
+		  from pg_proc p join pg_namespace n on n.oid = p.pronamespace
+		 where n.nspname = 'pgflow_telemetry'`).Scan(&out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }

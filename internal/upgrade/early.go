@@ -3,6 +3,7 @@ package upgrade
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -32,8 +33,16 @@ import (
 //     yet created fails; it is then rolled back to its savepoint and stays
 //     in its place, with every later statement on the same function;
 //   - its hop comes before this tool's own (which replaces functions that
-//     later files replace again).
-// The end catalog is the same: the same statements, each function's own
+//     later files replace again, and may call anything).
+// A statement that makes or fills something in a schema the plan itself
+// creates (0.17.1's pgflow_telemetry: its functions, tables, comments and
+// the row of its cron job) runs early wherever it is, when no statement
+// kept before it names that schema: what the kept ones do cannot depend
+// on objects they do not name, and a function body that names a column a
+// kept statement adds fails its validation and stays, as above. A table
+// with a foreign key is not made early (it locks the table it references),
+// nor a row inserted from pgflow's tables.
+// The end catalog is the same: the same statements, each object's own
 // statements in their order.
 
 // StepHopsEarly is the step that runs them.
@@ -47,6 +56,12 @@ var (
 	tableDDL = regexp.MustCompile(`(?is)^(?:ALTER\s+TABLE|COMMENT\s+ON\s+(?:TABLE|COLUMN|CONSTRAINT))\s`)
 	// A schema-qualified call: schema.name( with optional quotes.
 	qualifiedCall = regexp.MustCompile(`(?i)[a-z_][a-z0-9_]*"?\s*\.\s*"?[a-z_][a-z0-9_]*"?\s*\(`)
+	// CREATE SCHEMA "name".
+	createSchema = regexp.MustCompile(`(?is)^CREATE\s+SCHEMA\s+"?([a-z_][a-z0-9_]*)"?\s*(?:;|$)`)
+	// What makes or fills one object, then its schema.
+	freshTarget = regexp.MustCompile(`(?is)^(?:CREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION|CREATE\s+TABLE|COMMENT\s+ON\s+(?:TABLE|COLUMN|FUNCTION)|INSERT\s+INTO)\s+"?([a-z_][a-z0-9_]*)"?\s*\.`)
+	foreignKey  = regexp.MustCompile(`(?i)\bREFERENCES\b`)
+	pgflowName  = regexp.MustCompile(`(?i)\bpgflow"?\s*\.`)
 	// Leading comments and blank lines of a statement.
 	leadingComments = regexp.MustCompile(`^(?:\s+|--[^\n]*\n?)*`)
 )
@@ -67,18 +82,26 @@ func hasEarlyHops(a *applyRun) bool {
 	return !a.pgmqOnly && a.plan != nil && a.plan.Has(HopUpstream) && a.copy != nil && a.copyErr == nil
 }
 
-// runEarly runs, in plan order, the statements of the upstream hops before
-// this tool's own that may run before the table locks, and writes the
-// ledger row of every upstream hop.
+// runEarly runs, in plan order, the statements of upstream's hops that
+// may run before the table locks, and writes the ledger row of every
+// upstream hop.
 func (a *applyRun) runEarly() error {
 	a.early = &early{stmts: map[int]map[int]bool{}, ledger: map[int]bool{}}
-	moving := true               // before this tool's own hop
-	held := false                // a statement kept for the locks may call functions: all later ones keep their place
+	held := false                // a statement kept for the locks may call functions: later function statements keep their place
 	var kept []string            // the statements kept for the locks so far
+	var keptOutside []string     // those of them outside the schemas the plan creates
 	blocked := map[string]bool{} // functions one of whose statements stays in place
+	fresh := map[string]bool{}   // schemas the plan creates, created here
 	for _, h := range a.plan.Hops {
 		if h.Kind != HopUpstream {
-			moving = false
+			// This tool's own hop runs under the locks: its statements are
+			// kept, and may call anything.
+			for _, m := range a.all {
+				if slices.Contains(a.r.Pending, m.Version+"_"+m.Name) {
+					kept, keptOutside = append(kept, m.SQL), append(keptOutside, m.SQL)
+				}
+			}
+			held = true
 			continue
 		}
 		sql, err := a.copy.Read(h.Upstream.Index)
@@ -90,20 +113,36 @@ func (a *applyRun) runEarly() error {
 			return fmt.Errorf("%s: %w", h.Path, err)
 		}
 		for i, st := range stmts {
-			if !moving {
-				break
-			}
 			body := leadingComments.ReplaceAllString(st, "")
-			m := functionStmt.FindStringSubmatch(body)
-			if m == nil || held || isTxControl(st) {
-				kept = append(kept, body)
-				held = held || !tableDDL.MatchString(body) || qualifiedCall.MatchString(body)
-				continue
+			var fn, schema string
+			try := false
+			f := functionStmt.FindStringSubmatch(body)
+			if f != nil {
+				fn = strings.ToLower(f[1] + "." + f[2])
 			}
-			fn := strings.ToLower(m[1] + "." + m[2])
-			if blocked[fn] || namedIn(kept, m[2]) {
-				blocked[fn] = true
+			m := freshStmt(body)
+			switch {
+			case isTxControl(st):
+			case m != nil && (fresh[strings.ToLower(m[1])] || createSchema.MatchString(body)) && !namedIn(keptOutside, m[1]):
+				// In a schema the plan creates: nothing kept before it
+				// outside that schema names what it makes (one kept inside
+				// it came first in upstream's order, so it cannot use it).
+				schema, try = strings.ToLower(m[1]), true
+			case f != nil:
+				try = !held && !namedIn(kept, f[2])
+			}
+			inFresh := m != nil && fresh[strings.ToLower(m[1])]
+			if !try || blocked[fn] {
+				if fn != "" {
+					blocked[fn] = true // its later statements stay after this one
+				}
 				kept = append(kept, body)
+				if !inFresh {
+					keptOutside = append(keptOutside, body)
+				}
+				// A function statement calls nothing; another kept statement
+				// may, unless it is a table's ALTER or COMMENT without a call.
+				held = held || (f == nil && (!tableDDL.MatchString(body) || qualifiedCall.MatchString(body)))
 				continue
 			}
 			ok, err := a.tryEarly(h, i, st)
@@ -111,9 +150,18 @@ func (a *applyRun) runEarly() error {
 				return err
 			}
 			if !ok {
-				blocked[fn] = true
+				if fn != "" {
+					blocked[fn] = true
+				}
 				kept = append(kept, body)
+				if !inFresh {
+					keptOutside = append(keptOutside, body)
+				}
+				held = held || f == nil // a row or a table that could not be made here: later ones keep their place
 				continue
+			}
+			if createSchema.MatchString(body) {
+				fresh[schema] = true
 			}
 			if a.early.stmts[h.Upstream.Index] == nil {
 				a.early.stmts[h.Upstream.Index] = map[int]bool{}
@@ -126,6 +174,27 @@ func (a *applyRun) runEarly() error {
 		a.early.ledger[h.Upstream.Index] = true
 	}
 	return nil
+}
+
+// freshStmt matches a statement that makes or fills something in one
+// schema only: CREATE SCHEMA, CREATE [OR REPLACE] FUNCTION, CREATE TABLE
+// (without a foreign key: it would lock the table it references), COMMENT
+// ON a table, column or function, INSERT INTO (reading no pgflow table).
+// m[1] is the schema.
+func freshStmt(body string) []string {
+	if m := createSchema.FindStringSubmatch(body); m != nil {
+		return m
+	}
+	m := freshTarget.FindStringSubmatch(body)
+	switch {
+	case m == nil:
+		return nil
+	case strings.HasPrefix(strings.ToUpper(m[0]), "CREATE TABLE") && foreignKey.MatchString(body):
+		return nil
+	case strings.HasPrefix(strings.ToUpper(m[0]), "INSERT") && pgflowName.MatchString(body):
+		return nil
+	}
+	return m
 }
 
 // tryEarly runs one statement under a savepoint: false (rolled back) when
