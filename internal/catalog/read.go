@@ -54,6 +54,9 @@ func read(ctx context.Context, q Querier, schema string, shallow bool) (*Catalog
 
 // query runs one of the catalog queries with args after the schema.
 func query(ctx context.Context, q Querier, schema, sql string, args ...any) (*Catalog, error) {
+	if tx, ok := q.(pgx.Tx); ok {
+		return queryInTx(ctx, tx, schema, sql, args...)
+	}
 	b, ok := q.(beginner)
 	if !ok {
 		return nil, ErrNoBegin
@@ -120,6 +123,49 @@ var (
 		"{{viewdef}}", "''"}, whole...)...).Replace(catalogSQL)
 	scopeSQL = strings.NewReplacer(append(deparse, scoped...)...).Replace(catalogSQL)
 )
+
+// queryInTx is query inside the caller's transaction, as one pipeline
+// (a pgx batch: one round trip, where a transaction may hold locks the
+// application waits on): a savepoint, search_path ” for it, the query,
+// and the rollback to the savepoint, which gives search_path back.
+func queryInTx(ctx context.Context, tx pgx.Tx, schema, sql string, args ...any) (*Catalog, error) {
+	b := &pgx.Batch{}
+	b.Queue(`savepoint pgflow_upgrade_catalog_read`)
+	b.Queue(`select pg_catalog.set_config('search_path', '', true)`)
+	b.Queue(sql, append([]any{schema}, args...)...)
+	b.Queue(`rollback to savepoint pgflow_upgrade_catalog_read`)
+	br := tx.SendBatch(ctx, b)
+	var raw []byte
+	err := func() error {
+		if _, err := br.Exec(); err != nil {
+			return fmt.Errorf("opening a savepoint: %w", err)
+		}
+		if _, err := br.Exec(); err != nil {
+			return fmt.Errorf("pinning search_path: %w", err)
+		}
+		if err := br.QueryRow().Scan(&raw); err != nil {
+			return fmt.Errorf("from pg_catalog: %w", err)
+		}
+		if _, err := br.Exec(); err != nil {
+			return fmt.Errorf("rolling back to the savepoint: %w", err)
+		}
+		return nil
+	}()
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = cerr
+	}
+	if err != nil {
+		// A statement that failed leaves the savepoint to roll back to
+		// (or the transaction aborted, which the caller rolls back).
+		_, _ = tx.Exec(context.WithoutCancel(ctx), `rollback to savepoint pgflow_upgrade_catalog_read`)
+		return nil, fmt.Errorf("reading the catalog of schema %s: %w", schema, err)
+	}
+	c, err := Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("reading the catalog of schema %s: %w", schema, err)
+	}
+	return c, nil
+}
 
 // Exists reports whether schema exists (catalog rows only).
 func Exists(ctx context.Context, q Querier, schema string) (bool, error) {

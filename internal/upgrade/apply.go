@@ -351,7 +351,7 @@ type applyRun struct {
 	copyErr       error                  // why the copy given cannot serve (a file missing or altered)
 	plan          *Plan                  // the hops, made by admit
 	preflightRan  bool                   // the shared check catalog ran (before the own hop)
-	hopPGMQ       *audit.PGMQInfo        // pgmq as the hops' checks see it, read under the locks once
+	hopPGMQ       *audit.PGMQInfo        // pgmq as the checks see it, read once before the table locks (pgmqBeforeLocks)
 	pre           *prebuilt              // built before the transaction (prebuild.go)
 	sessionLocked bool                   // prebuild holds the advisory lock at session level
 	tx            pgx.Tx
@@ -364,7 +364,8 @@ type applyRun struct {
 	// wholeAfterCommit: the release reached was checked by its scope under
 	// the locks; the whole catalog is read after the commit (reached.go).
 	wholeAfterCommit bool
-	early            *early // what ran before the table locks (early.go)
+	early            *early  // what ran before the table locks (early.go)
+	scope            *scoped // the post-conditions' scope, when they read it alone (reached.go)
 }
 
 // integrity checks the embedded migrations against atlas.sum and finds the
@@ -500,6 +501,9 @@ func (a *applyRun) runPreflight() error {
 		// the file's guard checks the shape again under the locks.
 		popts.Schema = &r.State
 	}
+	if popts.PGMQ == nil {
+		popts.PGMQ = a.hopPGMQ
+	}
 	res, err := preflight.Run(a.ctx, a.tx, popts)
 	r.Preflight = res.Checks
 	if err != nil {
@@ -509,6 +513,19 @@ func (a *applyRun) runPreflight() error {
 		r.Blockers = res.Blockers()
 		return a.fail(outcome.FromPreflight(res))
 	}
+	return nil
+}
+
+// pgmqBeforeLocks reads which pgmq is installed, for the preflight and the
+// hops' checks under the locks: its version is no table's, and reading it
+// (pg_available_extension_versions reads the server's extension files)
+// under the locks would keep the application waiting for it.
+func (a *applyRun) pgmqBeforeLocks() error {
+	p, err := audit.DetectPGMQ(a.ctx, a.tx)
+	if err != nil {
+		return err
+	}
+	a.hopPGMQ = &p
 	return nil
 }
 
@@ -532,8 +549,8 @@ func (a *applyRun) migrate() error {
 func (a *applyRun) postChecks() error {
 	var out []CheckOutcome
 	var err error
-	if sc, ok := a.scopeOf(); ok {
-		out, err = a.scopedPostConditions(sc)
+	if a.scope != nil {
+		out, err = a.scopedPostConditions(a.scope)
 	} else {
 		out, err = a.wholePostConditions(a.tx, true)
 	}

@@ -33,6 +33,8 @@ var applyPlan = []applyStep{
 		return "the installed pgmq, pgmq " + a.pgmq.target.String() + " offered, the queue tables"
 	}, withPGMQ, (*applyRun).pgmqState},
 	{StepPrivileges, fixed("the current role may alter the pgflow schema"), pgflowHops, (*applyRun).privileges},
+	{"", nil, pgflowHops, (*applyRun).pgmqBeforeLocks},
+	{"", nil, pgflowHops, (*applyRun).prepareScope},
 	{StepHopsEarly, fixed("upstream's function statements and ledger rows, before the table locks (they lock nothing the application uses)"),
 		hasEarlyHops, (*applyRun).runEarly},
 	// The records lock nothing the application uses either: written before

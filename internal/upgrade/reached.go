@@ -37,9 +37,25 @@ var ErrAfterCommit = errors.New("the whole catalog read after the commit is not 
 // session's DDL between that read and the locks) is looked for by reading
 // the whole catalog again after the commit (StepReleaseAfter).
 type scoped struct {
-	s, t  *versions.Version
-	scope catalog.Scope
-	got   *catalog.Catalog // the scope, read under the locks
+	s, t         *versions.Version
+	scope        catalog.Scope
+	wantS, wantT *catalog.Catalog // s's and t's descriptions restricted to the scope
+	got          *catalog.Catalog // the scope, read under the locks
+}
+
+// prepareScope decides, before the table locks, whether the
+// post-conditions read the plan's scope alone, and restricts the
+// descriptions to it: under the locks only the read and the comparisons
+// are left.
+func (a *applyRun) prepareScope() error {
+	if a.opts.DryRun {
+		return nil // nothing is committed, so nothing is read after: the whole catalog now
+	}
+	if sc, ok := a.scopeOf(); ok {
+		sc.wantS, sc.wantT = sc.s.Catalog.Restrict(sc.scope), sc.t.Catalog.Restrict(sc.scope)
+		a.scope = sc
+	}
+	return nil
 }
 
 // scopeOf says whether the post-conditions may read the plan's scope
@@ -112,7 +128,7 @@ func (a *applyRun) scopedPostConditions(sc *scoped) ([]CheckOutcome, error) {
 		out, err = runPostConditions(a.ctx, a.tx, true, postConditions(func(context.Context, Querier) (bool, string, error) {
 			same := fmt.Sprintf("equal to pgflow %s on what the plan changes (%d tables and %d functions, read alone under the locks; "+
 				"the whole catalog was read before them and is compared again after the commit)", sc.t.Name, len(sc.scope.Tables), len(sc.scope.Functions))
-			ok, detail := compareCatalog(sc.t.Catalog.Restrict(sc.scope), got, same)
+			ok, detail := compareCatalog(sc.wantT, got, same)
 			return ok, detail, nil
 		}))
 		if err != nil {
@@ -131,7 +147,7 @@ func (a *applyRun) scopedPostConditions(sc *scoped) ([]CheckOutcome, error) {
 // of s's that t lacks, and the release's evidence.
 func (a *applyRun) reachedByScope(sc *scoped) (CheckOutcome, error) {
 	o := CheckOutcome{ID: "release_reached", Title: "the database is at the release the plan reached: " + a.plan.Reached}
-	if bad := scopeDifferences(sc.s, sc.t, sc.scope, sc.got); len(bad) > 0 {
+	if bad := scopeDifferences(sc, sc.got); len(bad) > 0 {
 		o.Detail = "what the plan changes is not " + sc.t.Name + "'s: " + strings.Join(bad, "; ")
 		return o, nil
 	}
@@ -223,27 +239,27 @@ func (a *applyRun) releaseAfterCommit() error {
 	return nil
 }
 
-// scopeDifferences says how got, a read of scope, is not release t's
-// (nothing: it is), after a plan from release s: what t has that got lacks
-// or has differently, and what of s's that t lacks is still there. Other
-// objects got has are the user's own, tolerated as detection tolerates them.
-func scopeDifferences(s, t *versions.Version, scope catalog.Scope, got *catalog.Catalog) []string {
-	wantT, wantS := t.Catalog.Restrict(scope), s.Catalog.Restrict(scope)
+// scopeDifferences says how got, a read of sc's scope, is not release
+// t's (nothing: it is), after a plan from release s: what t has that got
+// lacks or has differently, and what of s's that t lacks is still there.
+// Other objects got has are the user's own, tolerated as detection
+// tolerates them.
+func scopeDifferences(sc *scoped, got *catalog.Catalog) []string {
 	var bad []string
-	for _, d := range catalog.Missing(wantT, got) {
+	for _, d := range catalog.Missing(sc.wantT, got) {
 		bad = append(bad, d.String())
 	}
 	// Not extra to s: s has it, and the plan left it behind.
 	users := map[string]bool{}
-	for _, d := range catalog.Diff(wantS, got) {
+	for _, d := range catalog.Diff(sc.wantS, got) {
 		if d.Change == catalog.ChangeExtra {
 			users[string(d.Kind)+" "+d.Object] = true
 		}
 	}
-	for _, d := range catalog.Diff(wantT, got) {
+	for _, d := range catalog.Diff(sc.wantT, got) {
 		// Extra columns: Missing named them already.
 		if d.Change == catalog.ChangeExtra && d.Kind != catalog.KindColumn && !users[string(d.Kind)+" "+d.Object] {
-			bad = append(bad, string(d.Kind)+" "+d.Object+": still there ("+s.Name+"'s, not "+t.Name+"'s)")
+			bad = append(bad, string(d.Kind)+" "+d.Object+": still there ("+sc.s.Name+"'s, not "+sc.t.Name+"'s)")
 		}
 	}
 	return bad

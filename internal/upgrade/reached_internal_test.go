@@ -23,17 +23,18 @@ func TestScopeDifferences(t *testing.T) {
 		t.Fatalf("scope of 0.14.1 -> 0.16.0: %+v %v", scope, ok)
 	}
 	t.Logf("0.14.1 -> 0.16.0 changes tables %v, functions %v", scope.Tables, scope.Functions)
+	sc := &scoped{s: s, t: r, scope: scope, wantS: s.Catalog.Restrict(scope), wantT: r.Catalog.Restrict(scope)}
 	reached := r.Catalog.Restrict(scope)
-	if bad := scopeDifferences(s, r, scope, reached); len(bad) > 0 {
+	if bad := scopeDifferences(sc, reached); len(bad) > 0 {
 		t.Fatalf("0.16.0's own objects: %v", bad)
 	}
 	users := reached.Clone()
 	users.Functions = append(users.Functions, catalog.Function{Name: scope.Functions[0], IdentityArguments: "x integer", Kind: "function"})
 	users.Tables[0].Indexes = append(users.Tables[0].Indexes, catalog.Index{Name: "my_index", Definition: "CREATE INDEX my_index ON ..."})
-	if bad := scopeDifferences(s, r, scope, users); len(bad) > 0 {
+	if bad := scopeDifferences(sc, users); len(bad) > 0 {
 		t.Fatalf("with the user's own function and index: %v", bad)
 	}
-	if bad := scopeDifferences(s, r, scope, s.Catalog.Restrict(scope)); len(bad) == 0 {
+	if bad := scopeDifferences(sc, s.Catalog.Restrict(scope)); len(bad) == 0 {
 		t.Fatal("0.14.1's objects pass as 0.16.0's")
 	}
 	// 0.16.0's objects plus one 0.14.1 has and 0.16.0 lacks (a function
@@ -50,12 +51,12 @@ func TestScopeDifferences(t *testing.T) {
 	}
 	kept := reached.Clone()
 	kept.Functions = append(kept.Functions, *left)
-	if bad := scopeDifferences(s, r, scope, kept); len(bad) != 1 || !strings.Contains(bad[0], "still there") {
+	if bad := scopeDifferences(sc, kept); len(bad) != 1 || !strings.Contains(bad[0], "still there") {
 		t.Fatalf("%s(%s) left behind: %v", left.Name, left.IdentityArguments, bad)
 	}
 	lacking := reached.Clone()
 	lacking.Functions = lacking.Functions[1:]
-	if bad := scopeDifferences(s, r, scope, lacking); len(bad) == 0 {
+	if bad := scopeDifferences(sc, lacking); len(bad) == 0 {
 		t.Fatal("a function 0.16.0 has, missing, passes")
 	}
 }
