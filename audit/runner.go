@@ -329,18 +329,20 @@ func RunPreflight(ctx context.Context, tx pgx.Tx, opts Options) ([]CheckResult, 
 		}
 		start := time.Now()
 		env.Deadline = start.Add(opts.CheckTimeout)
-		sp, err := tx.Begin(ctx) // SAVEPOINT
-		if err != nil {
+		// The savepoint and its statement_timeout in one round trip, and
+		// its rollback and release in another: under apply's locks each
+		// round trip is time the application waits.
+		opened, err := checkSavepoint(ctx, tx, opts.CheckTimeout)
+		if !opened {
 			return out, fmt.Errorf("preflight check %s: opening a savepoint: %w", c.ID, err)
 		}
 		var findings []Finding
-		err = session.Limits{Statement: opts.CheckTimeout}.Set(ctx, sp)
 		if err == nil {
-			findings, err = c.Run(ctx, c, sp, env)
+			findings, err = c.Run(ctx, c, tx, env)
 		}
 		// Always roll back: restores statement_timeout, releases the check's
 		// locks, and clears an aborted subtransaction.
-		if rbErr := sp.Rollback(context.WithoutCancel(ctx)); rbErr != nil {
+		if rbErr := endCheckSavepoint(context.WithoutCancel(ctx), tx); rbErr != nil {
 			return out, fmt.Errorf("preflight check %s: rolling back its savepoint: %w", c.ID, rbErr)
 		}
 		res.Findings = findings
@@ -439,4 +441,31 @@ func tighten(ctx context.Context, q Querier, env Env) error {
 		return fmt.Errorf("setting statement_timeout: %w", err)
 	}
 	return nil
+}
+
+// checkSavepoint opens the savepoint a preflight check runs in and sets
+// its statement_timeout, as one pipeline. opened is false when there is no
+// savepoint to roll back to; err, when opened, is the setting's error.
+func checkSavepoint(ctx context.Context, tx pgx.Tx, timeout time.Duration) (opened bool, err error) {
+	b := &pgx.Batch{}
+	b.Queue(`savepoint pgflow_upgrade_check`)
+	b.Queue(`select pg_catalog.set_config('statement_timeout', $1, true)`, fmt.Sprintf("%dms", max(timeout.Milliseconds(), 1)))
+	br := tx.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return false, err
+	}
+	_, err = br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return true, err
+}
+
+// endCheckSavepoint rolls the check's savepoint back and releases it.
+func endCheckSavepoint(ctx context.Context, tx pgx.Tx) error {
+	b := &pgx.Batch{}
+	b.Queue(`rollback to savepoint pgflow_upgrade_check`)
+	b.Queue(`release savepoint pgflow_upgrade_check`)
+	return tx.SendBatch(ctx, b).Close()
 }
