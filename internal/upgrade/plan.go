@@ -35,6 +35,7 @@ var applyPlan = []applyStep{
 	{StepPrivileges, fixed("the current role may alter the pgflow schema"), pgflowHops, (*applyRun).privileges},
 	{"", nil, pgflowHops, (*applyRun).pgmqBeforeLocks},
 	{"", nil, pgflowHops, (*applyRun).prepareScope},
+	{"", nil, pgflowHops, (*applyRun).prebuiltIndexesBeforeLocks},
 	{StepHopsEarly, fixed("upstream's function statements and ledger rows, before the table locks (they lock nothing the application uses)"),
 		hasEarlyHops, (*applyRun).runEarly},
 	// The records lock nothing the application uses either: written before

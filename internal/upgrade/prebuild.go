@@ -53,6 +53,9 @@ type prebuilt struct {
 	// instead: by upstream file index and statement index (0-based), the
 	// statements run in place of the file's ("" entries skipped: found done).
 	instead map[int]map[int][]string
+	// indexDone: by index name, whether it was found done before the table
+	// locks (prebuiltIndexesBeforeLocks); a name not there is looked up.
+	indexDone map[string]bool
 }
 
 func (p *prebuilt) replace(file, stmt int, with ...string) {
@@ -275,20 +278,72 @@ func (a *applyRun) insteadOf(n, i int, stmt string) ([]string, bool, error) {
 		return nil, false, nil
 	}
 	if m := indexStmt.FindStringSubmatch(stmt); m != nil {
-		var def string
-		err := a.tx.QueryRow(a.ctx, `select pg_catalog.pg_get_indexdef(i.indexrelid) from pg_catalog.pg_index i
-			where i.indexrelid = pg_catalog.to_regclass(pg_catalog.format('pgflow.%I', $1::text)) and i.indisvalid`, m[2]).Scan(&def)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil, false, nil
+		done, ok := a.pre.indexDone[m[2]]
+		if !ok {
+			var err error
+			if done, err = a.prebuiltIndexDone(m[2], stmt); err != nil {
+				return nil, false, err
+			}
 		}
-		if err != nil {
-			return nil, false, fmt.Errorf("looking for the prebuilt index %s: %w", m[2], err)
-		}
-		if normIndex(def) != normIndex(stmt) {
-			return nil, false, nil // not the same index: the statement says so itself
+		if !done {
+			return nil, false, nil // not there, or not the same index: the statement says so itself
 		}
 	}
 	return with, true, nil
+}
+
+// prebuiltIndexDone: the index name built beforehand is there, valid, and
+// the one stmt builds.
+func (a *applyRun) prebuiltIndexDone(name, stmt string) (bool, error) {
+	var def string
+	err := a.tx.QueryRow(a.ctx, `select pg_catalog.pg_get_indexdef(i.indexrelid) from pg_catalog.pg_index i
+		where i.indexrelid = pg_catalog.to_regclass(pg_catalog.format('pgflow.%I', $1::text)) and i.indisvalid`, name).Scan(&def)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("looking for the prebuilt index %s: %w", name, err)
+	}
+	return normIndex(def) == normIndex(stmt), nil
+}
+
+// prebuiltIndexesBeforeLocks looks, in the transaction but before its
+// table locks, at the indexes built beforehand, so that under the locks
+// their statements are found done without a query each. An index dropped
+// between this look and the locks would leave its statement skipped and
+// the index missing, which the post-conditions (the index's table is one
+// the plan changes) refuse, rolling everything back.
+func (a *applyRun) prebuiltIndexesBeforeLocks() error {
+	if a.pre == nil || len(a.pre.indexes) == 0 || a.plan == nil {
+		return nil
+	}
+	a.pre.indexDone = map[string]bool{}
+	for _, h := range a.plan.Hops {
+		if h.Kind != HopUpstream || a.pre.instead[h.Upstream.Index] == nil {
+			continue
+		}
+		sql, err := a.copy.Read(h.Upstream.Index)
+		if err != nil {
+			return a.fail(outcome.Refused, err)
+		}
+		stmts, err := pgflowfiles.Statements(sql)
+		if err != nil {
+			return fmt.Errorf("%s: %w", h.Path, err)
+		}
+		for i, st := range stmts {
+			if _, ok := a.pre.instead[h.Upstream.Index][i]; !ok {
+				continue
+			}
+			if m := indexStmt.FindStringSubmatch(st); m != nil {
+				done, err := a.prebuiltIndexDone(m[2], st)
+				if err != nil {
+					return err
+				}
+				a.pre.indexDone[m[2]] = done
+			}
+		}
+	}
+	return nil
 }
 
 // insteadLabel heads the report's summary of a statement run as with.
