@@ -129,9 +129,19 @@ var (
 // application waits on): a savepoint, search_path ” for it, the query,
 // and the rollback to the savepoint, which gives search_path back.
 func queryInTx(ctx context.Context, tx pgx.Tx, schema, sql string, args ...any) (*Catalog, error) {
+	return queryInTxPlan(ctx, tx, false, schema, sql, args...)
+}
+
+// queryInTxPlan is queryInTx; generic runs sql (then a prepared
+// statement's name) on its generic plan, planned once and kept.
+func queryInTxPlan(ctx context.Context, tx pgx.Tx, generic bool, schema, sql string, args ...any) (*Catalog, error) {
 	b := &pgx.Batch{}
 	b.Queue(`savepoint pgflow_upgrade_catalog_read`)
-	b.Queue(`select pg_catalog.set_config('search_path', '', true)`)
+	if generic {
+		b.Queue(`select pg_catalog.set_config('search_path', '', true), pg_catalog.set_config('plan_cache_mode', 'force_generic_plan', true)`)
+	} else {
+		b.Queue(`select pg_catalog.set_config('search_path', '', true)`)
+	}
 	b.Queue(sql, append([]any{schema}, args...)...)
 	b.Queue(`rollback to savepoint pgflow_upgrade_catalog_read`)
 	br := tx.SendBatch(ctx, b)

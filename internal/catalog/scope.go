@@ -2,8 +2,11 @@ package catalog
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Scope names some objects of a schema: tables (with their columns,
@@ -68,4 +71,60 @@ func (c *Catalog) Restrict(s Scope) *Catalog {
 	out.Functions = slices.DeleteFunc(out.Functions, func(f Function) bool { return !slices.Contains(s.Functions, f.Name) })
 	out.CompositeTypes, out.Enums, out.Domains, out.Views = nil, nil, nil, nil
 	return out
+}
+
+// PreparedScope is ReadScope's query prepared in a transaction ahead of
+// the read that counts: a prepared statement on its generic plan, planned
+// once by a first read (the catalog query takes milliseconds to plan, more
+// on a busy server), so that a later read in the same transaction only
+// runs it. Close it in the same transaction: a prepared statement belongs
+// to the server session, which a transaction pooler hands on, and it
+// outlives a rollback.
+type PreparedScope struct {
+	name, schema string
+	scope        Scope
+}
+
+// preparedScopeName names the prepared statement (one at a time).
+const preparedScopeName = "pgflow_upgrade_catalog_scope"
+
+// PrepareScope prepares the read of s in tx and plans it by reading it
+// once. ok is false (nothing prepared) where prepared statements do not
+// reach the server (the simple protocol a pooler may ask for): ReadScope
+// then.
+func PrepareScope(ctx context.Context, tx pgx.Tx, schema string, s Scope) (p *PreparedScope, ok bool, err error) {
+	conn := tx.Conn()
+	if conn.Config().DefaultQueryExecMode == pgx.QueryExecModeSimpleProtocol {
+		return nil, false, nil
+	}
+	if _, err := conn.Prepare(ctx, preparedScopeName, scopeSQL); err != nil {
+		return nil, false, fmt.Errorf("preparing the catalog read of schema %s: %w", schema, err)
+	}
+	p = &PreparedScope{name: preparedScopeName, schema: schema, scope: s}
+	if _, err := p.Read(ctx, tx); err != nil {
+		return nil, false, joinClose(err, p.Close(ctx, conn))
+	}
+	return p, true, nil
+}
+
+// Read is ReadScope on the prepared statement's generic plan.
+func (p *PreparedScope) Read(ctx context.Context, tx pgx.Tx) (*Catalog, error) {
+	tables, functions := append([]string{}, p.scope.Tables...), append([]string{}, p.scope.Functions...)
+	return queryInTxPlan(ctx, tx, true, p.schema, p.name, tables, functions)
+}
+
+// Close deallocates the prepared statement (in or out of a transaction:
+// a prepared statement outlives a rollback).
+func (p *PreparedScope) Close(ctx context.Context, conn *pgx.Conn) error {
+	if err := conn.Deallocate(ctx, p.name); err != nil {
+		return fmt.Errorf("deallocating the prepared catalog read: %w", err)
+	}
+	return nil
+}
+
+func joinClose(err, closeErr error) error {
+	if closeErr == nil {
+		return err
+	}
+	return fmt.Errorf("%w (and %w)", err, closeErr)
 }

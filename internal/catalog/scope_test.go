@@ -75,3 +75,45 @@ func TestScopeOf(t *testing.T) {
 		t.Error("an enum fits no scope")
 	}
 }
+
+// The prepared read of a scope is ReadScope's, and can be read again.
+func TestPreparedScope(t *testing.T) {
+	db := testdb.Empty(t)
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, knownObjects); err != nil {
+		t.Fatal(err)
+	}
+	conn := testdb.Connect(t, db.DSN)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	s := catalog.Scope{Tables: []string{"child"}, Functions: []string{"f"}}
+	want, err := catalog.ReadScope(ctx, tx, "cat", s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, ok, err := catalog.PrepareScope(ctx, tx, "cat", s)
+	if err != nil || !ok {
+		t.Fatalf("prepare: %v %v", ok, err)
+	}
+	if _, err := tx.Exec(ctx, `alter table cat.child add column note text`); err != nil {
+		t.Fatal(err)
+	}
+	got, err := p.Read(ctx, tx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	d := catalog.Diff(want, got)
+	if len(d) != 1 || d[0].Kind != catalog.KindColumn || d[0].Name != "note" {
+		t.Fatalf("the prepared read after a change: %v", catalog.Strings(d))
+	}
+	// Nothing is left behind: the statement can be prepared again.
+	if _, _, err := catalog.PrepareScope(ctx, tx, "cat", s); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -320,6 +320,7 @@ func apply(ctx context.Context, conn *pgx.Conn, opts Options, res *outcome.Resul
 		}
 		err = joinCleanup(err, a.releasePrebuild())
 	}()
+	defer func() { err = joinCleanup(err, a.closeScope()) }()
 	defer a.rollbackUnlessDone()
 	for _, st := range applyPlan {
 		if a.done {

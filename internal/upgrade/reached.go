@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
@@ -41,6 +42,9 @@ type scoped struct {
 	scope        catalog.Scope
 	wantS, wantT *catalog.Catalog // s's and t's descriptions restricted to the scope
 	got          *catalog.Catalog // the scope, read under the locks
+	// prepared: the scope's read, prepared and planned before the locks
+	// (nil where prepared statements do not reach the server).
+	prepared *catalog.PreparedScope
 }
 
 // prepareScope decides, before the table locks, whether the
@@ -53,9 +57,29 @@ func (a *applyRun) prepareScope() error {
 	}
 	if sc, ok := a.scopeOf(); ok {
 		sc.wantS, sc.wantT = sc.s.Catalog.Restrict(sc.scope), sc.t.Catalog.Restrict(sc.scope)
+		p, ok, err := catalog.PrepareScope(a.ctx, a.tx, versions.Schema, sc.scope)
+		if err != nil {
+			return err
+		}
+		if ok {
+			sc.prepared = p
+		}
 		a.scope = sc
 	}
 	return nil
+}
+
+// closeScope deallocates the scope's prepared read, whatever happened
+// (it outlives a rollback).
+func (a *applyRun) closeScope() error {
+	if a.scope == nil || a.scope.prepared == nil || a.conn.IsClosed() {
+		return nil
+	}
+	p := a.scope.prepared
+	a.scope.prepared = nil
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.ctx), 10*time.Second)
+	defer cancel()
+	return p.Close(ctx, a.conn)
 }
 
 // scopeOf says whether the post-conditions may read the plan's scope
@@ -118,7 +142,16 @@ func within(in, scope catalog.Scope) bool {
 // the 0.17 checks (their catalog comparison on the scope, their SQL checks
 // as they are) when the plan reaches 0.17, and the release reached.
 func (a *applyRun) scopedPostConditions(sc *scoped) ([]CheckOutcome, error) {
-	got, err := catalog.ReadScope(a.ctx, a.tx, versions.Schema, sc.scope)
+	var got *catalog.Catalog
+	var err error
+	if sc.prepared != nil {
+		got, err = sc.prepared.Read(a.ctx, a.tx)
+		if err == nil {
+			err = a.closeScope()
+		}
+	} else {
+		got, err = catalog.ReadScope(a.ctx, a.tx, versions.Schema, sc.scope)
+	}
 	if err != nil {
 		return nil, err
 	}
