@@ -17,9 +17,10 @@ import (
 // writes (a SQL body's validation takes ACCESS SHARE or ROW EXCLUSIVE on
 // the tables it names, which no application statement conflicts with,
 // and calling a function takes no lock on it); nor do the rows of the
-// Supabase ledger and of this tool's own record (the step after this one). They run in the same transaction as the rest, so they
-// commit or roll back with it, but before its first LOCK TABLE: the time
-// they take is no longer time the application is locked out.
+// Supabase ledger and of this tool's own record (the step after this
+// one). They run in the same transaction as the rest, so they commit or
+// roll back with it, but before its first LOCK TABLE: the time they take
+// is no longer time the application is locked out.
 //
 // Moving a statement ahead of the ones before it must not change what
 // either does. So a function statement runs early only when
