@@ -118,9 +118,20 @@ func TestLongHopLocksAtScale(t *testing.T) {
 	t.Logf("apply's lock window %s against upstream's longest file %s (ratio %.2f)", window, longest, float64(window)/float64(longest))
 }
 
-// stepLines lists a run's timed steps and statements (those of 1 ms or more).
+// stepLines lists a run's timed steps and statements (those of 1 ms or
+// more), and what the statements run under the table locks took together:
+// the DDL's own time in the window, its floor in this run.
 func stepLines(r *upgrade.Report) string {
-	var parts []string
+	var under time.Duration
+	var n int
+	for _, st := range r.Statements {
+		if st.Migration != "prebuild" && !strings.HasPrefix(st.Summary, "before the table locks: ") {
+			under += time.Duration(st.DurationUS) * time.Microsecond
+			n++
+		}
+	}
+	parts := []string{fmt.Sprintf("lock window %d ms; its %d statements under the locks took %s together",
+		r.LockWindowMS, n, under.Round(100*time.Microsecond))}
 	for _, st := range r.Steps {
 		if st.DurationMS > 0 {
 			parts = append(parts, fmt.Sprintf("step %s %s: %d ms", st.Step, st.Detail, st.DurationMS))
