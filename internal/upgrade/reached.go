@@ -10,12 +10,17 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
 // StepReleaseAfter reads the whole catalog after the commit when the
 // transaction's post-conditions read only what the plan changes (scoped).
 const StepReleaseAfter = "release_after_commit"
+
+// afterCommitReadTimeout bounds each statement of that read (the catalog
+// of schema pgflow: tens of milliseconds).
+const afterCommitReadTimeout = time.Minute
 
 // ErrAfterCommit: the whole catalog, read after a commit whose transaction
 // checked the objects its plan changes, is not what the plan reached.
@@ -255,8 +260,16 @@ func (a *applyRun) wholePostConditions(q Querier, inTx bool) ([]CheckOutcome, er
 
 // releaseAfterCommit reads the whole catalog once the locks are gone,
 // after a transaction whose post-conditions read only the plan's scope.
+// It reads in a read-only transaction of its own: through a transaction
+// pooler the search_path is pinned per transaction only, and a statement
+// outside one would resolve names on the server session's own path.
 func (a *applyRun) releaseAfterCommit() error {
-	out, err := a.wholePostConditions(a.conn, false)
+	tx, err := session.BeginReadOnly(a.ctx, a.conn, afterCommitReadTimeout, a.opts.LockTimeout, "pgflow-upgrade apply (catalog after the commit)")
+	if err != nil {
+		return fmt.Errorf("reading the catalog after the commit: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(a.ctx))
+	out, err := a.wholePostConditions(tx, true)
 	if err != nil {
 		return fmt.Errorf("reading the catalog after the commit: %w", err)
 	}
