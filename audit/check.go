@@ -74,6 +74,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
@@ -123,7 +124,7 @@ type Env struct {
 	// checks run).
 	Schema versions.SchemaInfo
 	// PGMQ says which pgmq the database has (filled by the runner).
-	PGMQ PGMQInfo
+	PGMQ pgmqver.Found
 	// LongTransaction and IdleInTransaction are the session thresholds of
 	// sessions.long_transactions (defaults 30 s and 10 s).
 	LongTransaction, IdleInTransaction time.Duration

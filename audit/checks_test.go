@@ -8,6 +8,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/fixtures"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
@@ -285,14 +286,14 @@ func TestBackupWarning(t *testing.T) {
 	}
 	defer tx.Rollback(ctx)
 	// A plain pgmq schema is dumped with the database: nothing to say.
-	fs, err := c.Run(ctx, c, tx, audit.Env{Sample: 5, PGMQ: audit.PGMQInfo{Installed: true, Kind: "schema"}})
+	fs, err := c.Run(ctx, c, tx, audit.Env{Sample: 5, PGMQ: pgmqver.Found{Installed: true, Kind: "schema"}})
 	if err != nil || len(fs) != 0 {
 		t.Fatalf("schema pgmq: %v %+v", err, fs)
 	}
 	// As an extension 1.5.1, pg_dump leaves the queues out: the count is
 	// the queues whose tables pg_depend shows as extension members (none
 	// on the stand-in, whose pgmq.meta is not marked for pg_dump either).
-	fs, err = c.Run(ctx, c, tx, audit.Env{Sample: 5, PGMQ: audit.PGMQInfo{Installed: true, Kind: "extension", Version: "1.5.1"}})
+	fs, err = c.Run(ctx, c, tx, audit.Env{Sample: 5, PGMQ: pgmqver.Found{Installed: true, Kind: "extension", Version: "1.5.1"}})
 	members := int64(0)
 	if testdb.PGMQKindInUse() == "extension" {
 		members = 1

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
@@ -45,7 +46,7 @@ type CheckResult struct {
 type Report struct {
 	ServerVersion string              `json:"server_version"`
 	Database      string              `json:"database"`
-	PGMQ          PGMQInfo            `json:"pgmq"`
+	PGMQ          pgmqver.Found       `json:"pgmq"`
 	Schema        versions.SchemaInfo `json:"schema"`
 	// PgflowVersion: which pgflow was found and the next step (the same
 	// object status and apply print).
@@ -125,7 +126,7 @@ type Options struct {
 	// PGMQ, if set, is the pgmq RunPreflight gives the checks instead of
 	// reading it again (it reads the server's extension versions): the
 	// caller detected it in the same transaction, under the same locks.
-	PGMQ *PGMQInfo
+	PGMQ *pgmqver.Found
 }
 
 const (
@@ -225,7 +226,7 @@ func Run(ctx context.Context, conn *pgx.Conn, opts Options) (*Report, error) {
 			Scan(&rep.ServerVersion, &rep.Database); err != nil {
 			return fmt.Errorf("reading the server version: %w", err)
 		}
-		if env.PGMQ, err = DetectPGMQ(ctx, tx); err != nil {
+		if env.PGMQ, err = pgmqver.Detect(ctx, tx); err != nil {
 			return err
 		}
 		if env.Schema, err = versions.DetectSchema(ctx, tx); err != nil {
@@ -311,7 +312,7 @@ func RunPreflight(ctx context.Context, tx pgx.Tx, opts Options) ([]CheckResult, 
 		LongTransaction: opts.LongTransaction, IdleInTransaction: opts.IdleInTransaction, LiveWorker: opts.LiveWorker}
 	if opts.PGMQ != nil {
 		env.PGMQ = *opts.PGMQ
-	} else if env.PGMQ, err = DetectPGMQ(ctx, tx); err != nil {
+	} else if env.PGMQ, err = pgmqver.Detect(ctx, tx); err != nil {
 		return nil, err
 	}
 	if opts.Schema != nil {

@@ -10,7 +10,6 @@ import (
 
 	ucli "github.com/urfave/cli/v2"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/online"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/queueroutes"
@@ -279,7 +278,7 @@ func writeVersion(w io.Writer, d *versions.Detection) {
 
 // pgmqStatusLine names the pgmq found and, when the server offers a newer
 // one, how to take it there.
-func pgmqStatusLine(p audit.PGMQInfo) string {
+func pgmqStatusLine(p pgmqver.Found) string {
 	line := p.String()
 	cur, err1 := pgmqver.Parse(p.Version)
 	newest, err2 := pgmqver.Parse(p.Newest)

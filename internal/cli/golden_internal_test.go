@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/forecast"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/queueroutes"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/upgrade"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
@@ -70,7 +71,7 @@ func cleanReport() *audit.Report {
 		return audit.Finding{CheckID: id, Severity: audit.Info, Message: msg, Remedy: "None.", Samples: samples}
 	}
 	rep := &audit.Report{ServerVersion: "15.18 (Debian 15.18-0+deb12u1)", Database: "app",
-		PGMQ: audit.PGMQInfo{Installed: true, Kind: "extension", Version: "1.5.1"}, Schema: versions.SchemaInfo{State: versions.SchemaBaseline},
+		PGMQ: pgmqver.Found{Installed: true, Kind: "extension", Version: "1.5.1"}, Schema: versions.SchemaInfo{State: versions.SchemaBaseline},
 		PgflowVersion: ready(), DurationMS: 228, Started: goldenAt}
 	rep.Checks = append(rep.Checks,
 		audit.CheckResult{ID: "schema.state", Status: audit.StatusFindings, Findings: []audit.Finding{
@@ -185,7 +186,7 @@ func upgradedStatus() *upgrade.StatusReport {
 		Applied:    []upgrade.Revision{{Version: "20261203100000", Name: "pgflow_private_step_queues", AppliedAt: goldenAt}},
 		Migrations: []upgrade.MigrationStatus{{Version: "20261203100000", Name: "pgflow_private_step_queues", Applied: true, Status: "applied 2026-12-04 09:00:00Z"}},
 		AtlasSum:   upgrade.SumStatus{Valid: true},
-		PGMQ:       audit.PGMQInfo{Installed: true, Kind: "extension", Version: "1.5.1", Layout: "members", Newest: "1.13.1"}}
+		PGMQ:       pgmqver.Found{Installed: true, Kind: "extension", Version: "1.5.1", Layout: "members", Newest: "1.13.1"}}
 }
 
 func TestGoldenStatus(t *testing.T) {

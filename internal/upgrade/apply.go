@@ -14,6 +14,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgflowfiles"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
@@ -352,7 +353,7 @@ type applyRun struct {
 	copyErr       error                  // why the copy given cannot serve (a file missing or altered)
 	plan          *Plan                  // the hops, made by admit
 	preflightRan  bool                   // the shared check catalog ran (before the own hop)
-	hopPGMQ       *audit.PGMQInfo        // pgmq as the checks see it, read once before the table locks (pgmqBeforeLocks)
+	hopPGMQ       *pgmqver.Found         // pgmq as the checks see it, read once before the table locks (pgmqBeforeLocks)
 	pre           *prebuilt              // built before the transaction (prebuild.go)
 	sessionLocked bool                   // prebuild holds the advisory lock at session level
 	tx            pgx.Tx
@@ -522,7 +523,7 @@ func (a *applyRun) runPreflight() error {
 // (pg_available_extension_versions reads the server's extension files)
 // under the locks would keep the application waiting for it.
 func (a *applyRun) pgmqBeforeLocks() error {
-	p, err := audit.DetectPGMQ(a.ctx, a.tx)
+	p, err := pgmqver.Detect(a.ctx, a.tx)
 	if err != nil {
 		return err
 	}

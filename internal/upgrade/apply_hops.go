@@ -11,6 +11,7 @@ import (
 	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgflowfiles"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 	"github.com/pgflow-upgrade/pgflow-upgrade/preflight"
@@ -200,7 +201,7 @@ func (a *applyRun) hopChecks(h Hop, m audit.Moment, tx pgx.Tx) error {
 		// state when it began: pgflow's tables are there; pgmq, read once)
 		// instead of two catalog reads more per hop.
 		if a.hopPGMQ == nil {
-			p, err := audit.DetectPGMQ(a.ctx, tx)
+			p, err := pgmqver.Detect(a.ctx, tx)
 			if err != nil {
 				return fmt.Errorf("checking before %s: %w", h.File, err)
 			}

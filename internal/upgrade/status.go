@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 	"github.com/pgflow-upgrade/pgflow-upgrade/migrations"
@@ -62,7 +62,7 @@ type StatusReport struct {
 	// PGMQ: the pgmq found, its layout and the newest version the server
 	// offers (the audit's pgmq.update_path says whether the update to it
 	// would go through; apply --pgmq runs it).
-	PGMQ audit.PGMQInfo `json:"pgmq"`
+	PGMQ pgmqver.Found `json:"pgmq"`
 }
 
 // NeedsAttention: a state apply cannot act on, or tampered migrations (an
@@ -93,7 +93,7 @@ func Status(ctx context.Context, conn *pgx.Conn) (*StatusReport, error) {
 		return nil, err
 	}
 	rep.PgflowVersion = rep.State.Version
-	if rep.PGMQ, err = audit.DetectPGMQ(ctx, tx); err != nil {
+	if rep.PGMQ, err = pgmqver.Detect(ctx, tx); err != nil {
 		return nil, err
 	}
 	var exists bool

@@ -7,7 +7,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/audit"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/quiesce"
@@ -96,7 +95,7 @@ func telemetryChecks(ctx context.Context, q Querier) ([]CheckOutcome, error) {
 // claim path itself. Catalog and pgmq.meta reads only.
 func pgmqClaimPath(ctx context.Context, q Querier) (CheckOutcome, error) {
 	o := CheckOutcome{ID: "pgmq_claim_path", Title: "pgmq's read, pop and set_vt work on every queue (not pgmq 1.10.0/1.10.1 over older queues)", OK: true}
-	info, err := audit.DetectPGMQ(ctx, q)
+	info, err := pgmqver.Detect(ctx, q)
 	if err != nil {
 		return o, err
 	}

@@ -1,14 +1,14 @@
-package audit
+package pgmqver
 
 import (
 	"context"
 	"fmt"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgmqver"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 )
 
-// PGMQInfo says which pgmq a database has.
-type PGMQInfo struct {
+// Found says which pgmq a database has (Detect reads it).
+type Found struct {
 	Installed bool `json:"installed"`
 	// Kind: "extension" (CREATE EXTENSION pgmq) or "schema" (a pgmq schema
 	// that is not an extension, e.g. installed from SQL), "" when absent.
@@ -23,7 +23,7 @@ type PGMQInfo struct {
 	Newest string `json:"newest_available,omitempty"`
 }
 
-func (p PGMQInfo) String() string {
+func (p Found) String() string {
 	switch {
 	case !p.Installed:
 		return "not installed"
@@ -35,11 +35,11 @@ func (p PGMQInfo) String() string {
 	return "schema pgmq (not an extension)"
 }
 
-// DetectPGMQ reads pg_extension, pg_namespace and pg_proc (catalog rows
+// Detect reads pg_extension, pg_namespace and pg_proc (catalog rows
 // only: no USAGE on schema pgmq needed). Installed needs pgmq.list_queues()
 // too, since the queue checks call it.
-func DetectPGMQ(ctx context.Context, q Querier) (PGMQInfo, error) {
-	var info PGMQInfo
+func Detect(ctx context.Context, q session.Querier) (Found, error) {
+	var info Found
 	var ext, schema, listQueues bool
 	var version *string
 	err := q.QueryRow(ctx, `
@@ -61,9 +61,9 @@ func DetectPGMQ(ctx context.Context, q Querier) (PGMQInfo, error) {
 		if version != nil {
 			info.Version = *version
 		}
-		if v, err := pgmqver.Parse(info.Version); err == nil {
+		if v, err := Parse(info.Version); err == nil {
 			info.Layout = "detached"
-			if pgmqver.MembersLayout(v) {
+			if MembersLayout(v) {
 				info.Layout = "members"
 			}
 		}
