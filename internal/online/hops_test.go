@@ -59,6 +59,17 @@ func onlineToNewest(t *testing.T, release string) {
 			t.Errorf("switch post-condition %s read the whole catalog under the locks: %s", o.ID, o.Detail)
 		}
 	}
+	// The migration file's own LOCK statements find apply's locks held and
+	// are not sent.
+	held := 0
+	for _, s := range sw.Report.Statements {
+		if strings.HasPrefix(s.Summary, "held already") {
+			held++
+		}
+	}
+	if sw.Report.Plan.Has(upgrade.HopOwn) && held != 5 {
+		t.Errorf("switch: %d of the file's 5 LOCK statements found held", held)
+	}
 	if !slices.ContainsFunc(sw.Report.Steps, func(s upgrade.StepTiming) bool { return s.Step == upgrade.StepReleaseAfter }) {
 		t.Errorf("switch: no %s step: %+v", upgrade.StepReleaseAfter, sw.Report.Steps)
 	}

@@ -277,6 +277,9 @@ type runner struct {
 	opts Options
 	res  *outcome.Result[*Report]
 	r    *Report // res.Report
+	// held: the table locks this transaction holds ("schema.table" to its
+	// LOCK TABLE mode), taken in the documented order (tableLocks).
+	held map[string]string
 }
 
 // fail is err, and o the run's outcome when err is not nil: a refusal, a
@@ -482,6 +485,10 @@ func (a *applyRun) tableLocks() error {
 		return err
 	}
 	a.lockHeld = res.Held
+	a.held = map[string]string{}
+	for _, l := range a.lockPlan() {
+		a.held[l.Name()] = l.Mode
+	}
 	return nil
 }
 

@@ -54,7 +54,8 @@ func (l TableLock) ident() string { return pgx.Identifier{l.schema(), l.Table}.S
 // the modes the migration file takes itself: the tables it alters (flows,
 // steps, step_tasks) need ACCESS EXCLUSIVE anyway; the others only need writers
 // stopped (EXCLUSIVE), so plain reads keep going. Taking exactly the file's
-// modes first makes the file's own LOCK statements no-ops.
+// modes first makes the file's own LOCK statements no-ops, which apply then
+// does not send (runner.holds).
 var LockPlan = []TableLock{
 	{Table: "flows", Mode: "access exclusive"},
 	{Table: "steps", Mode: "access exclusive"},
