@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/session"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
@@ -232,21 +234,44 @@ func sqlChecksAtOnce(ctx context.Context, q Querier, checks []PostCondition) (ma
 		out[i] = CheckOutcome{ID: c.ID, Title: c.Title}
 		dest = append(dest, &out[i].OK, &out[i].Detail)
 	}
-	if _, err := q.Exec(ctx, "savepoint pgflow_upgrade_check"); err != nil {
-		return nil, fmt.Errorf("checks: savepoint: %w", err)
+	// The savepoint, the statement and the release as one pipeline when q
+	// can send one (apply's transaction): one round trip.
+	b := &pgx.Batch{}
+	b.Queue("savepoint pgflow_upgrade_check")
+	b.Queue("select * from " + strings.Join(from, " cross join "))
+	b.Queue("release savepoint pgflow_upgrade_check")
+	var opened bool
+	var err error
+	if tx, ok := q.(pgx.Tx); ok {
+		br := tx.SendBatch(ctx, b)
+		if _, err = br.Exec(); err == nil {
+			opened = true
+			if err = br.QueryRow().Scan(dest...); err == nil {
+				_, err = br.Exec()
+			}
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	} else {
+		if _, err = q.Exec(ctx, "savepoint pgflow_upgrade_check"); err == nil {
+			opened = true
+			if err = q.QueryRow(ctx, b.QueuedQueries[1].SQL).Scan(dest...); err == nil {
+				_, err = q.Exec(ctx, "release savepoint pgflow_upgrade_check")
+			}
+		}
 	}
-	err := q.QueryRow(ctx, "select * from "+strings.Join(from, " cross join ")).Scan(dest...)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("checks: %w", ctx.Err())
+		}
+		if !opened {
+			return nil, fmt.Errorf("checks: savepoint: %w", err)
 		}
 		if _, err := q.Exec(ctx, "rollback to savepoint pgflow_upgrade_check"); err != nil {
 			return nil, fmt.Errorf("checks: rollback to savepoint pgflow_upgrade_check: %w", err)
 		}
 		return nil, nil
-	}
-	if _, err := q.Exec(ctx, "release savepoint pgflow_upgrade_check"); err != nil {
-		return nil, fmt.Errorf("checks: release savepoint pgflow_upgrade_check: %w", err)
 	}
 	answered := make(map[string]CheckOutcome, len(out))
 	for _, o := range out {

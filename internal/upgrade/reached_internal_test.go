@@ -1,10 +1,12 @@
 package upgrade
 
 import (
+	"context"
 	"strings"
 	"testing"
 
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/catalog"
+	"github.com/pgflow-upgrade/pgflow-upgrade/internal/testdb"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
@@ -58,5 +60,44 @@ func TestScopeDifferences(t *testing.T) {
 	lacking.Functions = lacking.Functions[1:]
 	if bad := scopeDifferences(sc, lacking); len(bad) == 0 {
 		t.Fatal("a function 0.16.0 has, missing, passes")
+	}
+}
+
+// The SQL post-conditions run as one statement; when it fails, each runs
+// on its own, the failing one is reported with its error, the others
+// answer, and the transaction goes on.
+func TestSQLChecksAtOnceFallBack(t *testing.T) {
+	ctx := context.Background()
+	db := testdb.Empty(t)
+	conn := testdb.Connect(t, db.DSN)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	checks := []PostCondition{
+		{ID: "a", SQL: `select true, 'fine'`},
+		{ID: "b", SQL: `select 1 / 0 = 1, 'never'`},
+		{ID: "c", SQL: `select false, 'no'`},
+	}
+	for _, set := range [][]PostCondition{checks, {checks[0], checks[2]}} {
+		out, err := runPostConditions(ctx, tx, true, set)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]CheckOutcome{}
+		for _, o := range out {
+			got[o.ID] = o
+		}
+		if len(out) != len(set) || !got["a"].OK || got["a"].Detail != "fine" || got["c"].OK || got["c"].Detail != "no" {
+			t.Fatalf("outcomes: %+v", out)
+		}
+		if b, ok := got["b"]; ok && (b.OK || !strings.Contains(b.Detail, "query failed")) {
+			t.Fatalf("the failing check: %+v", b)
+		}
+	}
+	var one int
+	if err := tx.QueryRow(ctx, `select 1`).Scan(&one); err != nil {
+		t.Fatalf("the transaction after the checks: %v", err)
 	}
 }
