@@ -128,11 +128,13 @@ func (a *App) explainOnlineStop(ctx context.Context, t *target, res *outcome.Res
 }
 
 // restarting says whether a failed connection is to a server that is
-// restarting: recovering (57P03), or resetting its sessions. The
-// connection's error is text by then (connect redacts it).
+// restarting: recovering (57P03), or resetting its sessions (the socket
+// refused, reset, or closed before the startup answered: unexpected EOF).
+// The connection's error is text by then (connect redacts it).
 func restarting(err error) bool {
 	msg := err.Error()
-	return strings.Contains(msg, "(SQLSTATE 57P03)") || strings.Contains(msg, "connection reset by peer") || strings.Contains(msg, "connection refused")
+	return strings.Contains(msg, "(SQLSTATE 57P03)") || strings.Contains(msg, "connection reset by peer") || strings.Contains(msg, "connection refused") ||
+		strings.Contains(msg, "unexpected EOF")
 }
 
 // recoveryWait is how long onlineRemains waits for a server that is

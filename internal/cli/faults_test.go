@@ -49,7 +49,10 @@ type faultServer struct {
 func newFaultServer(t *testing.T, tasks int64) *faultServer {
 	t.Helper()
 	ctx := context.Background()
-	srv, err := pgprovider.Open(ctx, pgprovider.Options{SkipDocker: true, ReuseInitdb: true})
+	// A commit must survive the crash as it does in production: the
+	// provider's default (synchronous_commit off) loses a transaction
+	// committed just before it, e.g. the online path's expand.
+	srv, err := pgprovider.Open(ctx, pgprovider.Options{SkipDocker: true, ReuseInitdb: true, Settings: map[string]string{"synchronous_commit": "on"}})
 	if err != nil {
 		t.Fatalf("a local cluster of the test's own: %v", err)
 	}
