@@ -400,3 +400,42 @@ func TestApplyHopsRepairsActiveTasksAsUpstream(t *testing.T) {
 		t.Fatalf("file 22's repairs: %d split statements changing %d rows, want 2 changing 4 (a queued and a started task each)", split, rows)
 	}
 }
+
+// An index an earlier run built beforehand and then left behind (killed,
+// or the server went away, before its transaction committed) is found done
+// when it is the one upstream's statement builds, and built again when the
+// interrupted build left it invalid: the rerun ends at the newest release,
+// its catalog upstream's.
+func TestApplyHopsAdoptsIndexLeftByAStoppedRun(t *testing.T) {
+	want := testdb.Upstream(t, versions.Newest)
+	wantCat, err := catalog.Read(testCtx(t), want.Pool, versions.Schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, invalid := range []bool{false, true} {
+		t.Run(map[bool]string{false: "valid", true: "invalid"}[invalid], func(t *testing.T) {
+			db := testdb.Upstream(t, "0.17.0")
+			db.Exec(t, `create index concurrently "idx_runs_started_at" on "pgflow"."runs" ("started_at")`)
+			if invalid {
+				// What a CONCURRENTLY build interrupted before its end leaves.
+				db.Exec(t, `update pg_catalog.pg_index set indisvalid = false where indexrelid = 'pgflow.idx_runs_started_at'::regclass`)
+			}
+			opts := fastOpts()
+			opts.PgflowMigrations = testdb.PgflowInstalledCopy(t, 27)
+			res, err := upgrade.Apply(testCtx(t), testdb.Connect(t, db.DSN), opts)
+			if err != nil || res.Outcome != outcome.Applied || res.Report.VersionNow != versions.Newest {
+				t.Fatalf("apply: %v (%s: %s)", err, res.Outcome, res.Message)
+			}
+			got, err := catalog.Read(testCtx(t), db.Pool, versions.Schema)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := catalog.Diff(wantCat, got); len(d) != 0 {
+				t.Fatalf("catalog differs from upstream's newest:\n%s", strings.Join(catalog.Strings(d), "\n"))
+			}
+			if n := scalarOf[int](t, db, `select count(*)::int from pg_catalog.pg_index where indexrelid = 'pgflow.idx_runs_started_at'::regclass and indisvalid`); n != 1 {
+				t.Fatalf("idx_runs_started_at valid: %d", n)
+			}
+		})
+	}
+}

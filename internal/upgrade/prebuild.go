@@ -131,12 +131,31 @@ func (a *applyRun) prebuild() error {
 func (a *applyRun) prebuildStatement(h Hop, i int, st string) error {
 	if m := indexStmt.FindStringSubmatch(st); m != nil {
 		name := m[2]
-		var exists bool
-		if err := a.conn.QueryRow(a.ctx, `select pg_catalog.to_regclass(pg_catalog.format('pgflow.%I', $1::text)) is not null`, name).Scan(&exists); err != nil {
+		var exists, valid bool
+		var def string
+		if err := a.conn.QueryRow(a.ctx, `select i.indexrelid is not null, coalesce(i.indisvalid, false), coalesce(pg_catalog.pg_get_indexdef(i.indexrelid), '')
+			from (select pg_catalog.to_regclass(pg_catalog.format('pgflow.%I', $1::text)) as oid) r
+			left join pg_catalog.pg_index i on i.indexrelid = r.oid`, name).Scan(&exists, &valid, &def); err != nil {
 			return fmt.Errorf("prebuilding %s: %w", name, err)
 		}
-		if exists {
-			return nil // the file's statement will say whether it is the same
+		same := normIndex(def) == normIndex(st)
+		switch {
+		case exists && valid && same:
+			// Left by an earlier run that stopped after building it (killed,
+			// or the server went away): found done in the transaction. Not
+			// ours to drop if this run fails: it was there before.
+			a.pre.replace(h.Upstream.Index, i)
+			return nil
+		case exists && !valid && same:
+			// An interrupted CONCURRENTLY build leaves its index invalid:
+			// never used, still maintained on every write. Dropped, then
+			// built again.
+			drop := fmt.Sprintf(`DROP INDEX CONCURRENTLY IF EXISTS "pgflow"."%s"`, name)
+			if err := a.prebuildExec(fmt.Sprintf("dropping the invalid index %s an interrupted build left", name), drop); err != nil {
+				return err
+			}
+		case exists:
+			return nil // another index under that name: the file's statement says so itself
 		}
 		// Upstream's own statement (verified by its hash), CONCURRENTLY.
 		build := fmt.Sprintf(`CREATE %sINDEX CONCURRENTLY "%s" ON "pgflow"."%s" %s`, strings.ToUpper(m[1]), name, m[3], m[4])
