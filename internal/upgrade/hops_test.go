@@ -439,3 +439,22 @@ func TestApplyHopsAdoptsIndexLeftByAStoppedRun(t *testing.T) {
 		})
 	}
 }
+
+// The CHECK an earlier run added beforehand and left behind (stopped
+// before its commit) does not stop the rerun: it is dropped and built
+// again, and the rerun ends at the newest release.
+func TestApplyHopsDropsCheckLeftByAStoppedRun(t *testing.T) {
+	db := testdb.Upstream(t, "0.14.1")
+	db.Exec(t, `alter table "pgflow"."step_tasks" add constraint "pgflow_upgrade_valid_status"
+		check (status = any (array['queued', 'started', 'completed', 'failed', 'skipped', 'cancelled'])) not valid`)
+	opts := fastOpts()
+	opts.PgflowMigrations = testdb.PgflowInstalledCopy(t, 27)
+	res, err := upgrade.Apply(testCtx(t), testdb.Connect(t, db.DSN), opts)
+	if err != nil || res.Outcome != outcome.Applied || res.Report.VersionNow != versions.Newest {
+		t.Fatalf("apply: %v (%s: %s)", err, res.Outcome, res.Message)
+	}
+	if n := scalarOf[int](t, db, `select count(*)::int from pg_catalog.pg_constraint where conrelid = 'pgflow.step_tasks'::regclass
+		and conname in ('pgflow_upgrade_valid_status', 'valid_status')`); n != 1 {
+		t.Fatalf("%d of valid_status and pgflow_upgrade_valid_status on step_tasks, want valid_status alone", n)
+	}
+}

@@ -182,6 +182,20 @@ func (a *applyRun) prebuildStatement(h Hop, i int, st string) error {
 		return nil
 	}
 	if m := checkSwapStmt.FindStringSubmatch(st); m != nil {
+		// One left by an earlier run that stopped before its commit (its
+		// name is this tool's own) goes first: a catalog-only drop, under
+		// the lock timeout.
+		leftover := fmt.Sprintf(`ALTER TABLE "pgflow"."step_tasks" DROP CONSTRAINT IF EXISTS "%s"`, prebuildCheckName)
+		var left bool
+		if err := a.conn.QueryRow(a.ctx, `select exists (select 1 from pg_catalog.pg_constraint
+			where conrelid = pg_catalog.to_regclass('pgflow.step_tasks') and conname = $1)`, prebuildCheckName).Scan(&left); err != nil {
+			return fmt.Errorf("prebuilding step_tasks' CHECK: %w", err)
+		}
+		if left {
+			if err := a.prebuildExec("dropping the CHECK "+prebuildCheckName+" an earlier run left", leftover); err != nil {
+				return err
+			}
+		}
 		a.pre.check = true
 		add := fmt.Sprintf(`ALTER TABLE "pgflow"."step_tasks" ADD CONSTRAINT "%s" %s NOT VALID`, prebuildCheckName, m[1])
 		if err := a.prebuildExec("step_tasks' new valid_status CHECK, NOT VALID (for "+h.File+")", add); err != nil {
