@@ -138,6 +138,7 @@ type applyRun struct {
 	target        versions.Release       // where the plan goes (Options.To)
 	copy          *pgflowfiles.Copy      // the user's copy of upstream's files, if found
 	copyErr       error                  // why the copy given cannot serve (a file missing or altered)
+	files         map[int]upstreamFile   // upstream's files of the plan, read and verified once (upstreamText)
 	plan          *Plan                  // the hops, made by admit
 	preflightRan  bool                   // the shared check catalog ran (before the own hop)
 	hopPGMQ       *pgmqver.Found         // pgmq as the checks see it, read once before the table locks (pgmqBeforeLocks)

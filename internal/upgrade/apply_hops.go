@@ -124,14 +124,11 @@ func (a *applyRun) upstreamHop(h Hop) error {
 	if err := a.hopChecks(h, audit.UnderLocks, a.tx); err != nil {
 		return err
 	}
-	sql, err := a.copy.Read(h.Upstream.Index)
+	file, err := a.upstreamText(h)
 	if err != nil {
-		return a.fail(outcome.Refused, err)
+		return err
 	}
-	stmts, err := pgflowfiles.Statements(sql)
-	if err != nil {
-		return fmt.Errorf("%s: %w", h.Path, err)
-	}
+	sql, stmts := file.sql, file.stmts
 	for i, st := range stmts {
 		if a.early.ran(h.Upstream.Index, i) {
 			continue // before the table locks (early.go)
@@ -300,4 +297,36 @@ func (a *applyRun) recordOwnInLedger() (bool, string, error) {
 // that hop (ownHop), one without it runs each hop's own checks instead.
 func (a *applyRun) preflightFirst() bool {
 	return len(a.plan.Hops) > 0 && a.plan.Hops[0].Kind == HopOwn
+}
+
+// upstreamFile is one of upstream's files of the plan: its text, verified
+// against its atlas.sum hash, and its statements.
+type upstreamFile struct {
+	sql   string
+	stmts []string
+}
+
+// upstreamText reads and verifies hop h's file once per run: the prebuild,
+// the look before the table locks and the hop itself each walk its
+// statements, and verifying it re-reads and hashes every file before it.
+// What runs is the text verified first. A missing or altered file refuses
+// the run.
+func (a *applyRun) upstreamText(h Hop) (upstreamFile, error) {
+	if f, ok := a.files[h.Upstream.Index]; ok {
+		return f, nil
+	}
+	sql, err := a.copy.Read(h.Upstream.Index)
+	if err != nil {
+		return upstreamFile{}, a.fail(outcome.Refused, err)
+	}
+	stmts, err := pgflowfiles.Statements(sql)
+	if err != nil {
+		return upstreamFile{}, fmt.Errorf("%s: %w", h.Path, err)
+	}
+	if a.files == nil {
+		a.files = map[int]upstreamFile{}
+	}
+	f := upstreamFile{sql: sql, stmts: stmts}
+	a.files[h.Upstream.Index] = f
+	return f, nil
 }

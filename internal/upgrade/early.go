@@ -6,9 +6,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgflowfiles"
 )
 
 // Before the table locks: the statements of upstream's hops that take no
@@ -105,15 +102,11 @@ func (a *applyRun) runEarly() error {
 			held = true
 			continue
 		}
-		sql, err := a.copy.Read(h.Upstream.Index)
+		file, err := a.upstreamText(h)
 		if err != nil {
-			return a.fail(outcome.Refused, err)
+			return err
 		}
-		stmts, err := pgflowfiles.Statements(sql)
-		if err != nil {
-			return fmt.Errorf("%s: %w", h.Path, err)
-		}
-		for i, st := range stmts {
+		for i, st := range file.stmts {
 			body := leadingComments.ReplaceAllString(st, "")
 			var fn, schema string
 			try := false
@@ -169,7 +162,7 @@ func (a *applyRun) runEarly() error {
 			}
 			a.early.stmts[h.Upstream.Index][i] = true
 		}
-		if err := a.recordHop(h, sql); err != nil {
+		if err := a.recordHop(h, file.sql); err != nil {
 			return err
 		}
 		a.early.ledger[h.Upstream.Index] = true

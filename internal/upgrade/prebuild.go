@@ -10,8 +10,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/outcome"
-	"github.com/pgflow-upgrade/pgflow-upgrade/internal/pgflowfiles"
 	"github.com/pgflow-upgrade/pgflow-upgrade/internal/versions"
 )
 
@@ -110,15 +108,11 @@ func (a *applyRun) prebuild() error {
 		if err := a.hopChecksBeforeLocks(h); err != nil {
 			return err
 		}
-		sql, err := a.copy.Read(h.Upstream.Index)
-		if err != nil {
-			return a.fail(outcome.Refused, err)
-		}
-		stmts, err := pgflowfiles.Statements(sql)
+		file, err := a.upstreamText(h)
 		if err != nil {
 			return err
 		}
-		for i, st := range stmts {
+		for i, st := range file.stmts {
 			if err := a.prebuildStatement(h, i, st); err != nil {
 				return err
 			}
@@ -355,15 +349,11 @@ func (a *applyRun) prebuiltIndexesBeforeLocks() error {
 		if h.Kind != HopUpstream || a.pre.instead[h.Upstream.Index] == nil {
 			continue
 		}
-		sql, err := a.copy.Read(h.Upstream.Index)
+		file, err := a.upstreamText(h)
 		if err != nil {
-			return a.fail(outcome.Refused, err)
+			return err
 		}
-		stmts, err := pgflowfiles.Statements(sql)
-		if err != nil {
-			return fmt.Errorf("%s: %w", h.Path, err)
-		}
-		for i, st := range stmts {
+		for i, st := range file.stmts {
 			if _, ok := a.pre.instead[h.Upstream.Index][i]; !ok {
 				continue
 			}
