@@ -94,12 +94,7 @@ func skippedEvents(chain []string) []string {
 func skipOrder(t *testing.T, db *testdb.DB, chain []string) []string {
 	t.Helper()
 	ctx := context.Background()
-	exec := func(sql string, args ...any) {
-		t.Helper()
-		if _, err := db.Pool.Exec(ctx, sql, args...); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
+	exec := func(sql string, args ...any) { t.Helper(); testdb.Exec(t, db.Pool, sql, args...) }
 	exec(`select pgflow.create_flow('chain')`)
 	for i, s := range chain {
 		if i == 0 {
