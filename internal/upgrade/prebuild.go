@@ -125,14 +125,10 @@ func (a *applyRun) prebuild() error {
 func (a *applyRun) prebuildStatement(h Hop, i int, st string) error {
 	if m := indexStmt.FindStringSubmatch(st); m != nil {
 		name := m[2]
-		var exists, valid bool
-		var def string
-		if err := a.conn.QueryRow(a.ctx, `select i.indexrelid is not null, coalesce(i.indisvalid, false), coalesce(pg_catalog.pg_get_indexdef(i.indexrelid), '')
-			from (select pg_catalog.to_regclass(pg_catalog.format('pgflow.%I', $1::text)) as oid) r
-			left join pg_catalog.pg_index i on i.indexrelid = r.oid`, name).Scan(&exists, &valid, &def); err != nil {
+		exists, valid, same, err := a.indexState(a.conn, name, st)
+		if err != nil {
 			return fmt.Errorf("prebuilding %s: %w", name, err)
 		}
-		same := normIndex(def) == normIndex(st)
 		switch {
 		case exists && valid && same:
 			// Left by an earlier run that stopped after building it (killed,
@@ -322,16 +318,21 @@ func (a *applyRun) insteadOf(n, i int, stmt string) ([]string, bool, error) {
 // prebuiltIndexDone: the index name built beforehand is there, valid, and
 // the one stmt builds.
 func (a *applyRun) prebuiltIndexDone(name, stmt string) (bool, error) {
-	var def string
-	err := a.tx.QueryRow(a.ctx, `select pg_catalog.pg_get_indexdef(i.indexrelid) from pg_catalog.pg_index i
-		where i.indexrelid = pg_catalog.to_regclass(pg_catalog.format('pgflow.%I', $1::text)) and i.indisvalid`, name).Scan(&def)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
-	}
+	exists, valid, same, err := a.indexState(a.tx, name, stmt)
 	if err != nil {
 		return false, fmt.Errorf("looking for the prebuilt index %s: %w", name, err)
 	}
-	return normIndex(def) == normIndex(stmt), nil
+	return exists && valid && same, nil
+}
+
+// indexState says whether pgflow's index name exists, whether it is valid,
+// and whether it is the index stmt builds.
+func (a *applyRun) indexState(q Querier, name, stmt string) (exists, valid, same bool, err error) {
+	var def string
+	err = q.QueryRow(a.ctx, `select i.indexrelid is not null, coalesce(i.indisvalid, false), coalesce(pg_catalog.pg_get_indexdef(i.indexrelid), '')
+		from (select pg_catalog.to_regclass(pg_catalog.format('pgflow.%I', $1::text)) as oid) r
+		left join pg_catalog.pg_index i on i.indexrelid = r.oid`, name).Scan(&exists, &valid, &def)
+	return exists, valid, exists && normIndex(def) == normIndex(stmt), err
 }
 
 // prebuiltIndexesBeforeLocks looks, in the transaction but before its
