@@ -68,17 +68,9 @@ func PerHop(rows Stats, from int, own *Forecast) []HopForecast {
 // of is the estimated rows of table (schema-qualified), when it is one the
 // statistics read.
 func (s Stats) of(table string) (int64, bool) {
-	switch table {
-	case "pgflow.step_tasks":
-		return s.StepTasks, true
-	case "pgflow.step_states":
-		return s.StepStates, true
-	case "pgflow.runs":
-		return s.Runs, true
-	case "pgflow.workers":
-		return s.Workers, true
-	case "pgflow.worker_functions":
-		return s.WorkerFunctions, true
+	name, ok := strings.CutPrefix(table, "pgflow.")
+	if p := s.count(name); ok && p != nil {
+		return *p, true
 	}
 	return 0, false
 }

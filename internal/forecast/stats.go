@@ -58,7 +58,7 @@ func ReadStats(ctx context.Context, conn *pgx.Conn, budget, lockTimeout time.Dur
 		return st, fmt.Errorf("reading row counts from the statistics: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	rows, err := tx.Query(ctx, statsSQL, []string{"step_tasks", "step_states", "runs", "workers", "worker_functions"})
+	rows, err := tx.Query(ctx, statsSQL, statsTables)
 	if err != nil {
 		return st, fmt.Errorf("reading row counts from the statistics: %w", err)
 	}
@@ -72,10 +72,11 @@ func ReadStats(ctx context.Context, conn *pgx.Conn, budget, lockTimeout time.Dur
 			return st, fmt.Errorf("reading row counts from the statistics: %w", err)
 		}
 		n, fromLive := estimateRows(reltuples, live)
-		switch name {
-		case "step_tasks":
+		if p := st.count(name); p != nil {
+			*p = n
+		}
+		if name == "step_tasks" {
 			found = true
-			st.StepTasks = n
 			if fromLive {
 				st.Source = SourceLiveTup
 			}
@@ -83,14 +84,6 @@ func ReadStats(ctx context.Context, conn *pgx.Conn, budget, lockTimeout time.Dur
 				t := analyzed.UTC()
 				st.LastAnalyzed = &t
 			}
-		case "step_states":
-			st.StepStates = n
-		case "runs":
-			st.Runs = n
-		case "workers":
-			st.Workers = n
-		case "worker_functions":
-			st.WorkerFunctions = n
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -100,6 +93,26 @@ func ReadStats(ctx context.Context, conn *pgx.Conn, budget, lockTimeout time.Dur
 		return st, fmt.Errorf("no pgflow.step_tasks table: nothing to forecast")
 	}
 	return st, nil
+}
+
+// statsTables are the pgflow tables whose rows Stats counts.
+var statsTables = []string{"step_tasks", "step_states", "runs", "workers", "worker_functions"}
+
+// count is the field of Stats that holds table's rows (nil: not counted).
+func (s *Stats) count(table string) *int64 {
+	switch table {
+	case "step_tasks":
+		return &s.StepTasks
+	case "step_states":
+		return &s.StepStates
+	case "runs":
+		return &s.Runs
+	case "workers":
+		return &s.Workers
+	case "worker_functions":
+		return &s.WorkerFunctions
+	}
+	return nil
 }
 
 // estimateRows: reltuples, or n_live_tup when the table was never analyzed
