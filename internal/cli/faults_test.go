@@ -163,6 +163,14 @@ func (fs *faultServer) crashWhen(t *testing.T, db, cond string, args ...string) 
 			}
 			if pid := backendWhere(ctx, admin, db, cond); pid != 0 {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
+				// The postmaster resets every session, this one too, when it
+				// notices: wait for that, so that waitUp does not take the
+				// server still up before its reset for the server back.
+				for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+					if _, err := admin.Exec(ctx, "select 1"); err != nil {
+						break
+					}
+				}
 				killed <- pid
 				return
 			}
