@@ -145,19 +145,14 @@ const recoveryWait = 30 * time.Second
 // database, read on a new connection (the failed one may be gone), and what
 // to run next.
 func (a *App) onlineRemains(ctx context.Context, t *target, blocked bool) (text string, phase bool) {
-	conn, err := a.connect(context.WithoutCancel(ctx), t)
+	info, err := a.readOnlineRemains(ctx, t)
 	// After a crash the server resets the sessions, then recovers before
-	// it takes new ones (57P03): what remains is worth that wait, up to
-	// recoveryWait.
-	for waited := time.Duration(0); err != nil && restarting(err) && waited < recoveryWait && ctx.Err() == nil; waited += 500 * time.Millisecond {
+	// it takes new ones (57P03); a session opened just before the reset is
+	// ended by it. What remains is worth that wait, up to recoveryWait.
+	for waited := time.Duration(0); err != nil && (restarting(err) || connectionGone(err)) && waited < recoveryWait && ctx.Err() == nil; waited += 500 * time.Millisecond {
 		time.Sleep(500 * time.Millisecond)
-		conn, err = a.connect(context.WithoutCancel(ctx), t)
+		info, err = a.readOnlineRemains(ctx, t)
 	}
-	if err != nil {
-		return "; what remains in the database could not be read (" + err.Error() + "): run pgflow-upgrade status", false
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	info, err := onlineStatus(context.WithoutCancel(ctx), conn)
 	switch {
 	case err != nil:
 		return "; what remains in the database could not be read (" + err.Error() + "): run pgflow-upgrade status", false
@@ -171,6 +166,17 @@ func (a *App) onlineRemains(ctx context.Context, t *target, blocked bool) (text 
 	}
 	return fmt.Sprintf("; remains in the database: the online upgrade at phase %s (queue_name columns %d of %d, insert triggers %d, checks %d (%d validated), unique indexes %d of %d (%d valid); a failed switch rolls back by itself): %s",
 		info.Phase, s.Columns, len(online.Tables), s.Triggers, s.Checks, s.ChecksValid, len(s.Indexes), len(online.Indexes), len(s.IndexesValid), next), true
+}
+
+// readOnlineRemains reads an online upgrade in progress on a new connection
+// (nil: none).
+func (a *App) readOnlineRemains(ctx context.Context, t *target) (*online.StatusInfo, error) {
+	conn, err := a.connect(context.WithoutCancel(ctx), t)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	return onlineStatus(context.WithoutCancel(ctx), conn)
 }
 
 func writeOnlineTable(w io.Writer, where string, res *outcome.Result[*online.Report]) error {
